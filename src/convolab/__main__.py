@@ -1,0 +1,3 @@
+from convolab.cli import main
+
+main()

@@ -1,0 +1,206 @@
+"""The `convolab` command line. Each command parses and checks its options here and hands the
+work to the module that owns it; heavy imports (Numba, CuPy, PyTorch) happen only inside."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from convolab.errors import ConvolabError
+
+app = typer.Typer(
+    name="convolab",
+    help="A measured ladder of convolution kernels, running LeNet-5 on Fashion-MNIST.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+MAX_TEST_IMAGES = 10_000
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="zoo model: ece408, ece408-mxnet, eecs498")]
+DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="cpu or gpu (default: gpu if usable)")]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="folder with the four IDX .gz files")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the results as JSON here")]
+
+
+def fail(message: str) -> NoReturn:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def resolve_device(device: str | None) -> str:
+    from convolab.backend import gpu_available
+
+    if device is None:
+        return "gpu" if gpu_available() else "cpu"
+    if device not in ("cpu", "gpu"):
+        fail(f"--device must be 'cpu' or 'gpu', not {device!r}")
+    if device == "gpu" and not gpu_available():
+        fail("--device gpu: no CUDA GPU is usable here (CuPy missing or no device)")
+    return device
+
+
+def check_batch(batch: int, limit: int = MAX_TEST_IMAGES) -> None:
+    if batch <= 0 or batch > limit:
+        fail(f"--batch must be between 1 and {limit}, got {batch}")
+
+
+@app.command()
+def classify(
+    model: ModelOpt = "ece408",
+    batch: Annotated[int | None, typer.Option("--batch", "-b", help="first N test images")] = None,
+    impl: Annotated[str | None, typer.Option("--impl", "-i", help="conv implementation or 'auto'")] = None,
+    device: DeviceOpt = None,
+    weights: Annotated[Path | None, typer.Option("--weights", help="safetensors file")] = None,
+    data_dir: DataDirOpt = None,
+    per_layer: Annotated[bool, typer.Option("--per-layer", help="GPU: layer by layer, not the fused network")] = False,
+    mode: Annotated[str, typer.Option("--mode", help="GPU fused network: exact or tensor-core")] = "exact",
+    throughput: Annotated[int | None, typer.Option("--throughput", help="stream N images (any N) and report images/s")] = None,
+    no_self_test: Annotated[bool, typer.Option("--no-self-test", help="skip the course self-tests")] = False,
+    json_out: JsonOpt = None,
+) -> None:
+    """Run the model on the first N test images: per-layer Op Time and Layer Time, then Test Accuracy."""
+    from convolab import classify as run
+
+    dev = resolve_device(device)
+    n = batch if batch is not None else (10_000 if dev == "gpu" else 1000)
+    check_batch(n)
+    run.main(
+        model=model, batch=n, impl=impl, device=dev, weights=weights, data_dir=data_dir,
+        per_layer=per_layer, mode=mode, throughput=throughput, self_test=not no_self_test,
+        json_out=json_out,
+    )
+
+
+@app.command()
+def verify(
+    device: Annotated[str | None, typer.Option("--device", "-d", help="cpu, gpu or both (default)")] = None,
+    impl: Annotated[list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")] = None,
+) -> None:
+    """The course self-test cases against the fp64 reference, for every implementation here."""
+    from convolab import verify as run
+
+    if device is not None and device not in ("cpu", "gpu"):
+        fail(f"--device must be 'cpu' or 'gpu', not {device!r}")
+    if not run.main(device=device, names=impl or None):
+        raise typer.Exit(1)
+
+
+@app.command(name="list")
+def list_impls() -> None:
+    """The registry: every implementation, what it demonstrates, its parameters."""
+    from convolab import info as run
+
+    run.print_registry()
+
+
+@app.command()
+def info(data_dir: DataDirOpt = None) -> None:
+    """Versions, devices, toolchain, dataset location, weights, tuner cache."""
+    from convolab import info as run
+
+    run.main(data_dir=data_dir)
+
+
+@app.command()
+def train(
+    model: ModelOpt = "ece408",
+    epochs: Annotated[int, typer.Option(help="passes over the 60,000 training images")] = 3,
+    batch: Annotated[int, typer.Option("--batch", "-b", help="mini-batch size")] = 64,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 1e-3,
+    optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
+    seed: Annotated[int, typer.Option(help="random seed (deterministic on the CPU)")] = 0,
+    device: DeviceOpt = "cpu",
+    limit: Annotated[int | None, typer.Option(help="use only the first N training images")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="safetensors file to write")] = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Train a zoo model with convolab's own forward and backward."""
+    from convolab import train as run
+
+    dev = resolve_device(device)
+    if epochs <= 0:
+        fail(f"--epochs must be positive, got {epochs}")
+    if batch <= 0:
+        fail(f"--batch must be positive, got {batch}")
+    if lr <= 0:
+        fail(f"--lr must be positive, got {lr}")
+    if optimizer not in ("adam", "sgd"):
+        fail(f"--optimizer must be 'adam' or 'sgd', not {optimizer!r}")
+    run.main(
+        model=model, epochs=epochs, batch=batch, lr=lr, optimizer=optimizer, seed=seed,
+        device=dev, limit=limit, out=out, data_dir=data_dir,
+    )
+
+
+@app.command()
+def bench(
+    model: ModelOpt = "ece408",
+    batch: Annotated[int, typer.Option("--batch", "-b")] = 10_000,
+    impl: Annotated[list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")] = None,
+    reps: Annotated[int, typer.Option(help="timed repetitions (>= 20 for a median worth quoting)")] = 20,
+    network: Annotated[bool, typer.Option("--network", help="whole-network forward instead of per layer")] = False,
+    shapes: Annotated[str, typer.Option(help="model, seeds, vgg or all")] = "model",
+    json_out: JsonOpt = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG plot here")] = None,
+) -> None:
+    """Time every implementation on the model's conv layers (and more), against PyTorch/cuDNN."""
+    from convolab import bench as run
+
+    check_batch(batch, limit=1_000_000)
+    if reps < 1:
+        fail(f"--reps must be positive, got {reps}")
+    run.main(model=model, batch=batch, names=impl or None, reps=reps, network=network,
+             shapes=shapes, json_out=json_out, plot=plot)
+
+
+@app.command()
+def tune(
+    model: ModelOpt = "ece408",
+    batch: Annotated[int, typer.Option("--batch", "-b")] = 10_000,
+    reps: Annotated[int, typer.Option(help="timed repetitions per candidate")] = 10,
+) -> None:
+    """Sweep every GPU rung's parameters on this GPU; cache the winner per layer shape."""
+    from convolab.gpu import tune as run
+
+    resolve_device("gpu")
+    check_batch(batch, limit=1_000_000)
+    run.main(model=model, batch=batch, reps=reps)
+
+
+@app.command()
+def profile(
+    model: ModelOpt = "ece408",
+    batch: Annotated[int, typer.Option("--batch", "-b")] = 1000,
+    impl: Annotated[list[str] | None, typer.Option("--impl", "-i")] = None,
+    json_out: JsonOpt = None,
+) -> None:
+    """Nsight Compute metrics per kernel (needs `ncu` on PATH)."""
+    from convolab.gpu import profile as run
+
+    resolve_device("gpu")
+    check_batch(batch)
+    run.main(model=model, batch=batch, names=impl or None, json_out=json_out)
+
+
+def main() -> None:
+    debug = bool(os.environ.get("CONVOLAB_DEBUG"))
+    try:
+        app()
+    except (ConvolabError, ValueError, KeyError, FileNotFoundError, TypeError) as err:
+        if debug:
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
