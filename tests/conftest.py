@@ -24,14 +24,3 @@ def rng() -> np.random.Generator:
     print(f"rng seed {seed}")
     return np.random.default_rng(seed)
 
-
-def rel_l2(y: np.ndarray, ref: np.ndarray) -> float:
-    """||y - ref||_2 / ||ref||_2 in float64; NaN anywhere never passes."""
-    y = np.asarray(y, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if y.shape != ref.shape:
-        raise AssertionError(f"shape {y.shape} != reference shape {ref.shape}")
-    if not np.all(np.isfinite(y)):
-        return float("inf")
-    denom = np.linalg.norm(ref)
-    return float(np.linalg.norm(y - ref) / (denom if denom > 0 else 1.0))
