@@ -1,0 +1,413 @@
+"""CPU convolution implementations: the fp64 reference and three float32 contenders.
+
+- ``cpu-ref``     fp64 NumPy over a strided sliding-window view: the yardstick every other
+                  implementation (CPU and GPU) is checked against.
+- ``cpu-loops``   the course's milestone-1 algorithm, seven nested loops (b, m, h, w, c, p, q),
+                  compiled with Numba; optionally parallel over the batch.
+- ``cpu-im2col``  unroll the input windows into a matrix (chunked over the batch so the
+                  workspace stays bounded) and do one BLAS GEMM per chunk.
+- ``cpu-fused``   a direct convolution compiled per (K, unit stride): output rows are built
+                  in a small per-thread buffer so the innermost loop runs along the output row
+                  (contiguous, SIMD) with the K taps unrolled; parallel over the batch.
+
+``conv_relu_pool_cpu`` is the same direct kernel with bias + ReLU + max-pool fused in, for
+inference: the conv output never reaches memory.
+
+Numba is imported only inside the kernel builders, never at import time: this module is
+imported by the registry on every machine, including GPU hosts where Numba must not load.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from convolab.registry import ConvImpl, Run, register
+from convolab.shapes import ConvShape
+
+# The reference materialises windows chunk by chunk in float64; this bounds that copy.
+_REF_CHUNK_BYTES = 64 * 2**20
+# cpu-im2col's unrolled-matrix workspace: default and hard ceiling.
+_IM2COL_DEFAULT_MB = 16
+_IM2COL_MAX_BYTES = 2 * 2**30
+# Kernel sizes the fused kernels are specialised for (taps unrolled at compile time). Other
+# sizes use the same source with a run-time K: correct, just slower. Kept short because every
+# specialisation is a separate Numba compile.
+_SPECIALISED_K: tuple[int, ...] = (3, 5, 7)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_array(label: str, a: Any, ndim: int) -> None:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{label} must be a NumPy array, got {type(a).__name__}")
+    if a.ndim != ndim:
+        raise ValueError(f"{label} must be {ndim}-D, got shape {a.shape}")
+    if a.dtype != np.float32:
+        raise TypeError(f"{label} must be float32, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{label} must be C-contiguous")
+
+
+def _validate_call(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: int, *, require_f32: bool = True
+) -> ConvShape:
+    """Shape + dtype + layout checks shared by the public functions; returns the shape."""
+    if require_f32:
+        _check_array("input", x, 4)
+        _check_array("weights", w, 4)
+    else:
+        for label, a in (("input", x), ("weights", w)):
+            if not isinstance(a, np.ndarray) or a.ndim != 4:
+                raise ValueError(f"{label} must be a 4-D NumPy array")
+    if isinstance(stride, bool) or not isinstance(stride, int | np.integer):
+        raise TypeError(f"stride must be an int, got {type(stride).__name__}")
+    shape = ConvShape.of(x.shape, w.shape, int(stride))
+    if b is not None:
+        if require_f32:
+            _check_array("bias", b, 1)
+        if tuple(b.shape) != (shape.M,):
+            raise ValueError(f"bias must have shape ({shape.M},), got {tuple(b.shape)}")
+    return shape
+
+
+def _run_checker(name: str, shape: ConvShape, out_shape: tuple[int, ...]) -> Callable:
+    """A cheap guard for run(x, y): Numba kernels do no bounds checks, so a wrong-sized
+    array would read or write out of bounds instead of raising."""
+
+    def check(x: np.ndarray, y: np.ndarray) -> None:
+        if not isinstance(x, np.ndarray) or x.shape != shape.x_shape:
+            got = getattr(x, "shape", type(x).__name__)
+            raise ValueError(f"{name}: input must have shape {shape.x_shape}, got {got}")
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            raise TypeError(f"{name}: input must be C-contiguous float32")
+        if not isinstance(y, np.ndarray) or y.shape != out_shape:
+            got = getattr(y, "shape", type(y).__name__)
+            raise ValueError(f"{name}: output must have shape {out_shape}, got {got}")
+        if y.dtype != np.float32 or not y.flags.c_contiguous or not y.flags.writeable:
+            raise TypeError(f"{name}: output must be a writeable C-contiguous float32 array")
+
+    return check
+
+
+def _prepared_weights(name: str, shape: ConvShape, w: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+    _check_array(f"{name}: weights", w, 4)
+    if w.shape != shape.w_shape:
+        raise ValueError(f"{name}: weights must have shape {shape.w_shape}, got {w.shape}")
+    if b is None:
+        b = np.zeros(shape.M, dtype=np.float32)
+    _check_array(f"{name}: bias", b, 1)
+    if b.shape != (shape.M,):
+        raise ValueError(f"{name}: bias must have shape ({shape.M},), got {b.shape}")
+    # Private copies: a caller mutating its weights after prepare must not change results.
+    return np.array(w, copy=True), np.array(b, copy=True)
+
+
+# --------------------------------------------------------------------------- cpu-ref
+
+
+def _windows(x: np.ndarray, K: int, S: int) -> np.ndarray:
+    """(B, C, H_out, W_out, K, K) strided view: window (h, w) starts at (h*S, w*S)."""
+    return sliding_window_view(x, (K, K), axis=(2, 3))[:, :, ::S, ::S]
+
+
+def conv_reference(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride: int = 1
+) -> np.ndarray:
+    """The fp64 reference: Y[b,m,h,w] = bias[m] + sum_{c,p,q} X[b,c,hS+p,wS+q] W[m,c,p,q].
+
+    Accepts any real dtype (upcast to float64) so tests can feed it exact float64 data.
+    """
+    shape = _validate_call(x, w, b, stride, require_f32=False)
+    K, S = shape.K, shape.S
+    w64 = np.asarray(w, dtype=np.float64)
+    y = np.empty(shape.y_shape, dtype=np.float64)
+    # tensordot copies the window view; chunk over the batch so that copy stays bounded.
+    per_image = shape.C * shape.H_out * shape.W_out * K * K * 8
+    chunk = max(1, _REF_CHUNK_BYTES // per_image)
+    for start in range(0, shape.B, chunk):
+        xs = np.asarray(x[start : start + chunk], dtype=np.float64)
+        # (n, C, Ho, Wo, K, K) . (M, C, K, K) over (C, p, q) -> (n, Ho, Wo, M)
+        part = np.tensordot(_windows(xs, K, S), w64, axes=([1, 4, 5], [1, 2, 3]))
+        y[start : start + chunk] = part.transpose(0, 3, 1, 2)
+    if b is not None:
+        y += np.asarray(b, dtype=np.float64)[None, :, None, None]
+    return y
+
+
+def _prepare_ref(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+    w, b = _prepared_weights("cpu-ref", shape, w, b)
+    check = _run_checker("cpu-ref", shape, shape.y_shape)
+
+    def run(x: np.ndarray, y: np.ndarray) -> None:
+        check(x, y)
+        y[...] = conv_reference(x, w, b, shape.S)
+
+    return run
+
+
+# --------------------------------------------------------------------------- cpu-loops
+
+
+@functools.cache
+def _loops_kernel(parallel: bool) -> Callable:
+    import numba
+
+    loop_b = numba.prange if parallel else range
+
+    @numba.njit(cache=True, parallel=parallel)
+    def conv_loops(x, w, bias, S, y):  # noqa: N803 - the course's names
+        B, C = x.shape[0], x.shape[1]
+        M, K = w.shape[0], w.shape[2]
+        H_out, W_out = y.shape[2], y.shape[3]
+        for b in loop_b(B):
+            for m in range(M):
+                for h in range(H_out):
+                    for ow in range(W_out):
+                        acc = np.float32(0.0)
+                        for c in range(C):
+                            for p in range(K):
+                                for q in range(K):
+                                    acc += x[b, c, h * S + p, ow * S + q] * w[m, c, p, q]
+                        y[b, m, h, ow] = acc + bias[m]
+
+    return conv_loops
+
+
+def _prepare_loops(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+    w, b = _prepared_weights("cpu-loops", shape, w, b)
+    check = _run_checker("cpu-loops", shape, shape.y_shape)
+    kernel = _loops_kernel(bool(params.get("parallel", False)))
+    S = shape.S
+
+    def run(x: np.ndarray, y: np.ndarray) -> None:
+        check(x, y)
+        kernel(x, w, b, S, y)
+
+    return run
+
+
+# --------------------------------------------------------------------------- cpu-im2col
+
+
+def _im2col_bytes_per_image(shape: ConvShape) -> int:
+    return (shape.C * shape.K * shape.K + 1) * shape.H_out * shape.W_out * 4
+
+
+def _supports_im2col(shape: ConvShape) -> bool:
+    # One image's unrolled matrix must fit the workspace ceiling.
+    return _im2col_bytes_per_image(shape) <= _IM2COL_MAX_BYTES
+
+
+def _prepare_im2col(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+    w, b = _prepared_weights("cpu-im2col", shape, w, b)
+    check = _run_checker("cpu-im2col", shape, shape.y_shape)
+    C, K, S, M = shape.C, shape.K, shape.S, shape.M
+    Ho, Wo = shape.H_out, shape.W_out
+    ckk = C * K * K
+    budget = int(params.get("workspace_mb", _IM2COL_DEFAULT_MB)) * 2**20
+    chunk = int(min(shape.B, max(1, budget // _im2col_bytes_per_image(shape))))
+    # The bias rides along in the GEMM: a row of ones under the unrolled input and a bias
+    # column beside the weights, so no separate pass over the output is needed.
+    workspace = np.empty((chunk, ckk + 1, Ho * Wo), dtype=np.float32)
+    workspace[:, ckk, :] = 1.0
+    w_aug = np.concatenate([w.reshape(M, ckk), b[:, None]], axis=1)
+
+    def run(x: np.ndarray, y: np.ndarray) -> None:
+        check(x, y)
+        for start in range(0, shape.B, chunk):
+            n = min(chunk, shape.B - start)
+            cols = workspace[:n, :ckk, :].reshape(n, C, K, K, Ho, Wo)
+            # rows ordered (c, p, q) to match w.reshape(M, C*K*K); columns (h, w).
+            np.copyto(cols, _windows(x[start : start + n], K, S).transpose(0, 1, 4, 5, 2, 3))
+            np.matmul(w_aug, workspace[:n], out=y[start : start + n].reshape(n, M, Ho * Wo))
+
+    return run
+
+
+# --------------------------------------------------------------------------- cpu-fused
+
+
+def _spec_k(K: int) -> int:
+    return K if K in _SPECIALISED_K else 0
+
+
+@functools.cache
+def _direct_kernel(k_spec: int, unit_stride: bool) -> Callable:
+    """Direct convolution, parallel over the batch.
+
+    For every output row the M output rows are accumulated in a per-thread buffer; the
+    innermost loop walks along the output row (contiguous loads when S == 1, so LLVM emits
+    SIMD FMAs) with the K taps of one weight row unrolled when K is a compile-time constant.
+    k_spec == 0 and unit_stride False fall back to run-time K and S.
+    """
+    import numba
+
+    @numba.njit(cache=True, parallel=True, fastmath={"contract"})
+    def conv_direct(x, w, bias, stride, y):
+        B, C = x.shape[0], x.shape[1]
+        M = w.shape[0]
+        K = k_spec if k_spec != 0 else w.shape[2]
+        S = 1 if unit_stride else stride
+        H_out, W_out = y.shape[2], y.shape[3]
+        for b in numba.prange(B):
+            acc = np.empty((M, W_out), dtype=np.float32)
+            for h in range(H_out):
+                for m in range(M):
+                    bm = bias[m]
+                    for ow in range(W_out):
+                        acc[m, ow] = bm
+                for c in range(C):
+                    for p in range(K):
+                        xrow = x[b, c, h * S + p]
+                        for m in range(M):
+                            wrow = w[m, c, p]
+                            arow = acc[m]
+                            for ow in range(W_out):
+                                s = arow[ow]
+                                for q in range(K):
+                                    s += wrow[q] * xrow[ow * S + q]
+                                arow[ow] = s
+                for m in range(M):
+                    for ow in range(W_out):
+                        y[b, m, h, ow] = acc[m, ow]
+
+    return conv_direct
+
+
+def _prepare_fused(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+    w, b = _prepared_weights("cpu-fused", shape, w, b)
+    check = _run_checker("cpu-fused", shape, shape.y_shape)
+    kernel = _direct_kernel(_spec_k(shape.K), shape.S == 1)
+    S = shape.S
+
+    def run(x: np.ndarray, y: np.ndarray) -> None:
+        check(x, y)
+        kernel(x, w, b, S, y)
+
+    return run
+
+
+@functools.cache
+def _conv_relu_pool_kernel(k_spec: int, unit_stride: bool) -> Callable:
+    """Direct convolution + bias + ReLU + max-pool (P x P, stride P, floor) in one pass.
+
+    Each pooled output row needs P conv rows; they are computed one after another into the
+    same per-thread buffer and folded into a running max, so the conv output never leaves
+    the cache. ReLU is applied after the max (max and ReLU commute).
+    """
+    import numba
+
+    @numba.njit(cache=True, parallel=True, fastmath={"contract"})
+    def conv_relu_pool(x, w, bias, stride, P, y):
+        B, C = x.shape[0], x.shape[1]
+        M = w.shape[0]
+        K = k_spec if k_spec != 0 else w.shape[2]
+        S = 1 if unit_stride else stride
+        Hp, Wp = y.shape[2], y.shape[3]
+        W_conv = Wp * P  # conv columns beyond the last full pool window are never needed
+        for b in numba.prange(B):
+            acc = np.empty((M, W_conv), dtype=np.float32)
+            best = np.empty((M, Wp), dtype=np.float32)
+            for ph in range(Hp):
+                for m in range(M):
+                    for pw in range(Wp):
+                        best[m, pw] = -np.inf
+                for r in range(P):
+                    h = ph * P + r
+                    for m in range(M):
+                        bm = bias[m]
+                        for ow in range(W_conv):
+                            acc[m, ow] = bm
+                    for c in range(C):
+                        for p in range(K):
+                            xrow = x[b, c, h * S + p]
+                            for m in range(M):
+                                wrow = w[m, c, p]
+                                arow = acc[m]
+                                for ow in range(W_conv):
+                                    s = arow[ow]
+                                    for q in range(K):
+                                        s += wrow[q] * xrow[ow * S + q]
+                                    arow[ow] = s
+                    for m in range(M):
+                        for pw in range(Wp):
+                            v = best[m, pw]
+                            for j in range(P):
+                                v = max(v, acc[m, pw * P + j])
+                            best[m, pw] = v
+                for m in range(M):
+                    for pw in range(Wp):
+                        y[b, m, ph, pw] = max(best[m, pw], np.float32(0.0))
+
+    return conv_relu_pool
+
+
+def conv_relu_pool_cpu(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride: int = 1, pool: int = 2
+) -> np.ndarray:
+    """maxpool(relu(conv(x, w) + b), pool) in one fused pass (pool window = pool stride,
+    floor semantics). float32, C-contiguous NumPy inputs; returns a new float32 array."""
+    shape = _validate_call(x, w, b, stride)
+    if isinstance(pool, bool) or not isinstance(pool, int | np.integer) or pool < 1:
+        raise ValueError(f"pool must be a positive int, got {pool!r}")
+    pool = int(pool)
+    if shape.H_out < pool or shape.W_out < pool:
+        raise ValueError(
+            f"pool {pool} is larger than the conv output {shape.H_out}x{shape.W_out}"
+        )
+    if b is None:
+        b = np.zeros(shape.M, dtype=np.float32)
+    y = np.empty((shape.B, shape.M, shape.H_out // pool, shape.W_out // pool), dtype=np.float32)
+    kernel = _conv_relu_pool_kernel(_spec_k(shape.K), shape.S == 1)
+    kernel(x, w, b, shape.S, pool, y)
+    return y
+
+
+# --------------------------------------------------------------------------- registration
+
+register(
+    ConvImpl(
+        name="cpu-ref",
+        demonstrates="fp64 NumPy reference over a strided sliding-window view (the yardstick)",
+        device="cpu",
+        prepare=_prepare_ref,
+        tolerance=1e-7,  # its float32 output is the fp64 result rounded once
+        reference_only=True,
+    )
+)
+register(
+    ConvImpl(
+        name="cpu-loops",
+        demonstrates="the course's 7-loop sequential algorithm (b, m, h, w, c, p, q), Numba",
+        device="cpu",
+        prepare=_prepare_loops,
+        space={"parallel": (False, True)},
+        defaults={"parallel": False},
+    )
+)
+register(
+    ConvImpl(
+        name="cpu-im2col",
+        demonstrates="unroll (im2col) chunked over the batch + one BLAS GEMM per image",
+        device="cpu",
+        prepare=_prepare_im2col,
+        supports=_supports_im2col,
+        space={"workspace_mb": (4, 16, 64, 256)},
+        defaults={"workspace_mb": _IM2COL_DEFAULT_MB},
+    )
+)
+register(
+    ConvImpl(
+        name="cpu-fused",
+        demonstrates="direct conv specialised by K: row-buffer accumulation, SIMD along rows, "
+        "parallel over the batch (conv_relu_pool_cpu adds bias+ReLU+max-pool)",
+        device="cpu",
+        prepare=_prepare_fused,
+    )
+)
