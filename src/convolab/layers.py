@@ -1,0 +1,337 @@
+"""The layers of convolab's networks: forward and backward, for NumPy and CuPy arrays alike.
+
+Every layer takes its array module from its input (`xp_of`), so the same objects run on the
+CPU and the GPU. Convolution follows the textbook (PMPP ch. 16): no flip, "valid" only,
+`Y[b,m,h,w] = sum_c,p,q X[b,c,h*S+p,w*S+q] W[m,c,p,q]`. Its backward unrolls the input
+(im2col) so both dE/dW and dE/dX are GEMMs, which BLAS (or cuBLAS) does fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from convolab.backend import xp_of
+from convolab.shapes import ConvShape
+
+Array = Any  # numpy.ndarray or cupy.ndarray
+
+
+class Layer:
+    """Base: `forward` caches what `backward` needs; `backward(dE/dY)` returns dE/dX."""
+
+    param_names: tuple[str, ...] = ()
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or type(self).__name__.lower()
+        self.training = True
+        self._grads: dict[str, Array] = {}
+
+    def forward(self, x: Array) -> Array:
+        raise NotImplementedError
+
+    def backward(self, grad: Array) -> Array:
+        raise NotImplementedError
+
+    def __call__(self, x: Array) -> Array:
+        return self.forward(x)
+
+    def params(self) -> dict[str, Array]:
+        return {n: getattr(self, n) for n in self.param_names if getattr(self, n) is not None}
+
+    def grads(self) -> dict[str, Array]:
+        return dict(self._grads)
+
+    def set_param(self, name: str, value: Array) -> None:
+        if name not in self.param_names:
+            raise KeyError(f"layer {self.name!r} has no parameter {name!r}")
+        setattr(self, name, value)
+
+    def train(self, mode: bool = True) -> Layer:
+        self.training = mode
+        return self
+
+    def eval(self) -> Layer:
+        return self.train(False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _windows(n_out: int, start: int, stride: int) -> slice:
+    """The input rows (or columns) that kernel offset `start` touches for n_out outputs."""
+    return slice(start, start + stride * (n_out - 1) + 1, stride)
+
+
+def im2col(x: Array, k: int, stride: int = 1) -> Array:
+    """(B, C, H, W) -> (C*k*k, B*H_out*W_out): one column per output pixel of every image, rows
+    in (c, p, q) order, so W.reshape(M, -1) @ cols is the whole batch's convolution as ONE GEMM
+    (BLAS threads well on one large product, poorly on B small ones). k*k slice copies."""
+    xp = xp_of(x)
+    b, c, h, w = x.shape
+    ho, wo = (h - k) // stride + 1, (w - k) // stride + 1
+    channels_first = x.transpose(1, 0, 2, 3)
+    cols = xp.empty((c, k, k, b, ho, wo), dtype=x.dtype)
+    for p in range(k):
+        for q in range(k):
+            cols[:, p, q] = channels_first[:, :, _windows(ho, p, stride), _windows(wo, q, stride)]
+    return cols.reshape(c * k * k, b * ho * wo)
+
+
+def col2im(cols: Array, x_shape: tuple[int, ...], k: int, stride: int = 1) -> Array:
+    """The adjoint of im2col: scatter-add each column entry back to the input pixel it came from."""
+    xp = xp_of(cols)
+    b, c, h, w = x_shape
+    ho, wo = (h - k) // stride + 1, (w - k) // stride + 1
+    per_offset = cols.reshape(c, k, k, b, ho, wo)
+    dx = xp.zeros((c, b, h, w), dtype=cols.dtype)
+    for p in range(k):
+        for q in range(k):
+            dx[:, :, _windows(ho, p, stride), _windows(wo, q, stride)] += per_offset[:, p, q]
+    return dx.transpose(1, 0, 2, 3)
+
+
+class Conv2d(Layer):
+    """Valid convolution with stride. The forward comes from the registry (`impl`, default
+    'cpu-im2col' on NumPy; on CuPy the caller names a GPU rung, else cuBLAS im2col here).
+
+    While training on the CPU with the default impl, the forward unrolls the input itself and
+    keeps the unrolled matrix: the backward needs exactly that matrix for dE/dW, so sharing it
+    saves one im2col per step. Prepared plans are cached only in eval mode (weights fixed)."""
+
+    param_names = ("weight", "bias")
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
+                 bias: bool = True, impl: str | None = None, name: str | None = None) -> None:
+        super().__init__(name)
+        for label, v in (("in_channels", in_channels), ("out_channels", out_channels),
+                         ("kernel_size", kernel_size), ("stride", stride)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"Conv2d {label} must be a positive int, got {v!r}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.impl = kernel_size, stride, impl
+        self.weight = np.zeros((out_channels, in_channels, kernel_size, kernel_size), np.float32)
+        self.bias = np.zeros((out_channels,), np.float32) if bias else None
+        self.needs_input_grad = True  # the first layer of a network skips dE/dX
+        self._plans: dict[tuple, Any] = {}
+
+    def _registry_impl(self, x: Array) -> Any | None:
+        """The registered implementation to use for x, or None for this module's own im2col."""
+        from convolab.registry import get_impl
+
+        name = self.impl or ("cpu-im2col" if xp_of(x) is np else None)
+        if name is None:
+            return None
+        try:
+            impl = get_impl(name)
+        except KeyError:
+            if self.impl is not None:  # a name the caller asked for must exist
+                raise
+            return None  # default impl not written yet: fall back to the own unroll
+        if impl.pool:
+            raise ValueError(f"Conv2d: {name!r} fuses pooling; use it for a whole block, not here")
+        return impl
+
+    def _own_forward(self, x: Array) -> tuple[Array, Array]:
+        xp = xp_of(x)
+        s = ConvShape.of(x.shape, self.weight.shape, self.stride)
+        cols = im2col(x, self.kernel_size, self.stride)
+        y = (self.weight.reshape(s.M, -1) @ cols).reshape(s.M, s.B, s.H_out, s.W_out)
+        if self.bias is not None:
+            y += self.bias[:, None, None, None]
+        return xp.ascontiguousarray(y.transpose(1, 0, 2, 3)), cols
+
+    def forward(self, x: Array) -> Array:
+        shape = ConvShape.of(x.shape, self.weight.shape, self.stride)
+        impl = None if x.dtype != np.float32 else self._registry_impl(x)
+        own = impl is None or (self.training and xp_of(x) is np and impl.name == "cpu-im2col")
+        if self.training:
+            if own:
+                y, self._cols = self._own_forward(x)
+            else:
+                y = impl.forward(x, self.weight, self.bias, self.stride)
+                self._cols = None
+            self._x_shape = x.shape
+            self._x = None if own else x
+            return y
+        if own:
+            return self._own_forward(x)[0]
+        xp = xp_of(x)
+        bias = self.bias if self.bias is not None else xp.zeros((shape.M,), np.float32)
+        key = (shape, impl.name, id(self.weight), id(self.bias))
+        if key not in self._plans:
+            self._plans = {key: impl.prepare(shape, self.weight, bias, impl.params_for())}
+        y = xp.empty(impl.out_shape(shape), dtype=np.float32)
+        self._plans[key](xp.ascontiguousarray(x), y)
+        return y
+
+    def backward(self, grad: Array) -> Array | None:
+        xp = xp_of(grad)
+        m = grad.shape[1]
+        cols = self._cols if self._cols is not None else im2col(self._x, self.kernel_size,
+                                                                 self.stride)
+        gy = xp.ascontiguousarray(grad.transpose(1, 0, 2, 3)).reshape(m, -1)  # (M, B*Ho*Wo)
+        # dE/dW = sum over images and output pixels of dY x unrolled input (fig. 16.7).
+        self._grads["weight"] = (gy @ cols.T).reshape(self.weight.shape)
+        if self.bias is not None:
+            self._grads["bias"] = grad.sum(axis=(0, 2, 3))
+        self._cols = self._x = None
+        if not self.needs_input_grad:
+            return None
+        # dE/dX: W^T spreads each dY back over its receptive field (fig. 16.6), via col2im.
+        dcols = self.weight.reshape(m, -1).T @ gy
+        return col2im(dcols, self._x_shape, self.kernel_size, self.stride)
+
+    def train(self, mode: bool = True) -> Layer:
+        self._plans = {}  # weights may change in training: never reuse a prepared plan
+        return super().train(mode)
+
+
+class ReLU(Layer):
+    def forward(self, x: Array) -> Array:
+        self._mask = x > 0
+        return x * self._mask
+
+    def backward(self, grad: Array) -> Array:
+        return grad * self._mask
+
+
+class _Pool(Layer):
+    """Shared window bookkeeping for pooling; floor mode (a partial window is dropped)."""
+
+    def __init__(self, kernel_size: int, stride: int | None = None, name: str | None = None):
+        super().__init__(name)
+        if not isinstance(kernel_size, int) or kernel_size < 1:
+            raise ValueError(f"pool kernel_size must be a positive int, got {kernel_size!r}")
+        self.kernel_size = kernel_size
+        self.stride = kernel_size if stride is None else stride
+        if not isinstance(self.stride, int) or self.stride < 1:
+            raise ValueError(f"pool stride must be a positive int, got {stride!r}")
+
+    def _out_hw(self, x: Array) -> tuple[int, int]:
+        k, s = self.kernel_size, self.stride
+        h, w = x.shape[2:]
+        if h < k or w < k:
+            raise ValueError(f"{self.name}: input {h}x{w} is smaller than the {k}x{k} window")
+        return (h - k) // s + 1, (w - k) // s + 1
+
+    def _offsets(self, ho: int, wo: int) -> list[tuple[slice, slice]]:
+        k, s = self.kernel_size, self.stride
+        return [(_windows(ho, p, s), _windows(wo, q, s)) for p in range(k) for q in range(k)]
+
+
+class MaxPool2d(_Pool):
+    def forward(self, x: Array) -> Array:
+        xp = xp_of(x)
+        ho, wo = self._out_hw(x)
+        windows = xp.stack([x[:, :, r, c] for r, c in self._offsets(ho, wo)], axis=-1)
+        # The first maximum of each window gets the whole gradient (a subgradient on ties).
+        self._argmax = windows.argmax(axis=-1)
+        self._x_shape = x.shape
+        return xp.take_along_axis(windows, self._argmax[..., None], axis=-1)[..., 0]
+
+    def backward(self, grad: Array) -> Array:
+        xp = xp_of(grad)
+        dx = xp.zeros(self._x_shape, dtype=grad.dtype)
+        for i, (r, c) in enumerate(self._offsets(*grad.shape[2:])):
+            dx[:, :, r, c] += xp.where(self._argmax == i, grad, 0)
+        return dx
+
+
+class AvgPool2d(_Pool):
+    """Average pooling; with `subsample=True` the textbook's LeNet subsampling layer (fig. 16.5):
+    sigmoid(weight[c] * mean(window) + bias[c]) with a trainable coefficient and bias per channel."""
+
+    param_names = ("weight", "bias")
+
+    def __init__(self, kernel_size: int, stride: int | None = None, subsample: bool = False,
+                 channels: int | None = None, name: str | None = None) -> None:
+        super().__init__(kernel_size, stride, name)
+        self.subsample = subsample
+        self.weight = self.bias = None
+        if subsample:
+            if not isinstance(channels, int) or channels < 1:
+                raise ValueError("AvgPool2d(subsample=True) needs channels=<number of channels>")
+            self.weight = np.ones((channels,), np.float32)
+            self.bias = np.zeros((channels,), np.float32)
+
+    def forward(self, x: Array) -> Array:
+        ho, wo = self._out_hw(x)
+        self._x_shape = x.shape
+        avg = sum(x[:, :, r, c] for r, c in self._offsets(ho, wo)) / self.kernel_size**2
+        if not self.subsample:
+            return avg
+        xp = xp_of(x)
+        self._avg = avg
+        self._out = 1 / (1 + xp.exp(-(avg * self.weight[:, None, None] + self.bias[:, None, None])))
+        return self._out
+
+    def backward(self, grad: Array) -> Array:
+        xp = xp_of(grad)
+        if self.subsample:
+            dz = grad * self._out * (1 - self._out)
+            self._grads["weight"] = (dz * self._avg).sum(axis=(0, 2, 3))
+            self._grads["bias"] = dz.sum(axis=(0, 2, 3))
+            grad = dz * self.weight[:, None, None]
+        share = grad / self.kernel_size**2
+        dx = xp.zeros(self._x_shape, dtype=grad.dtype)
+        for r, c in self._offsets(*grad.shape[2:]):
+            dx[:, :, r, c] += share
+        return dx
+
+
+class Linear(Layer):
+    """y = x @ W.T + b with W of shape (out, in)."""
+
+    param_names = ("weight", "bias")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 name: str | None = None) -> None:
+        super().__init__(name)
+        if not (isinstance(in_features, int) and isinstance(out_features, int)
+                and in_features > 0 and out_features > 0):
+            raise ValueError(f"Linear sizes must be positive ints, got {in_features}, {out_features}")
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = np.zeros((out_features, in_features), np.float32)
+        self.bias = np.zeros((out_features,), np.float32) if bias else None
+        self.needs_input_grad = True
+
+    def forward(self, x: Array) -> Array:
+        if x.ndim != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"{self.name}: expected input (B, {self.in_features}), got {x.shape}")
+        self._x = x if self.training else None
+        y = x @ self.weight.T
+        return y + self.bias if self.bias is not None else y
+
+    def backward(self, grad: Array) -> Array | None:
+        self._grads["weight"] = grad.T @ self._x
+        if self.bias is not None:
+            self._grads["bias"] = grad.sum(axis=0)
+        self._x = None
+        return grad @ self.weight if self.needs_input_grad else None
+
+
+class Flatten(Layer):
+    """(B, C, H, W) -> (B, C*H*W) in (C, H, W) order."""
+
+    def forward(self, x: Array) -> Array:
+        self._x_shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, grad: Array) -> Array:
+        return grad.reshape(self._x_shape)
+
+
+class Softmax(Layer):
+    """Row-wise softmax (inference head; training uses logits and CrossEntropyLoss)."""
+
+    def forward(self, x: Array) -> Array:
+        xp = xp_of(x)
+        e = xp.exp(x - x.max(axis=1, keepdims=True))
+        self._y = e / e.sum(axis=1, keepdims=True)
+        return self._y
+
+    def backward(self, grad: Array) -> Array:
+        y = self._y
+        return y * (grad - (grad * y).sum(axis=1, keepdims=True))

@@ -1,0 +1,107 @@
+"""The model zoo: each entry's layers (named as in the LeNet table) and its shipped weights."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from convolab.errors import WeightsError
+from convolab.layers import Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Softmax
+from convolab.network import Network
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    input_size: int  # images are resized to input_size x input_size
+    describe: str
+    layers: Callable[[], list[Layer]]
+
+
+def _ece408() -> list[Layer]:
+    return [
+        Conv2d(1, 4, 7, name="c1"), ReLU(), MaxPool2d(2),     # 4x80x80 -> 4x40x40
+        Conv2d(4, 16, 7, name="c3"), ReLU(), MaxPool2d(4),    # 16x34x34 -> 16x8x8 (floor)
+        Flatten(), Linear(1024, 32, name="f5"), ReLU(),
+        Linear(32, 10, name="f6"), Softmax(),
+    ]
+
+
+def _ece408_mxnet() -> list[Layer]:
+    return [
+        Conv2d(1, 12, 5, name="c1"), ReLU(), MaxPool2d(2),    # 12x66x66 -> 12x33x33
+        Conv2d(12, 24, 5, name="c3"), ReLU(), MaxPool2d(2),   # 24x29x29 -> 24x14x14 (floor)
+        Flatten(), Linear(24 * 14 * 14, 10, name="f5"), Softmax(),
+    ]
+
+
+def _eecs498() -> list[Layer]:
+    return [
+        Conv2d(1, 12, 7, name="c1"), ReLU(), MaxPool2d(2),    # 12x58x58 -> 12x29x29
+        Conv2d(12, 24, 7, name="c3"), ReLU(), MaxPool2d(2),   # 24x23x23 -> 24x11x11 (floor)
+        Flatten(), Linear(24 * 11 * 11, 10, name="f5"), Softmax(),
+    ]
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("ece408", 86, "the course LeNet-5 (SPEC section 2)", _ece408),
+        ModelSpec("ece408-mxnet", 70, "seed 001's shapes: conv K5 1->12, 12->24", _ece408_mxnet),
+        ModelSpec("eecs498", 64, "seed 000's shapes: conv K7 1->12, 12->24", _eecs498),
+    )
+}
+
+
+def spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+
+
+def build(name: str, seed: int = 0) -> Network:
+    """A fresh network: He-normal init before ReLU layers, Glorot-uniform for the last, zero bias."""
+    network = Network(spec(name).layers(), name)
+    rng = np.random.default_rng(seed)
+    for i, layer in enumerate(network.layers):
+        if not isinstance(layer, (Conv2d, Linear)):
+            continue
+        w = layer.weight
+        fan_in = int(np.prod(w.shape[1:]))
+        fan_out = w.shape[0] * int(np.prod(w.shape[2:]))
+        followed_by_relu = i + 1 < len(network.layers) and isinstance(network.layers[i + 1], ReLU)
+        if followed_by_relu:
+            value = rng.standard_normal(w.shape) * np.sqrt(2.0 / fan_in)
+        else:
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            value = rng.uniform(-limit, limit, w.shape)
+        layer.weight = value.astype(np.float32)
+        if layer.bias is not None:
+            layer.bias = np.zeros_like(layer.bias)
+    return network
+
+
+def weights_path(name: str) -> Path:
+    spec(name)
+    return WEIGHTS_DIR / f"{name}.safetensors"
+
+
+def load(name: str, path: str | os.PathLike | None = None) -> Network:
+    """The model with trained weights: `path`, or the ones shipped with convolab."""
+    from convolab import weights
+
+    file = Path(path) if path is not None else weights_path(name)
+    if not file.is_file():
+        hint = (f"train them with `convolab train --model {name} --out {file}`"
+                if path is None else "check the path")
+        raise WeightsError(f"no weights for model {name!r} at {file}: {hint}")
+    network = build(name)
+    weights.load_into(network, file)
+    return network.eval()

@@ -1,0 +1,116 @@
+"""A network is an ordered list of named layers; training uses its logits and CrossEntropyLoss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from convolab.backend import to_device, to_numpy, xp_of
+from convolab.layers import Layer, Softmax
+
+Array = Any
+
+
+class Network:
+    def __init__(self, layers: Sequence[Layer], name: str) -> None:
+        if not layers:
+            raise ValueError("a Network needs at least one layer")
+        names = [layer.name for layer in layers if layer.param_names]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"network {name!r}: layer names must be unique, repeated: {duplicates}")
+        self.layers = list(layers)
+        self.name = name
+        self._ran: list[Layer] = []
+        # Nothing upstream of the first layer wants dE/dX: skip that (large) computation.
+        if hasattr(self.layers[0], "needs_input_grad"):
+            self.layers[0].needs_input_grad = False
+
+    def _run(self, x: Array, layers: list[Layer]) -> Array:
+        self._ran = layers
+        for layer in layers:
+            x = layer.forward(x)
+        return x
+
+    def forward(self, x: Array) -> Array:
+        """Class probabilities (the whole network, softmax head included)."""
+        return self._run(x, self.layers)
+
+    __call__ = forward
+
+    def logits(self, x: Array) -> Array:
+        """The network without a trailing Softmax: what CrossEntropyLoss wants."""
+        body = self.layers[:-1] if isinstance(self.layers[-1], Softmax) else self.layers
+        return self._run(x, body)
+
+    def backward(self, grad: Array) -> None:
+        """Back-propagate dE/d(output of the last forward or logits call); fills each layer's grads."""
+        if not self._ran:
+            raise RuntimeError("backward called before forward")
+        for layer in reversed(self._ran):
+            grad = layer.backward(grad)
+
+    def params(self) -> dict[str, Array]:
+        return {f"{layer.name}.{k}": v for layer in self.layers for k, v in layer.params().items()}
+
+    def grads(self) -> dict[str, Array]:
+        return {f"{layer.name}.{k}": v for layer in self.layers for k, v in layer.grads().items()}
+
+    def set_param(self, full_name: str, value: Array) -> None:
+        layer_name, _, param = full_name.rpartition(".")
+        for layer in self.layers:
+            if layer.name == layer_name:
+                layer.set_param(param, value)
+                return
+        raise KeyError(f"network {self.name!r} has no parameter {full_name!r}")
+
+    def train(self, mode: bool = True) -> Network:
+        for layer in self.layers:
+            layer.train(mode)
+        return self
+
+    def eval(self) -> Network:
+        return self.train(False)
+
+    def to(self, device: str) -> Network:
+        """Move every parameter to 'cpu' (NumPy) or 'gpu' (CuPy), float32, contiguous."""
+        for full_name, value in self.params().items():
+            moved = to_device(value, device)
+            xp = xp_of(moved)
+            self.set_param(full_name, xp.ascontiguousarray(moved, dtype=np.float32))
+        return self
+
+    def predict(self, x: Array, batch: int = 1000) -> np.ndarray:
+        """Predicted class of every image, in eval mode, `batch` images at a time (NumPy out)."""
+        was_training = self.layers[0].training
+        self.eval()
+        try:
+            out = [to_numpy(self.logits(x[i:i + batch]).argmax(axis=1))
+                   for i in range(0, x.shape[0], batch)]
+        finally:
+            self.train(was_training)
+        return np.concatenate(out) if out else np.zeros((0,), np.int64)
+
+    def __repr__(self) -> str:
+        return f"Network({self.name!r}, {[repr(layer) for layer in self.layers]})"
+
+
+class CrossEntropyLoss:
+    """Mean negative log-likelihood of softmax(logits), fused (log-sum-exp) for stability."""
+
+    def __call__(self, logits: Array, labels: Array) -> tuple[float, Array]:
+        xp = xp_of(logits)
+        if logits.ndim != 2 or labels.shape != (logits.shape[0],):
+            raise ValueError(f"CrossEntropyLoss: logits (B, classes) and labels (B,), "
+                             f"got {logits.shape} and {labels.shape}")
+        n = logits.shape[0]
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_z = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+        log_p = shifted - log_z
+        rows = xp.arange(n)
+        loss = -float(log_p[rows, labels].mean())
+        grad = xp.exp(log_p)
+        grad[rows, labels] -= 1
+        return loss, grad / n

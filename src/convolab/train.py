@@ -1,0 +1,134 @@
+"""`convolab train`: mini-batch training of a zoo model with convolab's own forward and backward.
+
+Deterministic on the CPU for a given seed: the shuffle comes from a seeded generator and every
+operation is a fixed sequence of NumPy/BLAS calls on the same shapes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from convolab import __version__, data, models, weights
+from convolab.backend import to_device, to_numpy
+from convolab.network import CrossEntropyLoss, Network
+from convolab.optim import SGD, Adam, Optimizer, cosine_lr
+
+console = Console()
+
+
+def command_line(model: str, epochs: int, batch: int, lr: float, optimizer: str, seed: int,
+                 device: str, limit: int | None, out: Path) -> str:
+    """The canonical command that reproduces a run (written into the sidecar)."""
+    parts = [f"convolab train --model {model} --epochs {epochs} --batch {batch} --lr {lr:g}",
+             f"--optimizer {optimizer} --seed {seed} --device {device}"]
+    if limit is not None:
+        parts.append(f"--limit {limit}")
+    parts.append(f"--out {out}")
+    return " ".join(parts)
+
+
+def evaluate(network: Network, x: np.ndarray, y: np.ndarray, device: str, batch: int = 500) -> float:
+    """Test accuracy over all of x (eval mode), moving `batch` images at a time to the device."""
+    correct = 0
+    for i in range(0, len(x), batch):
+        pred = network.predict(to_device(x[i:i + batch], device), batch=batch)
+        correct += int((pred == y[i:i + batch]).sum())
+    return correct / len(x)
+
+
+def make_optimizer(name: str, network: Network, lr: float) -> Optimizer:
+    if name == "adam":
+        return Adam(network, lr=lr)
+    if name == "sgd":
+        return SGD(network, lr=lr, momentum=0.9)
+    raise ValueError(f"unknown optimizer {name!r}: use 'adam' or 'sgd'")
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.4f} acc {task.fields[acc]:.4f}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+    )
+
+
+def main(model: str = "ece408", epochs: int = 3, batch: int = 64, lr: float = 1e-3,
+         optimizer: str = "adam", seed: int = 0, device: str = "cpu", limit: int | None = None,
+         out: Path | str | None = None, data_dir: Path | str | None = None,
+         quiet: bool = False) -> dict[str, Any]:
+    """Train, evaluate on the 10k test images after each epoch, write weights + JSON sidecar."""
+    spec = models.spec(model)
+    if epochs <= 0 or batch <= 0 or lr <= 0:
+        raise ValueError(f"epochs, batch and lr must be positive, got {epochs}, {batch}, {lr}")
+    out = Path(out) if out is not None else Path.cwd() / f"{model}.safetensors"
+    command = command_line(model, epochs, batch, lr, optimizer, seed, device, limit, out)
+
+    x_train, y_train = data.load_images("train", n=limit, size=spec.input_size, data_dir=data_dir)
+    x_test, y_test = data.load_images("test", size=spec.input_size, data_dir=data_dir)
+    network = models.build(model, seed).to(device).train()
+    opt = make_optimizer(optimizer, network, lr)
+    loss_fn = CrossEntropyLoss()
+    rng = np.random.default_rng(seed)
+    n = len(x_train)
+    steps_per_epoch = math.ceil(n / batch)
+    total_steps = epochs * steps_per_epoch
+    history: list[dict[str, float]] = []
+    if not quiet:
+        console.print(f"training {model} on {n} images, {epochs} epochs, batch {batch}, "
+                      f"{optimizer} lr {lr:g} (cosine), seed {seed}, device {device}")
+
+    step = 0
+    for epoch in range(1, epochs + 1):
+        order = rng.permutation(n)
+        started = time.perf_counter()
+        loss_sum = correct = seen = 0.0
+        with _progress() as bar:
+            task = bar.add_task(f"epoch {epoch}/{epochs}", total=steps_per_epoch, loss=0.0,
+                                acc=0.0, visible=not quiet)
+            for first in range(0, n, batch):
+                idx = order[first:first + batch]
+                xb, yb = to_device(x_train[idx], device), to_device(y_train[idx], device)
+                opt.lr = cosine_lr(lr, step, total_steps)
+                logits = network.logits(xb)
+                loss, grad = loss_fn(logits, yb)
+                network.backward(grad)
+                opt.step()
+                step += 1
+                loss_sum += loss * len(idx)
+                correct += int((to_numpy(logits.argmax(axis=1)) == y_train[idx]).sum())
+                seen += len(idx)
+                bar.update(task, advance=1, loss=loss_sum / seen, acc=correct / seen)
+        seconds = time.perf_counter() - started
+        test_acc = evaluate(network, x_test, y_test, device)
+        network.train()
+        history.append({"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen,
+                        "test_accuracy": test_acc, "seconds": seconds})
+        if not quiet:
+            console.print(f"epoch {epoch}: loss {loss_sum / seen:.4f}, train acc {correct / seen:.4f}, "
+                          f"test acc {test_acc:.4f} (10k images), {seconds:.1f} s")
+
+    result = {
+        "model": model, "command": command, "seed": seed, "epochs": epochs, "batch": batch,
+        "lr": lr, "optimizer": optimizer, "schedule": "cosine", "device": device,
+        "train_images": n, "test_images": len(x_test), "test_accuracy": history[-1]["test_accuracy"],
+        "history": history, "date": dt.date.today().isoformat(), "convolab_version": __version__,
+        "cpu_threads": os.cpu_count(),
+    }
+    weights.save(network.to("cpu"), out, {"test_accuracy": f"{result['test_accuracy']:.4f}",
+                                          "command": command})
+    sidecar = out.with_suffix(".json")
+    tmp = sidecar.with_name(f".{sidecar.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, sidecar)
+    if not quiet:
+        console.print(f"test accuracy {result['test_accuracy']:.4f}; wrote {out} and {sidecar}")
+    return result
