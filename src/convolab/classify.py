@@ -34,6 +34,10 @@ CPU_CHUNK = 500  # images per step on the CPU: bounded memory and a moving progr
 GPU_CHUNK = 10_000
 
 
+def say(message: str) -> None:
+    console.print(message, markup=False)
+
+
 @dataclass
 class LayerTimes:
     name: str
@@ -96,7 +100,7 @@ def run_self_test(impl: ConvImpl) -> None:
         if not err <= impl.tolerance:
             raise ConvolabError(f"self-test failed for {impl.name} on {shape}: "
                                 f"rel. error {err:.3g} > {impl.tolerance:g}")
-    console.print(f"Self-test ({impl.name}): course cases passed, max rel. error {worst:.2e}")
+    say(f"Self-test ({impl.name}): course cases passed, max rel. error {worst:.2e}")
 
 
 def gpu_name() -> str:
@@ -114,7 +118,8 @@ class LayerRunner:
         self.convs = [layer for layer in network.layers if isinstance(layer, Conv2d)]
         self.times = {c.name: LayerTimes(c.name, "", impl.name) for c in self.convs}
         self._plans: dict[tuple[str, ConvShape], Any] = {}
-        self._host_params = {c.name: (to_numpy(c.weight), to_numpy(c.bias)) for c in self.convs}
+        self._host_params = {c.name: (to_numpy(c.weight), None if c.bias is None else to_numpy(c.bias))
+                             for c in self.convs}
 
     def _plan(self, conv: Conv2d, shape: ConvShape) -> Any:
         key = (conv.name, shape)
@@ -158,7 +163,7 @@ class LayerRunner:
         cp.cuda.Device().synchronize()
         t0 = time.perf_counter()
         x_dev = cp.asarray(x_host)
-        cp.asarray(w_host), cp.asarray(b_host)  # the weights travel too, as in the course
+        cp.asarray(w_host)  # the weights travel too, as in the course
         y_dev = cp.empty(shape.y_shape, np.float32)
         run(x_dev, y_dev)
         y_dev.get()
@@ -244,16 +249,16 @@ def run_throughput(network: Network, device: str, n: int, x: np.ndarray, labels:
 
 def print_report(report: Report) -> None:
     for lt in report.layers:
-        console.print(f"Conv layer {lt.name} [{lt.impl}] {lt.shape}, B={report.batch}")
-        console.print(f"  Op Time: {lt.op_ms:.3f} ms")
-        console.print(f"  Layer Time: {lt.layer_ms:.3f} ms")
+        say(f"Conv layer {lt.name} [{lt.impl}] {lt.shape}, B={report.batch}")
+        say(f"  Op Time: {lt.op_ms:.3f} ms")
+        say(f"  Layer Time: {lt.layer_ms:.3f} ms")
     if report.network_op_ms is not None:
-        console.print(f"Whole network [{report.path}], B={report.batch}")
-        console.print(f"  Op Time: {report.network_op_ms:.3f} ms")
-        console.print(f"  Layer Time: {report.network_layer_ms:.3f} ms")
+        say(f"Whole network [{report.path}], B={report.batch}")
+        say(f"  Op Time: {report.network_op_ms:.3f} ms")
+        say(f"  Layer Time: {report.network_layer_ms:.3f} ms")
     if report.images_per_s is not None:
-        console.print(f"Throughput: {report.images_per_s:,.0f} images/s")
-    console.print(f"Test Accuracy: {report.accuracy:.4f}")
+        say(f"Throughput: {report.images_per_s:,.0f} images/s")
+    say(f"Test Accuracy: {report.accuracy:.4f}")
 
 
 def main(*, model: str, batch: int, impl: str | None, device: str, weights: Path | None,
