@@ -118,8 +118,7 @@ class LayerRunner:
         self.convs = [layer for layer in network.layers if isinstance(layer, Conv2d)]
         self.times = {c.name: LayerTimes(c.name, "", impl.name) for c in self.convs}
         self._plans: dict[tuple[str, ConvShape], Any] = {}
-        self._host_params = {c.name: (to_numpy(c.weight), None if c.bias is None else to_numpy(c.bias))
-                             for c in self.convs}
+        self._host_weights = {c.name: to_numpy(c.weight) for c in self.convs}
 
     def _plan(self, conv: Conv2d, shape: ConvShape) -> Any:
         key = (conv.name, shape)
@@ -159,7 +158,7 @@ class LayerRunner:
     def _gpu_layer_ms(self, conv: Conv2d, run: Any, shape: ConvShape, x_host: np.ndarray) -> float:
         """From host arrays to a host array: what a caller of the layer pays (kernels cached)."""
         cp = self.xp
-        w_host, b_host = self._host_params[conv.name]
+        w_host = self._host_weights[conv.name]
         cp.cuda.Device().synchronize()
         t0 = time.perf_counter()
         x_dev = cp.asarray(x_host)
