@@ -153,7 +153,7 @@ class Conv2d(Layer):
                 y = impl.forward(x, self.weight, self.bias, self.stride)
                 self._cols = None
             self._x_shape = x.shape
-            self._x = None if own else x
+            self._x = None if own and xp_of(x) is np else x  # the GPU backward reads x
             return y
         if own:
             return self._own_forward(x)[0]
@@ -168,6 +168,9 @@ class Conv2d(Layer):
 
     def backward(self, grad: Array) -> Array | None:
         xp = xp_of(grad)
+        if xp is not np:  # GPU: hand-written backward kernels (convolab.gpu.backward)
+            from convolab.gpu.backward import conv2d_layer_backward
+            return conv2d_layer_backward(self, grad)
         m = grad.shape[1]
         cols = self._cols if self._cols is not None else im2col(self._x, self.kernel_size,
                                                                  self.stride)
@@ -225,6 +228,11 @@ class MaxPool2d(_Pool):
     def forward(self, x: Array) -> Array:
         xp = xp_of(x)
         ho, wo = self._out_hw(x)
+        if xp is not np:  # GPU: kernels that recompute the argmax in backward (gpu/backward.py)
+            from convolab.gpu.backward import maxpool2d_forward
+            self._x = x if self.training else None
+            self._y = maxpool2d_forward(x, self.kernel_size, self.stride)
+            return self._y
         windows = xp.stack([x[:, :, r, c] for r, c in self._offsets(ho, wo)], axis=-1)
         # The first maximum of each window gets the whole gradient (a subgradient on ties).
         self._argmax = windows.argmax(axis=-1)
@@ -233,6 +241,11 @@ class MaxPool2d(_Pool):
 
     def backward(self, grad: Array) -> Array:
         xp = xp_of(grad)
+        if xp is not np:
+            from convolab.gpu.backward import maxpool2d_backward
+            dx = maxpool2d_backward(self._x, self._y, grad, self.kernel_size, self.stride)
+            self._x = self._y = None
+            return dx
         dx = xp.zeros(self._x_shape, dtype=grad.dtype)
         for i, (r, c) in enumerate(self._offsets(*grad.shape[2:])):
             dx[:, :, r, c] += xp.where(self._argmax == i, grad, 0)
