@@ -269,18 +269,18 @@ def main(*, model: str, batch: int, impl: str | None, device: str, weights: Path
             f"--mode must be exact, tf32, fp16, 3xtf32 or tensor-core, not {mode!r}")
     if throughput is not None and throughput <= 0:
         raise ConvolabError(f"--throughput must be a positive number of images, got {throughput}")
+    fused = (device == "gpu" and model == "ece408" and impl is None and not per_layer)
+    chosen = None if fused else choose_impl(impl, device)  # cheap checks before any loading
     network = models.load(model, weights)
     x, labels = data.load_images("test", n=batch, size=spec.input_size, data_dir=data_dir)
-    fused = (device == "gpu" and model == "ece408" and impl is None and not per_layer)
     report = Report(model=model, device=device, batch=batch, path="")
     if device == "gpu":
         report.gpu = gpu_name()
         network.to("gpu")
-    if fused:
+    if chosen is None:
         report.path = f"fused network ({mode})"
         run_fused(network, "tf32" if mode == "tensor-core" else mode, x, labels, report)
     else:
-        chosen = choose_impl(impl, device)
         if self_test:
             run_self_test(chosen)
         report.path = f"per layer ({chosen.name})"
