@@ -1,0 +1,192 @@
+"""`convolab bench` and `convolab profile`: CPU runs end to end, clear errors, ceilings fallback."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convolab import bench, roofline
+from convolab.errors import ConvolabError
+from convolab.gpu import profile
+from convolab.registry import all_impls
+
+
+@pytest.fixture
+def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the CPU path even on a GPU host, and keep the optional torch anchor out of it."""
+    monkeypatch.setattr(bench, "gpu_available", lambda: False)
+    monkeypatch.setattr(bench, "_torch_contenders", lambda gpu: [])
+
+
+def test_cpu_bench_writes_json_and_csv_rows(cpu_only: None, tmp_path: Path) -> None:
+    batch, reps = 8, 2
+    out = tmp_path / "bench.json"
+    bench.main(model="ece408", batch=batch, names=None, reps=reps, network=False,
+               shapes="model", json_out=out, plot=None)
+    report = json.loads(out.read_text())
+    expected_impls = {i.name for i in all_impls("cpu", include_reference=False)}
+    layers = [c.label for c in bench.model_cases("ece408", batch)]
+    assert [c["label"] for c in report["cases"]] == layers
+    rows = report["rows"]
+    expected = {(case, impl) for case in layers for impl in expected_impls}
+    assert {(r["case"], r["impl"]) for r in rows} == expected
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["batch"] == batch
+        assert len(r["op_samples_ms"]) == reps and all(t > 0 for t in r["op_samples_ms"])
+        assert r["op"]["median_ms"] > 0 and r["gflops"] > 0 and r["roofline_pct"] > 0
+        assert r["rel_l2"] <= r["tolerance"]
+    assert report["ceilings"]["cpu"]["fp32_gflops"] > 0
+    with out.with_suffix(".csv").open() as fh:
+        csv_rows = list(csv.DictReader(fh))
+    assert len(csv_rows) == len(rows)
+    assert all(float(r["op_median_ms"]) > 0 for r in csv_rows)
+
+
+def test_unknown_impl_is_a_clear_error(cpu_only: None) -> None:
+    with pytest.raises(ConvolabError, match="no-such-rung"):
+        bench.main(model="ece408", batch=2, names=["no-such-rung"], reps=1, network=False,
+                   shapes="model", json_out=None, plot=None)
+
+
+def test_gpu_impl_without_gpu_is_a_clear_error(cpu_only: None) -> None:
+    gpu_impls = all_impls("gpu")
+    if not gpu_impls:
+        pytest.skip("no GPU implementation registered yet")
+    with pytest.raises(ConvolabError, match="GPU"):
+        bench.select_contenders([gpu_impls[0].name], gpu=False)
+
+
+def test_bad_shape_set_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="--shapes"):
+        bench.layer_cases("everything", "ece408", 4)
+
+
+def test_network_without_gpu_is_a_clear_error(cpu_only: None) -> None:
+    with pytest.raises(ConvolabError, match="--network"):
+        bench.main(model="ece408", batch=2, names=None, reps=1, network=True,
+                   shapes="model", json_out=None, plot=None)
+
+
+def test_plot_without_matplotlib_is_a_clear_error(
+    cpu_only: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    with pytest.raises(ConvolabError, match="matplotlib"):
+        bench.main(model="ece408", batch=2, names=None, reps=1, network=False,
+                   shapes="model", json_out=None, plot=tmp_path / "p.png")
+
+
+def test_model_cases_follow_the_network() -> None:
+    c1, c3 = bench.model_cases("ece408", 5)
+    got = (c1.shape.B, c1.shape.C, c1.shape.H, c1.shape.M, c1.shape.K, c1.pool)
+    assert got == (5, 1, 86, 4, 7, 2)
+    # C3 sees C1's pooled output: (86 - 7 + 1) // 2 = 40.
+    assert (c3.shape.C, c3.shape.H, c3.shape.M, c3.shape.K, c3.pool) == (4, 40, 16, 7, 4)
+
+
+def test_vgg_cases_keep_the_output_size() -> None:
+    conv1, conv5, fc6, fc7 = bench.vgg_cases(10_000)
+    assert conv1.shape.H_out == 224 and conv5.shape.H_out == 14
+    assert fc6.shape.y_shape[1:] == (4096, 1, 1) and fc7.shape.C == 4096
+    assert conv1.shape.B <= bench.VGG_BATCH_224
+
+
+def test_cpu_batch_respects_caps() -> None:
+    shape = bench.model_cases("ece408", 10_000)[1].shape
+    assert bench.cpu_batch(shape, "cpu-im2col") == bench.CPU_BATCH_CAP
+    assert bench.cpu_batch(shape, "cpu-loops") <= 100
+    huge = bench.vgg_cases(16)[0].shape  # ~3.7 GFLOP per image
+    assert bench.cpu_batch(huge, "cpu-loops") == 0
+
+
+def test_reference_with_pool_matches_a_direct_computation(rng: np.random.Generator) -> None:
+    x = rng.standard_normal((2, 3, 11, 11)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    y = bench._reference(x, w, b, 1, 2)
+    conv = np.zeros((2, 4, 9, 9))
+    for p in range(3):
+        for q in range(3):
+            conv += np.einsum("bchw,mc->bmhw", x[:, :, p : p + 9, q : q + 9].astype(np.float64),
+                              w[:, :, p, q].astype(np.float64))
+    conv = np.maximum(conv + b[None, :, None, None], 0)
+    expected = np.array([[[[conv[i, m, 2 * h : 2 * h + 2, 2 * v : 2 * v + 2].max()
+                            for v in range(4)] for h in range(4)] for m in range(4)]
+                         for i in range(2)])
+    np.testing.assert_allclose(y, expected, rtol=1e-12)
+
+
+def test_gpu_ceilings_fall_back_to_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(roofline, "cupy_or_none", lambda: None)
+    ceil = roofline.measure_gpu_ceilings()
+    assert ceil.copy_gbps == roofline.SPEC_GPU_COPY_GBPS
+    assert ceil.fp32_gflops == roofline.SPEC_GPU_FP32_GFLOPS
+    assert all("fallback" in how for how in ceil.source.values())
+
+
+def test_roofline_floor_is_the_slower_bound() -> None:
+    ceil = roofline.Ceilings("x", copy_gbps=1000.0, fp32_gflops=10_000.0, tf32_gflops=80_000.0,
+                             fp16_gflops=160_000.0)
+    compute_bound = ceil.floor_ms(flops=1e12, nbytes=1e6)  # 100 ms compute vs 0.001 ms traffic
+    assert compute_bound == pytest.approx(1e12 / 10_000e6)
+    memory_bound = ceil.floor_ms(flops=1e6, nbytes=1e9, precision="tf32")
+    assert memory_bound == pytest.approx(1e9 / 1000e6)
+    with pytest.raises(ValueError, match="precision"):
+        ceil.floor_ms(1, 1, "fp8")
+
+
+def test_profile_without_ncu_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profile.shutil, "which", lambda _: None)
+    monkeypatch.setattr(profile, "_install_candidates", lambda: [])
+    with pytest.raises(ConvolabError, match="ncu"):
+        profile.main(model="ece408", batch=10, names=None, json_out=None)
+
+
+def test_ncu_csv_is_split_by_layer_markers() -> None:
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+              '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+              '"Metric Value"')
+
+    def rec(kid: int, kernel: str, metric: str, unit: str, value: str) -> str:
+        return (f'"{kid}","1","python","h","{kernel}","1","7","(1, 1, 1)","(1, 1, 1)","0","9.0",'
+                f'"Command line profiler metrics","{metric}","{unit}","{value}"')
+
+    text = "\n".join([
+        "==PROF== Connected to process 1",
+        header,
+        rec(0, "setup_fill", "gpu__time_duration.sum", "nsecond", "5"),
+        rec(1, f"{profile.MARKER_PREFIX}0", "gpu__time_duration.sum", "nsecond", "1"),
+        rec(2, "conv_kernel(float*)", "gpu__time_duration.sum", "usecond", "2.5"),
+        rec(2, "conv_kernel(float*)", "launch__registers_per_thread", "register/thread", "40"),
+        rec(3, f"{profile.MARKER_PREFIX}1", "gpu__time_duration.sum", "nsecond", "1"),
+        rec(4, "unroll", "dram__bytes.sum", "byte", "1,024"),
+        rec(5, "gemm", "gpu__time_duration.sum", "nsecond", "7"),
+        "profiled basic: 2 layer(s)",
+    ])
+    rows = profile.assign_layers(profile.parse_ncu_csv(text), ["net/c1", "net/c3"])
+    assert [(r["layer"], r["kernel"]) for r in rows] == [
+        ("net/c1", "conv_kernel(float*)"), ("net/c3", "unroll"), ("net/c3", "gemm")]
+    assert rows[0]["gpu__time_duration.sum"] == pytest.approx(2500.0)  # usecond -> ns
+    assert rows[0]["launch__registers_per_thread"] == 40.0
+    assert rows[1]["dram__bytes.sum"] == 1024.0
+
+
+@pytest.mark.gpu
+def test_gpu_bench_small_batch(tmp_path: Path) -> None:
+    gpu_impls = [i.name for i in all_impls("gpu")][:3]
+    if not gpu_impls:
+        pytest.skip("no GPU implementation registered yet")
+    out = tmp_path / "bench.json"
+    bench.main(model="ece408", batch=64, names=gpu_impls, reps=3, network=False,
+               shapes="model", json_out=out, plot=None)
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["impl"] for r in rows} == set(gpu_impls)
+    for r in rows:
+        if r["status"] == "ok":
+            assert r["op"]["median_ms"] > 0 and r["layer"]["median_ms"] > 0
