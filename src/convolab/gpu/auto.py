@@ -1,0 +1,123 @@
+"""Rung 14: `auto` — per-layer choice among all rungs, from the tuner's cache or a heuristic.
+
+`prepare` looks up the tune cache (gpu/tune.py) for (this GPU, the layer's shape, mode) and
+delegates to the cached rung with its cached parameters. Mode is `fp32` by default (only
+rungs that promise <= 1e-5 are eligible); `tf32` and `fp16` widen the field to rungs that
+promise <= 5e-4 and <= 1e-2. A cache entry naming a rung that is not registered here, that
+does not support the shape, that is not accurate enough for the mode, or whose parameters
+the rung no longer knows, is not trusted: the heuristic below is used instead.
+
+Heuristic with no cache entry (`default_choice`):
+  * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
+    alone cannot fill the GPU, so the channel sum is spread over blocks;
+  * C >= 16 otherwise: `channel-tree` — channel slices per block, reduced on chip;
+  * small C (LeNet's C=1 and C=4): `register-tiled` (rung 7: register + shared tiling and
+    coarsening are what pays when each output's sum is short), else `channel-tree` with
+    CSPLIT=1 (a direct kernel with output-channel coarsening), if rung 7 is missing.
+The choice logic (`resolve`) is a pure function of (entries, gpu, shape, mode, eligible
+rungs) so it is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from convolab.gpu import tune
+from convolab.registry import ConvImpl, Run, all_impls, get_impl, register
+from convolab.shapes import ConvShape
+
+LARGE_C = 16
+SMALL_OUTPUT = 1 << 18
+
+
+@dataclass(frozen=True)
+class Choice:
+    impl: str
+    params: dict[str, Any] = field(default_factory=dict)
+    source: str = "default"  # "cache" or "default"
+
+
+def default_choice(shape: ConvShape, eligible: Collection[str]) -> Choice:
+    """The no-cache heuristic (see the module docstring); only names in `eligible`."""
+    n_out = shape.B * shape.M * shape.H_out * shape.W_out
+    wishes: list[Choice] = []
+    if shape.C >= LARGE_C and n_out < SMALL_OUTPUT:
+        wishes.append(Choice("channel-atomic", {"CGROUP": 4}))
+    if shape.C >= LARGE_C:
+        wishes.append(Choice("channel-tree", {"CSPLIT": 8 if shape.C >= 64 else 4}))
+    wishes += [Choice("register-tiled"), Choice("channel-tree", {"CSPLIT": 1}), Choice("basic")]
+    for wish in wishes:
+        if wish.impl in eligible:
+            return wish
+    if not eligible:
+        raise ValueError(f"auto: no GPU implementation supports shape {shape}")
+    return Choice(sorted(eligible)[0])
+
+
+def resolve(
+    entries: Sequence[tune.TuneEntry],
+    gpu: str,
+    shape: ConvShape,
+    mode: str,
+    eligible: Collection[str],
+) -> Choice:
+    """Cached winner for (gpu, shape, mode) if it is eligible here, else the heuristic."""
+    entry = tune.lookup(entries, gpu, shape, mode)
+    if entry is not None and entry.impl in eligible:
+        return Choice(entry.impl, dict(entry.params), "cache")
+    return default_choice(shape, eligible)
+
+
+def eligible_impls(shape: ConvShape, mode: str) -> dict[str, ConvImpl]:
+    """Registered GPU rungs that support `shape` and are accurate enough for `mode`."""
+    limit = tune.MODE_TOLERANCE[tune.check_mode(mode)]
+    return {
+        i.name: i
+        for i in all_impls("gpu")
+        if i.name not in tune.NOT_TUNED
+        and not i.pool
+        and not i.reference_only
+        and i.tolerance <= limit
+        and i.supports(shape)
+    }
+
+
+def choose(shape: ConvShape, mode: str = "fp32", gpu: str | None = None) -> Choice:
+    """What `auto` runs for this layer on this GPU (reads the cache)."""
+    eligible = eligible_impls(shape, mode)
+    return resolve(tune.load_cache(), gpu or tune.gpu_name(), shape, mode, eligible)
+
+
+def prepare_auto(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+    mode = tune.check_mode(str(params.get("mode", "fp32")))
+    choice = choose(shape, mode)
+    impl = get_impl(choice.impl)
+    try:
+        chosen = impl.params_for(choice.params)
+    except ValueError as err:
+        warnings.warn(
+            f"auto: cached parameters for {impl.name} rejected ({err}); using its defaults",
+            tune.CacheWarning,
+            stacklevel=2,
+        )
+        chosen = impl.params_for(None)
+    return impl.prepare(shape, w, b, chosen)
+
+
+register(
+    ConvImpl(
+        name="auto",
+        rung=14,
+        device="gpu",
+        kernel_file=None,
+        demonstrates="per-layer choice among all rungs, from the tuner's on-disk cache",
+        prepare=prepare_auto,
+        defaults={"mode": "fp32"},
+        space={},
+        compile_variants=lambda: [],
+        tolerance=1e-5,
+    )
+)

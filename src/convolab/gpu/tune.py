@@ -1,0 +1,522 @@
+"""`convolab tune`: sweep every GPU rung's parameters per conv layer and cache the winners.
+
+For each conv layer of the model and each GPU rung that supports the layer's shape, every
+candidate parameter set (the cartesian product of the rung's `space`, capped) is first
+CHECKED — output poisoned with NaN, relative L2 error against the fp64 reference on a few
+images of the same layer, and again on the first images of the full-batch output — and only
+then timed (CUDA events, warm-up, median). Winners are kept per (GPU name, layer shape,
+dtype mode), where a mode admits every rung whose promised tolerance is at least as tight:
+fp32 (<= 1e-5), tf32 (<= 5e-4), fp16 (<= 1e-2).
+
+The cache is one versioned JSON file: $CONVOLAB_CACHE/tune.json if that variable is set,
+else $XDG_CACHE_HOME/convolab/tune.json (~/.cache/convolab/tune.json). A file of another
+version, or one that does not parse, is reported with a warning and ignored — never
+trusted — and is replaced on the next save. Saves are atomic (temporary file in the same
+folder, then os.replace), so a crash never leaves a half-written cache.
+
+Everything above the `main` section is pure Python and is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import itertools
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from convolab.shapes import ConvShape
+
+CACHE_VERSION = 1
+CACHE_FILE = "tune.json"
+MODES: tuple[str, ...] = ("fp32", "tf32", "fp16")
+MODE_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "tf32": 5e-4, "fp16": 1e-2}
+# Rungs the tuner does not race: `auto` delegates to the others, and `streams` is about
+# Layer Time (copies), not the Op Time the tuner measures.
+NOT_TUNED: frozenset[str] = frozenset({"auto", "streams"})
+DEFAULT_MAX_CANDIDATES = 8
+CHECK_BATCH = 4
+
+
+class CacheWarning(UserWarning):
+    """The tune cache exists but cannot be trusted (corrupt, other version, bad entry)."""
+
+
+# --------------------------------------------------------------------------------------
+# Cache: location, entries, load/save (pure, tested on the CPU)
+# --------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("CONVOLAB_CACHE")
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "convolab"
+
+
+def cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def mode_of(tolerance: float) -> str:
+    """The tightest mode whose accuracy a rung with this tolerance meets."""
+    for mode in MODES:
+        if tolerance <= MODE_TOLERANCE[mode]:
+            return mode
+    raise ValueError(f"tolerance {tolerance} is looser than every mode ({MODE_TOLERANCE})")
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODE_TOLERANCE:
+        raise ValueError(f"unknown dtype mode {mode!r}: use one of {', '.join(MODES)}")
+    return mode
+
+
+_SHAPE_FIELDS = ("B", "C", "H", "W", "M", "K", "S")
+
+
+@dataclass(frozen=True)
+class TuneEntry:
+    """One cached winner: the fastest checked rung + parameters for (gpu, shape, mode)."""
+
+    gpu: str
+    shape: ConvShape
+    mode: str
+    impl: str
+    params: dict[str, Any] = field(default_factory=dict)
+    median_ms: float = math.nan
+    rel_l2: float = math.nan
+    date: str = ""
+
+    @property
+    def key(self) -> tuple[str, ConvShape, str]:
+        return (self.gpu, self.shape, self.mode)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "shape": {f: getattr(self.shape, f) for f in _SHAPE_FIELDS},
+            "mode": self.mode,
+            "impl": self.impl,
+            "params": dict(self.params),
+            "median_ms": self.median_ms,
+            "rel_l2": self.rel_l2,
+            "date": self.date,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> TuneEntry:
+        """Strict: anything missing or mistyped raises ValueError."""
+        if not isinstance(data, dict):
+            raise ValueError("entry is not an object")
+        try:
+            shape_d = data["shape"]
+            shape = ConvShape(**{f: shape_d[f] for f in _SHAPE_FIELDS})
+            gpu, mode, impl = data["gpu"], data["mode"], data["impl"]
+            params = data.get("params", {})
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"entry lacks a field: {err}") from None
+        if not all(isinstance(v, str) and v for v in (gpu, impl)):
+            raise ValueError("entry's gpu and impl must be non-empty strings")
+        check_mode(mode)
+        if not isinstance(params, dict):
+            raise ValueError("entry's params must be an object")
+        return cls(
+            gpu=gpu,
+            shape=shape,
+            mode=mode,
+            impl=impl,
+            params=params,
+            median_ms=float(data.get("median_ms", math.nan)),
+            rel_l2=float(data.get("rel_l2", math.nan)),
+            date=str(data.get("date", "")),
+        )
+
+
+def load_cache(path: Path | None = None) -> list[TuneEntry]:
+    """The cached entries; [] (with a CacheWarning) for anything that cannot be trusted."""
+    path = cache_path() if path is None else Path(path)
+    if not path.exists():
+        return []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        warnings.warn(
+            f"tune cache {path} is unreadable ({err}); ignoring it", CacheWarning, stacklevel=2
+        )
+        return []
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+        found = data.get("version") if isinstance(data, dict) else type(data).__name__
+        warnings.warn(
+            f"tune cache {path} has version {found!r}, this convolab reads {CACHE_VERSION}; "
+            "ignoring it (run `convolab tune` to rebuild)",
+            CacheWarning,
+            stacklevel=2,
+        )
+        return []
+    raw = data.get("entries")
+    if not isinstance(raw, list):
+        warnings.warn(
+            f"tune cache {path} has no entry list; ignoring it", CacheWarning, stacklevel=2
+        )
+        return []
+    entries = []
+    for i, item in enumerate(raw):
+        try:
+            entries.append(TuneEntry.from_json(item))
+        except ValueError as err:
+            warnings.warn(
+                f"tune cache {path}: entry {i} ignored ({err})", CacheWarning, stacklevel=2
+            )
+    return entries
+
+
+def save_cache(entries: Iterable[TuneEntry], path: Path | None = None) -> Path:
+    """Write atomically: a temporary file beside the target, fsync, then os.replace."""
+    path = cache_path() if path is None else Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"version": CACHE_VERSION, "entries": [e.to_json() for e in entries]}
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    return path
+
+
+def merge(old: Iterable[TuneEntry], new: Iterable[TuneEntry]) -> list[TuneEntry]:
+    """New winners replace old ones with the same (gpu, shape, mode); others are kept."""
+    merged = {e.key: e for e in old}
+    merged.update({e.key: e for e in new})
+    return list(merged.values())
+
+
+def lookup(entries: Sequence[TuneEntry], gpu: str, shape: ConvShape, mode: str) -> TuneEntry | None:
+    """The entry for exactly (gpu, shape, mode); else the same layer tuned at the nearest
+    batch size (winners change little with B once the GPU is full); else None."""
+    check_mode(mode)
+    same_layer = [
+        e
+        for e in entries
+        if e.gpu == gpu and e.mode == mode and e.shape.with_batch(shape.B) == shape
+    ]
+    if not same_layer:
+        return None
+    return min(same_layer, key=lambda e: (abs(math.log(e.shape.B / shape.B)), -e.shape.B))
+
+
+def candidates(
+    space: Mapping[str, Sequence[Any]],
+    defaults: Mapping[str, Any],
+    cap: int = DEFAULT_MAX_CANDIDATES,
+) -> list[dict[str, Any]]:
+    """The rung's defaults first, then the cartesian product of `space` thinned evenly to `cap`."""
+    if cap < 1:
+        raise ValueError(f"candidate cap must be >= 1, got {cap}")
+    base = dict(defaults)
+    keys = sorted(space)
+    combos = [
+        dict(base, **dict(zip(keys, vals, strict=True)))
+        for vals in itertools.product(*(space[k] for k in keys))
+    ]
+    out: list[dict[str, Any]] = [base]
+    rest = [c for c in combos if c != base]
+    if len(rest) > cap - 1:
+        step = len(rest) / max(1, cap - 1)
+        rest = [rest[int(i * step)] for i in range(cap - 1)]
+    out.extend(rest)
+    return out[:cap]
+
+
+# --------------------------------------------------------------------------------------
+# The model's conv layers
+# --------------------------------------------------------------------------------------
+
+# (C, H, W, M, K, S) per conv layer, from SPEC section 2; used when convolab.models has no
+# conv-shape helper (it is written in parallel) or lacks the model.
+_FALLBACK_LAYERS: dict[str, list[tuple[str, tuple[int, int, int, int, int, int]]]] = {
+    "ece408": [("conv1", (1, 86, 86, 4, 7, 1)), ("conv2", (4, 40, 40, 16, 7, 1))],
+    "ece408-mxnet": [("conv1", (1, 70, 70, 12, 5, 1)), ("conv2", (12, 33, 33, 24, 5, 1))],
+}
+
+
+def model_conv_shapes(model: str, batch: int) -> list[tuple[str, ConvShape]]:
+    try:
+        from convolab import models  # noqa: PLC0415 - written in parallel, optional here
+
+        helper = getattr(models, "conv_shapes", None)
+        if callable(helper):
+            found = helper(model, batch)
+            out = []
+            for i, item in enumerate(found):
+                name, shape = item if isinstance(item, tuple) else (f"conv{i + 1}", item)
+                if isinstance(shape, ConvShape):
+                    out.append((str(name), shape.with_batch(batch)))
+            if out:
+                return out
+    except ImportError:
+        pass
+    except Exception as err:  # a half-written models.py must not stop tuning
+        warnings.warn(
+            f"convolab.models.conv_shapes failed ({err}); using the built-in table", stacklevel=2
+        )
+    if model not in _FALLBACK_LAYERS:
+        raise ValueError(f"unknown model {model!r} for tuning: {', '.join(_FALLBACK_LAYERS)}")
+    return [(name, ConvShape(batch, *dims)) for name, dims in _FALLBACK_LAYERS[model]]
+
+
+# --------------------------------------------------------------------------------------
+# main: the sweep on the GPU
+# --------------------------------------------------------------------------------------
+
+
+def gpu_name() -> str:
+    from convolab.backend import require_cupy
+
+    cp = require_cupy()
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def reference_conv(x: Any, w: Any, b: Any, stride: int) -> Any:
+    """fp64 reference: the registry's cpu-ref when present, else a strided-window einsum."""
+    import numpy as np
+
+    from convolab.registry import get_impl
+
+    try:
+        ref = get_impl("cpu-ref")
+        return ref.forward(
+            np.ascontiguousarray(x, np.float32),
+            np.ascontiguousarray(w, np.float32),
+            np.ascontiguousarray(b, np.float32),
+            stride,
+        )
+    except KeyError:
+        pass
+    x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    k = w64.shape[2]
+    win = np.lib.stride_tricks.sliding_window_view(x64, (k, k), axis=(2, 3))[
+        :, :, ::stride, ::stride
+    ]
+    return np.einsum("bchwpq,mcpq->bmhw", win, w64) + np.asarray(b, np.float64)[None, :, None, None]
+
+
+@dataclass
+class Trial:
+    layer: str
+    impl: str
+    mode: str
+    params: dict[str, Any]
+    ok: bool
+    rel_l2: float = math.nan
+    median_ms: float = math.nan
+    spread_pct: float = math.nan
+    note: str = ""
+
+
+def tunable_impls() -> list[Any]:
+    from convolab.registry import all_impls
+
+    return [
+        i
+        for i in all_impls("gpu")
+        if i.name not in NOT_TUNED and not i.pool and not i.reference_only
+    ]
+
+
+def _trial(
+    impl: Any, layer: str, shape: ConvShape, params: dict[str, Any], data: dict[str, Any], reps: int
+) -> Trial:
+    import numpy as np
+
+    from convolab.check import poison, rel_l2
+    from convolab.timing import Stats, time_gpu
+
+    cp = data["cp"]
+    trial = Trial(layer, impl.name, mode_of(impl.tolerance), params, ok=False)
+    try:
+        full = impl.params_for(params)
+        small = shape.with_batch(data["x_small"].shape[0])
+        run_small = impl.prepare(small, data["w"], data["b"], full)
+        y_small = cp.empty(impl.out_shape(small), dtype=np.float32)
+        poison(y_small)
+        run_small(data["x_small"], y_small)
+        err_small = rel_l2(y_small, data["ref"])
+        if not err_small <= impl.tolerance:
+            trial.rel_l2, trial.note = err_small, "wrong on the check batch"
+            return trial
+        run = impl.prepare(shape, data["w"], data["b"], full)
+        y = cp.empty(impl.out_shape(shape), dtype=np.float32)
+        poison(y)
+        stats = Stats.of(time_gpu(lambda: run(data["x"], y), reps=reps, warmup=2))
+        n = data["x_small"].shape[0]
+        err_full = rel_l2(y[:n], data["ref"])
+        trial.rel_l2 = max(err_small, err_full)
+        if not err_full <= impl.tolerance:
+            trial.note = "wrong at full batch"
+            return trial
+        trial.ok, trial.median_ms, trial.spread_pct = True, stats.median_ms, stats.spread_pct
+    except Exception as err:  # a candidate that does not compile or launch is just rejected
+        trial.note = f"{type(err).__name__}: {str(err).splitlines()[0][:80] if str(err) else ''}"
+    return trial
+
+
+def winners(
+    trials: Iterable[Trial], gpu: str, shapes: Mapping[str, ConvShape], date: str
+) -> list[TuneEntry]:
+    """Per layer and mode, the fastest checked trial among rungs accurate enough for it."""
+    out = []
+    trials = [t for t in trials if t.ok]
+    for layer, shape in shapes.items():
+        for mode in MODES:
+            pool = [
+                t
+                for t in trials
+                if t.layer == layer and MODE_TOLERANCE[t.mode] <= MODE_TOLERANCE[mode]
+            ]
+            if not pool:
+                continue
+            best = min(pool, key=lambda t: t.median_ms)
+            out.append(
+                TuneEntry(
+                    gpu,
+                    shape,
+                    mode,
+                    best.impl,
+                    dict(best.params),
+                    best.median_ms,
+                    best.rel_l2,
+                    date,
+                )
+            )
+    return out
+
+
+def main(
+    model: str = "ece408", batch: int = 10_000, reps: int = 10, json_out: Path | None = None
+) -> list[TuneEntry]:
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from convolab.backend import require_cupy
+
+    cp = require_cupy()
+    if reps < 1:
+        raise ValueError(f"reps must be positive, got {reps}")
+    cap = int(os.environ.get("CONVOLAB_TUNE_MAX_CANDIDATES", DEFAULT_MAX_CANDIDATES))
+    budget_s = float(os.environ.get("CONVOLAB_TUNE_BUDGET_S", "inf"))
+    console = Console()
+    gpu = gpu_name()
+    layers = model_conv_shapes(model, batch)
+    impls = tunable_impls()
+    plan = [
+        (layer, shape, impl, cands)
+        for layer, shape in layers
+        for impl in impls
+        if impl.supports(shape)
+        for cands in [candidates(impl.space, impl.defaults, cap)]
+    ]
+    total = sum(len(c) for *_, c in plan)
+    console.print(
+        f"tuning {model} at B={batch} on {gpu}: {len(plan)} (layer, rung) pairs, "
+        f"{total} candidates, {reps} reps each"
+    )
+    rng = np.random.default_rng()
+    trials: list[Trial] = []
+    started = time.perf_counter()
+    data_by_layer: dict[str, dict[str, Any]] = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("tuning", total=total)
+        for layer, shape, impl, cands in plan:
+            if layer not in data_by_layer:
+                data_by_layer.clear()  # free the previous layer's full-batch input
+                x = rng.random(shape.x_shape, dtype=np.float32)
+                w = (rng.standard_normal(shape.w_shape) / math.sqrt(shape.C * shape.K**2)).astype(
+                    np.float32
+                )
+                b = rng.standard_normal(shape.M).astype(np.float32)
+                n = min(CHECK_BATCH, shape.B)
+                data_by_layer[layer] = {
+                    "cp": cp,
+                    "x": cp.asarray(x),
+                    "x_small": cp.asarray(x[:n]),
+                    "w": cp.asarray(w),
+                    "b": cp.asarray(b),
+                    "ref": reference_conv(x[:n], w, b, shape.S),
+                }
+            data = data_by_layer[layer]
+            over_budget = time.perf_counter() - started > budget_s
+            for i, params in enumerate(cands):
+                progress.update(task, description=f"{layer} {impl.name:<20}")
+                if over_budget and i > 0:  # out of time: defaults only from here on
+                    progress.advance(task)
+                    continue
+                trials.append(_trial(impl, layer, shape, params, data, reps))
+                progress.advance(task)
+    date = _dt.date.today().isoformat()
+    found = winners(trials, gpu, dict(layers), date)
+    path = save_cache(merge(load_cache(), found))
+
+    table = Table(title=f"convolab tune: {model}, B={batch}, {gpu}")
+    for col in ("layer", "mode", "winner", "params", "median ms", "GFLOP/s", "rel L2"):
+        table.add_column(col)
+    shapes = dict(layers)
+    for e in found:
+        layer = next(name for name, s in shapes.items() if s == e.shape)
+        gflops = shapes[layer].flops / (e.median_ms * 1e6)
+        table.add_row(
+            layer,
+            e.mode,
+            e.impl,
+            json.dumps(e.params, sort_keys=True),
+            f"{e.median_ms:.3f}",
+            f"{gflops:.0f}",
+            f"{e.rel_l2:.1e}",
+        )
+    console.print(table)
+    rejected = [t for t in trials if not t.ok]
+    console.print(
+        f"{len(trials) - len(rejected)} candidates passed the check, {len(rejected)} "
+        f"rejected; cache written to {path}"
+    )
+    if json_out is not None:
+        Path(json_out).write_text(
+            json.dumps(
+                {
+                    "gpu": gpu,
+                    "model": model,
+                    "batch": batch,
+                    "reps": reps,
+                    "date": date,
+                    "winners": [e.to_json() for e in found],
+                    "trials": [t.__dict__ for t in trials],
+                },
+                indent=1,
+                default=str,
+            )
+        )
+    return found

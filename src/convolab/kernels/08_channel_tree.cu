@@ -1,0 +1,105 @@
+// Rung 8a: channel-tree: the input-channel sum split across the threads of a block.
+//
+// What it adds over rungs 1-7: there, one thread walks the whole C*K*K reduction of an
+// output element by itself. Here a block is a 2-D team: threadIdx.x picks an output pixel
+// (PIX of them per block) and threadIdx.y picks a slice of the input channels (CSPLIT
+// slices, channels interleaved c = slice, slice + CSPLIT, ...). Each thread accumulates its
+// partial sums for MPT output channels in registers, writes them to shared memory, and the
+// CSPLIT partials of one pixel are added pairwise in log2(CSPLIT) steps (a tree).
+//
+// Why: for layers with many input channels and few output pixels (deep layers, small
+// images or small batches) one-thread-per-output leaves most of the GPU idle and each
+// thread runs a long serial chain of dependent adds. Splitting C gives CSPLIT times more
+// threads and CSPLIT shorter chains, at the cost of one shared-memory reduction per block.
+// When C is small (LeNet's C=1 and C=4) the slices are empty or one channel long and the
+// tree is pure overhead: then CSPLIT=1 (the tuner finds that) and this rung degenerates to
+// a direct kernel with MPT-way output-channel coarsening (each input value loaded once is
+// used for MPT output channels).
+//
+// channel-tree vs channel-atomic (08b): the tree keeps the whole reduction on chip and
+// writes each output once, so it wins whenever there are enough output pixels to fill the
+// GPU with blocks (large B*Ho*Wo). The atomic rung spreads channel groups over *blocks*
+// instead, which is the only way to get parallelism when the output is too small to fill
+// the SMs even with CSPLIT threads per pixel (small output, very large C).
+//
+// Grid: x = pixel tiles * M tiles * B (flattened, so no 65535 limit on B).
+
+#ifndef PIX
+#define PIX 64  // output pixels per block (threadIdx.x)
+#endif
+#ifndef CSPLIT
+#define CSPLIT 4  // channel slices per block (threadIdx.y); a power of two
+#endif
+#ifndef MPT
+#define MPT 4  // output channels per thread
+#endif
+
+#if (CSPLIT & (CSPLIT - 1)) != 0
+#error "CSPLIT must be a power of two (the tree halves it)"
+#endif
+
+extern "C" __global__ void __launch_bounds__(PIX * CSPLIT)
+conv_channel_tree(const float* __restrict__ x, const float* __restrict__ w,
+                  const float* __restrict__ bias, float* __restrict__ y,
+                  int B, int C, int H, int W, int M, int K, int S, int Ho, int Wo) {
+    __shared__ float partial[CSPLIT][MPT][PIX];
+
+    const int n_pix = Ho * Wo;
+    const int pix_tiles = (n_pix + PIX - 1) / PIX;
+    const int m_tiles = (M + MPT - 1) / MPT;
+    int block = blockIdx.x;
+    const int pix_tile = block % pix_tiles;
+    block /= pix_tiles;
+    const int m_tile = block % m_tiles;
+    const int b = block / m_tiles;
+    (void)B;
+
+    const int pix = pix_tile * PIX + threadIdx.x;
+    const int m0 = m_tile * MPT;
+    const int slice = threadIdx.y;
+    const int kk = K * K;
+
+    float acc[MPT];
+#pragma unroll
+    for (int j = 0; j < MPT; ++j) acc[j] = 0.0f;
+
+    if (pix < n_pix) {
+        const int ho = pix / Wo;
+        const int wo = pix - ho * Wo;
+        for (int c = slice; c < C; c += CSPLIT) {
+            const float* xc = x + ((size_t)(b * C + c) * H + (size_t)ho * S) * W + (size_t)wo * S;
+            const float* wc = w + ((size_t)m0 * C + c) * kk;
+            for (int p = 0; p < K; ++p) {
+                for (int q = 0; q < K; ++q) {
+                    const float xv = xc[p * W + q];
+#pragma unroll
+                    for (int j = 0; j < MPT; ++j) {
+                        if (m0 + j < M) acc[j] += xv * wc[(size_t)j * C * kk + p * K + q];
+                    }
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int j = 0; j < MPT; ++j) partial[slice][j][threadIdx.x] = acc[j];
+    __syncthreads();
+
+#pragma unroll
+    for (int half = CSPLIT / 2; half > 0; half >>= 1) {
+        if (slice < half) {
+#pragma unroll
+            for (int j = 0; j < MPT; ++j)
+                partial[slice][j][threadIdx.x] += partial[slice + half][j][threadIdx.x];
+        }
+        __syncthreads();
+    }
+
+    if (slice == 0 && pix < n_pix) {
+#pragma unroll
+        for (int j = 0; j < MPT; ++j) {
+            if (m0 + j < M)
+                y[((size_t)b * M + m0 + j) * n_pix + pix] = partial[0][j][threadIdx.x] + bias[m0 + j];
+        }
+    }
+}

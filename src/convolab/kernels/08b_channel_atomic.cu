@@ -1,0 +1,81 @@
+// Rung 8b: channel-atomic: input-channel groups on different blocks, summed with atomicAdd.
+//
+// What it adds over rung 8a (channel-tree): the channel split leaves the block. The grid
+// gets one more dimension, the channel group (CGROUP consecutive input channels); a block
+// computes, for PIX output pixels and MPT output channels, only its group's share of the
+// sum and adds it into y with atomicAdd. Because every group adds, y must start at the bias:
+// a tiny kernel (init_bias) writes it first, inside the same run(), so both launches count
+// in Op Time.
+//
+// Why / when it wins: it creates parallelism from C alone, across the whole GPU rather than
+// inside one block. When the output is small (a few images, a 7x7 or 14x14 feature map) and
+// C is large (hundreds of channels), the tree rung cannot launch enough blocks to occupy
+// 132 SMs; this one launches ceil(C / CGROUP) times more. The price: y is read and written
+// once per channel group (atomics resolve in L2, so that traffic is cheap but not free),
+// the summation order is nondeterministic (results differ in the last bits run to run),
+// and an extra launch. On large outputs with small C (LeNet's layers) the tree/direct
+// form is faster: there is already plenty of parallelism and the atomics are pure cost.
+
+#ifndef PIX
+#define PIX 128  // output pixels per block
+#endif
+#ifndef MPT
+#define MPT 4  // output channels per thread
+#endif
+#ifndef CGROUP
+#define CGROUP 8  // input channels per block
+#endif
+
+extern "C" __global__ void init_bias(float* __restrict__ y, const float* __restrict__ bias,
+                                     int M, int n_pix, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        y[i] = bias[(i / n_pix) % M];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PIX)
+conv_channel_atomic(const float* __restrict__ x, const float* __restrict__ w,
+                    float* __restrict__ y,
+                    int B, int C, int H, int W, int M, int K, int S, int Ho, int Wo) {
+    const int n_pix = Ho * Wo;
+    const int pix_tiles = (n_pix + PIX - 1) / PIX;
+    const int m_tiles = (M + MPT - 1) / MPT;
+    int block = blockIdx.x;
+    const int pix_tile = block % pix_tiles;
+    block /= pix_tiles;
+    const int m_tile = block % m_tiles;
+    const int b = block / m_tiles;
+    const int c_begin = blockIdx.y * CGROUP;
+    const int c_end = min(C, c_begin + CGROUP);
+    (void)B;
+
+    const int pix = pix_tile * PIX + threadIdx.x;
+    if (pix >= n_pix) return;
+    const int m0 = m_tile * MPT;
+    const int kk = K * K;
+    const int ho = pix / Wo;
+    const int wo = pix - ho * Wo;
+
+    float acc[MPT];
+#pragma unroll
+    for (int j = 0; j < MPT; ++j) acc[j] = 0.0f;
+
+    for (int c = c_begin; c < c_end; ++c) {
+        const float* xc = x + ((size_t)(b * C + c) * H + (size_t)ho * S) * W + (size_t)wo * S;
+        const float* wc = w + ((size_t)m0 * C + c) * kk;
+        for (int p = 0; p < K; ++p) {
+            for (int q = 0; q < K; ++q) {
+                const float xv = xc[p * W + q];
+#pragma unroll
+                for (int j = 0; j < MPT; ++j) {
+                    if (m0 + j < M) acc[j] += xv * wc[(size_t)j * C * kk + p * K + q];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MPT; ++j) {
+        if (m0 + j < M) atomicAdd(&y[((size_t)b * M + m0 + j) * n_pix + pix], acc[j]);
+    }
+}

@@ -1,0 +1,212 @@
+// Rung 10: tensor-core: implicit GEMM on the tensor cores through WMMA (nvcuda::wmma).
+//
+// What it adds over the fused (implicit) GEMM rung: the same GEMM view of convolution,
+//   Y[m, n] = sum_k W[m, k] * X_unrolled[k, n],  k = (c, p, q),  n = (b, ho, wo),
+// but the 16x16 tile products are done by warp-wide tensor-core instructions
+// (mma_sync on 16x16xWK fragments) instead of scalar FMAs. The unrolled matrix is never
+// built: each BK x BN tile of it is gathered from x straight into shared memory
+// (converted to the operand type on the way), so global traffic is the input reads only.
+//
+// Operand modes (TC_MODE define, one registry entry each):
+//   0 tf32   : fp32 in shared memory, rounded to TF32 (10-bit mantissa) in the fragments.
+//              ~4e-4 relative error on random data; the registry promises 5e-4.
+//   1 fp16   : operands stored as half (m16n16k16), fp32 accumulation. ~4e-4; promises 1e-2.
+//   2 bf16   : operands as bfloat16 (7-bit mantissa, fp32 range). ~3e-3; promises 1e-2.
+//   3 3xtf32 : each fp32 operand v is split into big = tf32(v) and small = tf32(v - big);
+//              acc += a_small*b_big + a_big*b_small + a_big*b_big (the small*small term,
+//              ~2^-22 relative, is dropped). Three MMAs per tile buy back fp32 accuracy
+//              (the registry promises 1e-5) at three times the tensor-core work, which is
+//              still cheap here because the gather, not the MMA, is the bottleneck.
+//
+// Block: WARPS warps side by side along n, each owning a 16 x (16*NFRAG) output tile; the
+// block covers BM=16 output channels x BN = 16*NFRAG*WARPS output pixels. M is padded to
+// 16 with zero weights (conv1 has M=4: three quarters of the MMA work is padding, which
+// costs little since the layer is bound by memory, not by the tensor cores). The GEMM
+// k-dimension C*K*K is padded to BK with zeros (conv2: 196 -> 208 or 224).
+// Epilogue: accumulators go through shared memory so that the bias add and the scatter to
+// NCHW y are coalesced along wo.
+
+#include <mma.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#ifndef TC_MODE
+#define TC_MODE 0
+#endif
+#ifndef NFRAG
+#define NFRAG 2  // 16-wide fragments per warp along n
+#endif
+#ifndef WARPS
+#define WARPS 4
+#endif
+#ifndef BK
+#define BK 32  // k-slice per shared-memory stage; a multiple of 16
+#endif
+
+using namespace nvcuda;
+
+#if TC_MODE == 1
+typedef __half elem_t;
+typedef half frag_t;
+#define WK 16
+#define PAD 8
+__device__ __forceinline__ elem_t to_elem(float v) { return __float2half_rn(v); }
+#elif TC_MODE == 2
+typedef __nv_bfloat16 elem_t;
+typedef __nv_bfloat16 frag_t;
+#define WK 16
+#define PAD 8
+__device__ __forceinline__ elem_t to_elem(float v) { return __float2bfloat16_rn(v); }
+#else
+typedef float elem_t;
+typedef wmma::precision::tf32 frag_t;
+#define WK 8
+#define PAD 4
+__device__ __forceinline__ elem_t to_elem(float v) { return v; }
+#endif
+
+#define BM 16
+#define THREADS (WARPS * 32)
+#define BN (16 * NFRAG * WARPS)
+#define LDA (BK + PAD)
+#define LDB (BN + PAD)
+#define LDC (BN + 4)
+#define COLS_PER_THREAD ((BN >= THREADS) ? (BN / THREADS) : 1)
+#define ROW_STEP ((BN >= THREADS) ? 1 : (THREADS / BN))
+
+#if BK % 16 != 0
+#error "BK must be a multiple of 16"
+#endif
+
+#define A_BYTES (BM * LDA * sizeof(elem_t))
+#define B_BYTES (BK * LDB * sizeof(elem_t))
+#define C_BYTES (BM * LDC * sizeof(float))
+#define AB_BYTES (((A_BYTES + 127) / 128) * 128 + B_BYTES)
+#define SMEM_BYTES (AB_BYTES > C_BYTES ? AB_BYTES : C_BYTES)
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, WK, frag_t, wmma::row_major> frag_a;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, WK, frag_t, wmma::row_major> frag_b;
+typedef wmma::fragment<wmma::accumulator, 16, 16, WK, float> frag_acc;
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+conv_tensor_core(const float* __restrict__ x, const float* __restrict__ w,
+                 const float* __restrict__ bias, float* __restrict__ y,
+                 int B, int C, int H, int W, int M, int K, int S, int Ho, int Wo) {
+    __shared__ __align__(128) unsigned char smem[SMEM_BYTES];
+    elem_t* As = reinterpret_cast<elem_t*>(smem);
+    elem_t* Bs = reinterpret_cast<elem_t*>(smem + ((A_BYTES + 127) / 128) * 128);
+    float* Cs = reinterpret_cast<float*>(smem);  // reused after the k loop
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int kk_size = K * K;
+    const int ckk = C * kk_size;
+    const int n_pix = Ho * Wo;
+    const long long n_total = (long long)B * n_pix;
+    const long long n0 = (long long)blockIdx.x * BN;
+    const int m0 = blockIdx.y * BM;
+
+    // Which columns (output pixels) this thread gathers, decoded once.
+    const int col_base = tid % BN;
+    const int row_start = (BN >= THREADS) ? 0 : tid / BN;
+    size_t col_off[COLS_PER_THREAD];
+    bool col_ok[COLS_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < COLS_PER_THREAD; ++j) {
+        const long long n = n0 + col_base + j * THREADS;
+        col_ok[j] = n < n_total;
+        const long long nn = col_ok[j] ? n : 0;
+        const int b = (int)(nn / n_pix);
+        const int pix = (int)(nn - (long long)b * n_pix);
+        const int ho = pix / Wo, wo = pix - (pix / Wo) * Wo;
+        col_off[j] = ((size_t)b * C * H + (size_t)ho * S) * W + (size_t)wo * S;
+    }
+
+    frag_acc acc[NFRAG];
+#pragma unroll
+    for (int f = 0; f < NFRAG; ++f) wmma::fill_fragment(acc[f], 0.0f);
+
+    for (int k0 = 0; k0 < ckk; k0 += BK) {
+        // A tile: BM x BK weights, zero beyond M and C*K*K.
+        for (int i = tid; i < BM * BK; i += THREADS) {
+            const int r = i / BK, kcol = i - (i / BK) * BK;
+            const int m = m0 + r, k = k0 + kcol;
+            As[r * LDA + kcol] = to_elem((m < M && k < ckk) ? w[(size_t)m * ckk + k] : 0.0f);
+        }
+        // B tile: BK x BN gathered from x (implicit im2col).
+        for (int r = row_start; r < BK; r += ROW_STEP) {
+            const int k = k0 + r;
+            const bool k_ok = k < ckk;
+            size_t k_off = 0;
+            if (k_ok) {
+                const int c = k / kk_size;
+                const int pq = k - c * kk_size;
+                const int p = pq / K, q = pq - (pq / K) * K;
+                k_off = ((size_t)c * H + p) * W + q;
+            }
+#pragma unroll
+            for (int j = 0; j < COLS_PER_THREAD; ++j) {
+                const float v = (k_ok && col_ok[j]) ? x[col_off[j] + k_off] : 0.0f;
+                Bs[r * LDB + col_base + j * THREADS] = to_elem(v);
+            }
+        }
+        __syncthreads();
+
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += WK) {
+            frag_a a;
+            wmma::load_matrix_sync(a, As + ks, LDA);
+#if TC_MODE == 3
+            frag_a a_small;
+#pragma unroll
+            for (int i = 0; i < a.num_elements; ++i) {
+                const float v = a.x[i];
+                const float big = wmma::__float_to_tf32(v);
+                a.x[i] = big;
+                a_small.x[i] = wmma::__float_to_tf32(v - big);
+            }
+#elif TC_MODE == 0
+#pragma unroll
+            for (int i = 0; i < a.num_elements; ++i) a.x[i] = wmma::__float_to_tf32(a.x[i]);
+#endif
+#pragma unroll
+            for (int f = 0; f < NFRAG; ++f) {
+                frag_b bf;
+                wmma::load_matrix_sync(bf, Bs + ks * LDB + (warp * NFRAG + f) * 16, LDB);
+#if TC_MODE == 3
+                frag_b b_small;
+#pragma unroll
+                for (int i = 0; i < bf.num_elements; ++i) {
+                    const float v = bf.x[i];
+                    const float big = wmma::__float_to_tf32(v);
+                    bf.x[i] = big;
+                    b_small.x[i] = wmma::__float_to_tf32(v - big);
+                }
+                wmma::mma_sync(acc[f], a_small, bf, acc[f]);
+                wmma::mma_sync(acc[f], a, b_small, acc[f]);
+#elif TC_MODE == 0
+#pragma unroll
+                for (int i = 0; i < bf.num_elements; ++i) bf.x[i] = wmma::__float_to_tf32(bf.x[i]);
+#endif
+                wmma::mma_sync(acc[f], a, bf, acc[f]);
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int f = 0; f < NFRAG; ++f)
+        wmma::store_matrix_sync(Cs + (warp * NFRAG + f) * 16, acc[f], LDC, wmma::mem_row_major);
+    __syncthreads();
+
+    for (int i = tid; i < BM * BN; i += THREADS) {
+        const int r = i / BN, col = i - (i / BN) * BN;
+        const int m = m0 + r;
+        const long long n = n0 + col;
+        if (m < M && n < n_total) {
+            const int b = (int)(n / n_pix);
+            const int pix = (int)(n - (long long)b * n_pix);
+            y[((size_t)b * M + m) * n_pix + pix] = Cs[r * LDC + col] + bias[m];
+        }
+    }
+}
