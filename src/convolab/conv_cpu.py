@@ -237,104 +237,87 @@ def _spec_k(K: int) -> int:
     return K if K in _SPECIALISED_K else 0
 
 
-@functools.cache
-def _direct_kernel(k_spec: int, unit_stride: bool) -> Callable:
-    """Direct convolution, parallel over the batch.
+# Output rows are computed in whole SIMD vectors (16 float32 lanes = one AVX-512 register);
+# the few extra columns land in the row buffer and are never stored. Without this the
+# W_out % 16 leftover columns run scalar and, at W_out = 34, cost as much as the rest.
+_LANES = 16
 
-    For every output row the M output rows are accumulated in a per-thread buffer; the
-    innermost loop walks along the output row (contiguous loads when S == 1, so LLVM emits
-    SIMD FMAs) with the K taps of one weight row unrolled when K is a compile-time constant.
-    k_spec == 0 and unit_stride False fall back to run-time K and S.
+
+@functools.cache
+def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]:
+    """(conv_direct, conv_relu_pool), both parallel over the batch.
+
+    For one output row h the M output rows are accumulated in a per-thread buffer; each
+    input row used is first copied into a zero-padded per-thread row so the innermost loop
+    (along the output row: contiguous when S == 1, so LLVM emits SIMD FMAs) can run a whole
+    number of vectors without reading past the input. The K taps of one weight row are
+    unrolled when K is a compile-time constant; k_spec == 0 and unit_stride False fall back
+    to run-time K and S.
     """
     import numba
 
-    @numba.njit(cache=True, parallel=True, fastmath={"contract"})
-    def conv_direct(x, w, bias, stride, y):
-        B, C = x.shape[0], x.shape[1]
+    @numba.njit(cache=True, fastmath={"contract"})
+    def conv_row(x, w, bias, stride, b, h, n_cols, xpad, acc):
+        # acc[m, :n_cols] = bias[m] + sum_{c,p,q} w[m,c,p,q] * x[b, c, h*S+p, ow*S+q]
+        C, W = x.shape[1], x.shape[3]
         M = w.shape[0]
         K = k_spec if k_spec != 0 else w.shape[2]
         S = 1 if unit_stride else stride
-        H_out, W_out = y.shape[2], y.shape[3]
-        for b in numba.prange(B):
-            acc = np.empty((M, W_out), dtype=np.float32)
-            for h in range(H_out):
+        for m in range(M):
+            bm = bias[m]
+            for ow in range(n_cols):
+                acc[m, ow] = bm
+        for c in range(C):
+            for p in range(K):
+                xrow = x[b, c, h * S + p]
+                for i in range(W):
+                    xpad[i] = xrow[i]
                 for m in range(M):
-                    bm = bias[m]
-                    for ow in range(W_out):
-                        acc[m, ow] = bm
-                for c in range(C):
-                    for p in range(K):
-                        xrow = x[b, c, h * S + p]
-                        for m in range(M):
-                            wrow = w[m, c, p]
-                            arow = acc[m]
-                            for ow in range(W_out):
-                                s = arow[ow]
-                                for q in range(K):
-                                    s += wrow[q] * xrow[ow * S + q]
-                                arow[ow] = s
+                    wrow = w[m, c, p]
+                    arow = acc[m]
+                    for ow in range(n_cols):
+                        s = arow[ow]
+                        for q in range(K):
+                            s += wrow[q] * xpad[ow * S + q]
+                        arow[ow] = s
+
+    @numba.njit(cache=True, parallel=True)
+    def conv_direct(x, w, bias, stride, y):
+        B, W = x.shape[0], x.shape[3]
+        M, K = w.shape[0], w.shape[2]
+        S = 1 if unit_stride else stride
+        H_out, W_out = y.shape[2], y.shape[3]
+        n_cols = (W_out + _LANES - 1) // _LANES * _LANES
+        for b in numba.prange(B):
+            acc = np.empty((M, n_cols), dtype=np.float32)
+            xpad = np.zeros((n_cols - 1) * S + K + W, dtype=np.float32)
+            for h in range(H_out):
+                conv_row(x, w, bias, stride, b, h, n_cols, xpad, acc)
                 for m in range(M):
                     for ow in range(W_out):
                         y[b, m, h, ow] = acc[m, ow]
 
-    return conv_direct
-
-
-def _prepare_fused(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
-    w, b = _prepared_weights("cpu-fused", shape, w, b)
-    check = _run_checker("cpu-fused", shape, shape.y_shape)
-    kernel = _direct_kernel(_spec_k(shape.K), shape.S == 1)
-    S = shape.S
-
-    def run(x: np.ndarray, y: np.ndarray) -> None:
-        check(x, y)
-        kernel(x, w, b, S, y)
-
-    return run
-
-
-@functools.cache
-def _conv_relu_pool_kernel(k_spec: int, unit_stride: bool) -> Callable:
-    """Direct convolution + bias + ReLU + max-pool (P x P, stride P, floor) in one pass.
-
-    Each pooled output row needs P conv rows; they are computed one after another into the
-    same per-thread buffer and folded into a running max, so the conv output never leaves
-    the cache. ReLU is applied after the max (max and ReLU commute).
-    """
-    import numba
-
-    @numba.njit(cache=True, parallel=True, fastmath={"contract"})
+    @numba.njit(cache=True, parallel=True)
     def conv_relu_pool(x, w, bias, stride, P, y):
-        B, C = x.shape[0], x.shape[1]
-        M = w.shape[0]
-        K = k_spec if k_spec != 0 else w.shape[2]
+        # Each pooled row needs P conv rows: computed one after another into the same
+        # buffer and folded into a running max, so the conv output never reaches memory.
+        # ReLU goes after the max (they commute).
+        B, W = x.shape[0], x.shape[3]
+        M, K = w.shape[0], w.shape[2]
         S = 1 if unit_stride else stride
         Hp, Wp = y.shape[2], y.shape[3]
-        W_conv = Wp * P  # conv columns beyond the last full pool window are never needed
+        # Conv columns past the last full pool window are never needed (floor pooling).
+        n_cols = (Wp * P + _LANES - 1) // _LANES * _LANES
         for b in numba.prange(B):
-            acc = np.empty((M, W_conv), dtype=np.float32)
+            acc = np.empty((M, n_cols), dtype=np.float32)
             best = np.empty((M, Wp), dtype=np.float32)
+            xpad = np.zeros((n_cols - 1) * S + K + W, dtype=np.float32)
             for ph in range(Hp):
                 for m in range(M):
                     for pw in range(Wp):
                         best[m, pw] = -np.inf
                 for r in range(P):
-                    h = ph * P + r
-                    for m in range(M):
-                        bm = bias[m]
-                        for ow in range(W_conv):
-                            acc[m, ow] = bm
-                    for c in range(C):
-                        for p in range(K):
-                            xrow = x[b, c, h * S + p]
-                            for m in range(M):
-                                wrow = w[m, c, p]
-                                arow = acc[m]
-                                for ow in range(W_conv):
-                                    s = arow[ow]
-                                    for q in range(K):
-                                        s += wrow[q] * xrow[ow * S + q]
-                                    arow[ow] = s
+                    conv_row(x, w, bias, stride, b, ph * P + r, n_cols, xpad, acc)
                     for m in range(M):
                         for pw in range(Wp):
                             v = best[m, pw]
@@ -345,7 +328,20 @@ def _conv_relu_pool_kernel(k_spec: int, unit_stride: bool) -> Callable:
                     for pw in range(Wp):
                         y[b, m, ph, pw] = max(best[m, pw], np.float32(0.0))
 
-    return conv_relu_pool
+    return conv_direct, conv_relu_pool
+
+
+def _prepare_fused(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+    w, b = _prepared_weights("cpu-fused", shape, w, b)
+    check = _run_checker("cpu-fused", shape, shape.y_shape)
+    kernel = _direct_kernels(_spec_k(shape.K), shape.S == 1)[0]
+    S = shape.S
+
+    def run(x: np.ndarray, y: np.ndarray) -> None:
+        check(x, y)
+        kernel(x, w, b, S, y)
+
+    return run
 
 
 def conv_relu_pool_cpu(
@@ -364,7 +360,7 @@ def conv_relu_pool_cpu(
     if b is None:
         b = np.zeros(shape.M, dtype=np.float32)
     y = np.empty((shape.B, shape.M, shape.H_out // pool, shape.W_out // pool), dtype=np.float32)
-    kernel = _conv_relu_pool_kernel(_spec_k(shape.K), shape.S == 1)
+    kernel = _direct_kernels(_spec_k(shape.K), shape.S == 1)[1]
     kernel(x, w, b, shape.S, pool, y)
     return y
 
