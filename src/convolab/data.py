@@ -393,17 +393,6 @@ def _bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray,
     return lower, upper, weight_upper
 
 
-def _bilinear_matrix(in_size: int, out_size: int) -> np.ndarray:
-    """(out_size, in_size) float32 matrix with the two taps of each output index on its row."""
-    lower, upper, weight_upper = _bilinear_taps(in_size, out_size)
-    matrix = np.zeros((out_size, in_size), dtype=np.float64)
-    rows = np.arange(out_size)
-    # += rather than =: where lower == upper (the clamped edge) both taps land on one entry.
-    np.add.at(matrix, (rows, lower), 1.0 - weight_upper)
-    np.add.at(matrix, (rows, upper), weight_upper)
-    return matrix.astype(np.float32)
-
-
 def resize_bilinear(images: np.ndarray, size: int = 86) -> np.ndarray:
     """Resize (N, H, W) images to (N, 1, size, size) float32 in [0, 1], bilinear with PyTorch's
     ``align_corners=False`` (also OpenCV ``INTER_LINEAR``) half-pixel rule.
@@ -414,14 +403,15 @@ def resize_bilinear(images: np.ndarray, size: int = 86) -> np.ndarray:
     The axes are separable, so the 2-D result is that rule applied along H, then along W.
 
     uint8 input is divided by 255 *before* interpolating; float input must already be scaled
-    to [0, 1] (interpolation is a convex combination, so the output stays in [0, 1]; the result
-    is also clipped there against float32 rounding).
+    to [0, 1]. Interpolation is a convex combination, so the output stays in [0, 1] (it is also
+    clipped there against float32 rounding); a constant image stays exactly constant.
 
-    Implementation: each axis' taps and weights are precomputed as an (s, n) matrix with two
-    non-zeros per row, and each pass is one large float32 GEMM over a chunk of images. That is
-    about 10x faster than fancy-index gathers (70,000 images: ~0.9 s vs ~10 s on 2 cores);
-    the extra zero terms add exactly nothing, so results match the two-tap formula to float32
-    rounding (~1e-7).
+    Implementation: taps and weights are precomputed per axis (weights in float64, used in
+    float32); each pass gathers whole rows (``in[i0]``, ``in[i1]``) and evaluates
+    ``a + t * (b - a)`` elementwise in float32, on chunks of 128 images so the temporaries stay
+    in cache. The W pass runs on the transposed intermediate so it gathers rows too. Only
+    elementwise NumPy arithmetic is used (no BLAS), so every image's result is bit-identical
+    whatever the batch size or chunking; 70,000 images take about 1.5 s on 2 cores.
     """
     images = np.asarray(images)
     if images.ndim != 3:
@@ -436,24 +426,31 @@ def resize_bilinear(images: np.ndarray, size: int = 86) -> np.ndarray:
             raise ValueError("float images must already be scaled to [0, 1] (or pass uint8)")
     count, in_h, in_w = images.shape
     size = int(size)
-    rows_matrix_t = _bilinear_matrix(in_h, size).T.copy()  # (in_h, size)
-    cols_matrix_t = _bilinear_matrix(in_w, size).T.copy()  # (in_w, size)
+    rows_lo, rows_hi, rows_t = _bilinear_taps(in_h, size)
+    cols_lo, cols_hi, cols_t = _bilinear_taps(in_w, size)
+    rows_weight = rows_t.astype(np.float32)[None, :, None]
+    cols_weight = cols_t.astype(np.float32)[None, :, None]
     out = np.empty((count, 1, size, size), dtype=np.float32)
-    out_rows = out.reshape(count * size, size)  # a view: row (image, output row) -> columns
-    # Small chunks keep both intermediates in cache; the output write is the real cost.
-    chunk = 256
+    chunk = 128
     for start in range(0, count, chunk):
-        block = images[start : start + chunk]
-        taken = len(block)
-        # H pass first, on (image, w, h) rows, so the W pass can write straight into `out`.
-        by_cols = np.ascontiguousarray(block.transpose(0, 2, 1), dtype=np.float32)
+        block = images[start : start + chunk].astype(np.float32)
         if is_uint8:
-            by_cols /= np.float32(255.0)  # division (not * 1/255) keeps 255 -> exactly 1.0
-        along_h = (by_cols.reshape(taken * in_w, in_h) @ rows_matrix_t).reshape(taken, in_w, size)
-        by_rows = np.ascontiguousarray(along_h.transpose(0, 2, 1)).reshape(taken * size, in_w)
-        target = out_rows[start * size : (start + taken) * size]
-        np.matmul(by_rows, cols_matrix_t, out=target)
-        np.clip(target, 0.0, 1.0, out=target)
+            block /= np.float32(255.0)  # division (not * 1/255) keeps 255 -> exactly 1.0
+        # H pass: (b, size, in_w) = a + t * (b - a) over gathered rows.
+        upper_rows = block[:, rows_hi, :]
+        lower_rows = block[:, rows_lo, :]
+        upper_rows -= lower_rows
+        upper_rows *= rows_weight
+        upper_rows += lower_rows
+        # W pass on the transpose, (b, in_w, size) -> (b, size_w, size_h).
+        by_cols = np.ascontiguousarray(upper_rows.transpose(0, 2, 1))
+        right = by_cols[:, cols_hi, :]
+        left = by_cols[:, cols_lo, :]
+        right -= left
+        right *= cols_weight
+        right += left
+        np.clip(right, 0.0, 1.0, out=right)
+        out[start : start + chunk, 0] = right.transpose(0, 2, 1)
     return out
 
 
