@@ -27,13 +27,13 @@ from convolab.shapes import COURSE_SELF_TESTS, ConvShape
 # slowest implementation (cpu-loops) to finish in moments.
 ECE408_VERIFY_BATCH = 4
 ECE408_LAYERS: tuple[tuple[str, ConvShape], ...] = (
-    ("ece408 conv1", ConvShape(B=ECE408_VERIFY_BATCH, C=1, H=86, W=86, M=4, K=7, S=1)),
-    ("ece408 conv2", ConvShape(B=ECE408_VERIFY_BATCH, C=4, H=40, W=40, M=16, K=7, S=1)),
+    ("ece408-c1", ConvShape(B=ECE408_VERIFY_BATCH, C=1, H=86, W=86, M=4, K=7, S=1)),
+    ("ece408-c3", ConvShape(B=ECE408_VERIFY_BATCH, C=4, H=40, W=40, M=16, K=7, S=1)),
 )
 
 
 def verify_cases() -> list[tuple[str, ConvShape]]:
-    course = [(f"course {i + 1}", s) for i, s in enumerate(COURSE_SELF_TESTS)]
+    course = [(f"course-{i + 1}", s) for i, s in enumerate(COURSE_SELF_TESTS)]
     return course + list(ECE408_LAYERS)
 
 
@@ -185,16 +185,20 @@ def compact(s: ConvShape) -> str:
 
 
 def print_results(results: Sequence[Result]) -> None:
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold red", "UNSUPPORTED": "yellow"}
-    table = Table(title="convolab verify: rel L2 error vs fp64 cpu-ref (output NaN-poisoned)")
+    table = Table(
+        title="convolab verify: rel L2 error vs fp64 cpu-ref (output NaN-poisoned)",
+        box=box.SIMPLE_HEAD,
+    )
     for col, justify in (("impl", "left"), ("case", "left"), ("shape", "left"),
-                         ("error", "right"), ("tolerance", "right"), ("result", "left"),
+                         ("error", "right"), ("tol", "right"), ("result", "left"),
                          ("ms", "right")):
-        table.add_column(col, justify=justify, no_wrap=col != "result")  # type: ignore[arg-type]
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     order = {name: i for i, name in enumerate(dict.fromkeys(r.impl for r in results))}
     for r in sorted(results, key=lambda r: order[r.impl]):
         error = "" if r.error is None else f"{r.error:.2e}"
