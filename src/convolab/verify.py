@@ -194,6 +194,7 @@ def print_results(results: Sequence[Result]) -> None:
     table = Table(
         title="convolab verify: rel L2 error vs fp64 cpu-ref (output NaN-poisoned)",
         box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
     for col, justify in (("impl", "left"), ("case", "left"), ("shape", "left"),
                          ("error", "right"), ("tol", "right"), ("result", "left"),
