@@ -112,12 +112,13 @@ register(
         name="auto",
         rung=14,
         device="gpu",
-        kernel_file=None,
+        # No kernel of its own; this is the one it falls back to when rung 7 is absent.
+        kernel_file="08_channel_tree.cu",
         demonstrates="per-layer choice among all rungs, from the tuner's on-disk cache",
         prepare=prepare_auto,
         defaults={"mode": "fp32"},
         space={},
-        compile_variants=lambda: [],
+        compile_variants=lambda: [{}],
         tolerance=1e-5,
     )
 )

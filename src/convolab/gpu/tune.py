@@ -255,26 +255,40 @@ _FALLBACK_LAYERS: dict[str, list[tuple[str, tuple[int, int, int, int, int, int]]
 }
 
 
-def model_conv_shapes(model: str, batch: int) -> list[tuple[str, ConvShape]]:
+def _shapes_from_models(model: str, batch: int) -> list[tuple[str, ConvShape]] | None:
+    """Walk the zoo model's layer list (convolab.models), tracking the feature-map size."""
     try:
-        from convolab import models  # noqa: PLC0415 - written in parallel, optional here
-
-        helper = getattr(models, "conv_shapes", None)
-        if callable(helper):
-            found = helper(model, batch)
-            out = []
-            for i, item in enumerate(found):
-                name, shape = item if isinstance(item, tuple) else (f"conv{i + 1}", item)
-                if isinstance(shape, ConvShape):
-                    out.append((str(name), shape.with_batch(batch)))
-            if out:
-                return out
+        from convolab import models
+        from convolab.layers import Conv2d, MaxPool2d
     except ImportError:
-        pass
+        return None
+    if model not in models.MODELS:
+        return None
+    spec = models.MODELS[model]
+    c, h, w = 1, spec.input_size, spec.input_size
+    out = []
+    for layer in spec.layers():
+        if isinstance(layer, Conv2d):
+            shape = ConvShape(batch, c, h, w, layer.out_channels, layer.kernel_size, layer.stride)
+            out.append((layer.name or f"conv{len(out) + 1}", shape))
+            c, h, w = shape.M, shape.H_out, shape.W_out
+        elif isinstance(layer, MaxPool2d):
+            h = (h - layer.kernel_size) // layer.stride + 1
+            w = (w - layer.kernel_size) // layer.stride + 1
+    return out or None
+
+
+def model_conv_shapes(model: str, batch: int) -> list[tuple[str, ConvShape]]:
+    """(layer name, shape) of each conv layer: from convolab.models, else SPEC's table."""
+    try:
+        found = _shapes_from_models(model, batch)
     except Exception as err:  # a half-written models.py must not stop tuning
         warnings.warn(
-            f"convolab.models.conv_shapes failed ({err}); using the built-in table", stacklevel=2
+            f"reading convolab.models failed ({err}); using the built-in table", stacklevel=2
         )
+        found = None
+    if found:
+        return found
     if model not in _FALLBACK_LAYERS:
         raise ValueError(f"unknown model {model!r} for tuning: {', '.join(_FALLBACK_LAYERS)}")
     return [(name, ConvShape(batch, *dims)) for name, dims in _FALLBACK_LAYERS[model]]
@@ -297,18 +311,12 @@ def reference_conv(x: Any, w: Any, b: Any, stride: int) -> Any:
     """fp64 reference: the registry's cpu-ref when present, else a strided-window einsum."""
     import numpy as np
 
-    from convolab.registry import get_impl
-
     try:
-        ref = get_impl("cpu-ref")
-        return ref.forward(
-            np.ascontiguousarray(x, np.float32),
-            np.ascontiguousarray(w, np.float32),
-            np.ascontiguousarray(b, np.float32),
-            stride,
-        )
-    except KeyError:
-        pass
+        from convolab.conv_cpu import conv_reference
+    except ImportError:
+        conv_reference = None
+    if conv_reference is not None:
+        return conv_reference(x, w, b, stride)
     x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
     k = w64.shape[2]
     win = np.lib.stride_tricks.sliding_window_view(x64, (k, k), axis=(2, 3))[

@@ -1,0 +1,205 @@
+"""The tuner's cache and auto's choice logic: pure Python, no GPU (runs in CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from convolab.gpu import auto, tune
+from convolab.gpu.tune import CacheWarning, TuneEntry
+from convolab.shapes import ConvShape
+
+CONV1 = ConvShape(10_000, 1, 86, 86, 4, 7, 1)
+CONV2 = ConvShape(10_000, 4, 40, 40, 16, 7, 1)
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def entry(
+    shape: ConvShape = CONV2,
+    impl: str = "channel-tree",
+    mode: str = "fp32",
+    gpu: str = GPU,
+    **params: int,
+) -> TuneEntry:
+    return TuneEntry(gpu, shape, mode, impl, dict(params), 1.25, 3e-7, "2026-11-23")
+
+
+@pytest.fixture
+def cache_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CONVOLAB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "tune.json"
+
+
+def test_cache_location_env_override_and_xdg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CONVOLAB_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tune.cache_path() == tmp_path / "xdg" / "convolab" / "tune.json"
+    monkeypatch.setenv("CONVOLAB_CACHE", str(tmp_path / "mine"))
+    assert tune.cache_path() == tmp_path / "mine" / "tune.json"
+
+
+def test_round_trip(cache_file: Path) -> None:
+    entries = [
+        entry(CONV1, "tensor-core-3xtf32", NFRAG=2, BK=32),
+        entry(CONV2, "fp16", "fp16", TILE=16),
+    ]
+    written = tune.save_cache(entries)
+    assert written == cache_file
+    assert json.loads(cache_file.read_text())["version"] == tune.CACHE_VERSION
+    assert tune.load_cache() == entries
+
+
+def test_missing_cache_is_empty_without_warning(
+    cache_file: Path, recwarn: pytest.WarningsRecorder
+) -> None:
+    assert tune.load_cache() == []
+    assert not [w for w in recwarn if issubclass(w.category, CacheWarning)]
+
+
+def test_version_mismatch_is_ignored_with_warning(cache_file: Path) -> None:
+    tune.save_cache([entry()])
+    data = json.loads(cache_file.read_text())
+    data["version"] = tune.CACHE_VERSION + 1
+    cache_file.write_text(json.dumps(data))
+    with pytest.warns(CacheWarning, match="version"):
+        assert tune.load_cache() == []
+
+
+@pytest.mark.parametrize("text", ["{not json", "", "[1, 2]", '{"version": 1}', "\xff\xfe"])
+def test_corrupt_cache_is_ignored_with_warning(cache_file: Path, text: str) -> None:
+    cache_file.parent.mkdir(parents=True)
+    cache_file.write_text(text, encoding="latin-1")
+    with pytest.warns(CacheWarning):
+        assert tune.load_cache() == []
+
+
+def test_bad_entry_is_dropped_good_ones_kept(cache_file: Path) -> None:
+    tune.save_cache([entry()])
+    data = json.loads(cache_file.read_text())
+    data["entries"].append({"gpu": GPU, "mode": "fp64", "impl": "x", "shape": {}})
+    cache_file.write_text(json.dumps(data))
+    with pytest.warns(CacheWarning, match="entry 1"):
+        assert tune.load_cache() == [entry()]
+
+
+def test_atomic_write_leaves_no_temp_files(cache_file: Path) -> None:
+    tune.save_cache([entry()])
+    tune.save_cache([entry(), entry(CONV1)])
+    assert sorted(p.name for p in cache_file.parent.iterdir()) == ["tune.json"]
+
+
+def test_failed_write_keeps_old_cache_and_no_temp(
+    cache_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tune.save_cache([entry()])
+    before = cache_file.read_bytes()
+
+    def explode(*_: object, **__: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", explode)
+    with pytest.raises(OSError, match="disk full"):
+        tune.save_cache([entry(CONV1)])
+    assert cache_file.read_bytes() == before
+    assert sorted(p.name for p in cache_file.parent.iterdir()) == ["tune.json"]
+
+
+def test_merge_replaces_same_key_only() -> None:
+    old = [entry(CONV1, "basic"), entry(CONV2, "basic")]
+    merged = tune.merge(old, [entry(CONV2, "fp16")])
+    assert {(e.shape, e.impl) for e in merged} == {(CONV1, "basic"), (CONV2, "fp16")}
+
+
+def test_lookup_exact_then_nearest_batch_then_none() -> None:
+    entries = [
+        entry(CONV2.with_batch(1000), "channel-tree"),
+        entry(CONV2.with_batch(10_000), "fp16"),
+        entry(CONV2, "tensor-core-tf32", "tf32"),
+    ]
+    assert tune.lookup(entries, GPU, CONV2, "fp32").impl == "fp16"
+    assert tune.lookup(entries, GPU, CONV2.with_batch(2000), "fp32").impl == "channel-tree"
+    assert tune.lookup(entries, GPU, CONV2.with_batch(8000), "fp32").impl == "fp16"
+    assert tune.lookup(entries, GPU, CONV2, "tf32").impl == "tensor-core-tf32"
+    assert tune.lookup(entries, "NVIDIA A100", CONV2, "fp32") is None
+    assert tune.lookup(entries, GPU, CONV1, "fp32") is None
+    with pytest.raises(ValueError, match="mode"):
+        tune.lookup(entries, GPU, CONV2, "fp8")
+
+
+def test_mode_of_tolerances() -> None:
+    assert [tune.mode_of(t) for t in (1e-5, 5e-4, 1e-2)] == ["fp32", "tf32", "fp16"]
+    with pytest.raises(ValueError):
+        tune.mode_of(0.5)
+
+
+def test_candidates_start_with_defaults_and_respect_cap() -> None:
+    space = {"A": (1, 2, 3, 4), "B": (8, 16, 32)}
+    defaults = {"A": 2, "B": 16, "fixed": 7}
+    got = tune.candidates(space, defaults, cap=5)
+    assert got[0] == defaults and len(got) == 5
+    assert all(c["fixed"] == 7 for c in got)
+    assert len({tuple(sorted(c.items())) for c in got}) == 5
+    assert len(tune.candidates(space, defaults, cap=100)) == 12
+    with pytest.raises(ValueError):
+        tune.candidates(space, defaults, cap=0)
+
+
+def test_winners_respect_mode_tolerance() -> None:
+    trials = [
+        tune.Trial("conv2", "channel-tree", "fp32", {}, True, 1e-7, 2.0),
+        tune.Trial("conv2", "tensor-core-tf32", "tf32", {}, True, 3e-4, 1.0),
+        tune.Trial("conv2", "fp16", "fp16", {}, True, 2e-3, 0.5),
+        tune.Trial("conv2", "broken", "fp32", {}, False, float("inf"), 0.1),
+    ]
+    best = {e.mode: e.impl for e in tune.winners(trials, GPU, {"conv2": CONV2}, "d")}
+    assert best == {"fp32": "channel-tree", "tf32": "tensor-core-tf32", "fp16": "fp16"}
+
+
+def test_model_conv_shapes_for_ece408() -> None:
+    got = [shape for _, shape in tune.model_conv_shapes("ece408", 64)]
+    assert got == [CONV1.with_batch(64), CONV2.with_batch(64)]
+    with pytest.raises(ValueError, match="unknown model"):
+        tune.model_conv_shapes("no-such-model", 1)
+
+
+# ---- auto's choice logic --------------------------------------------------------------
+
+ALL = {"basic", "register-tiled", "channel-tree", "channel-atomic", "fp16", "tensor-core-tf32"}
+
+
+def test_auto_uses_cached_entry_when_present() -> None:
+    entries = [entry(CONV2, "tensor-core-3xtf32", NFRAG=4)]
+    choice = auto.resolve(entries, GPU, CONV2, "fp32", ALL | {"tensor-core-3xtf32"})
+    assert choice == auto.Choice("tensor-core-3xtf32", {"NFRAG": 4}, "cache")
+
+
+def test_auto_ignores_cached_entry_it_cannot_run() -> None:
+    entries = [entry(CONV2, "no-such-rung")]
+    choice = auto.resolve(entries, GPU, CONV2, "fp32", ALL)
+    assert choice.source == "default" and choice.impl == "register-tiled"
+
+
+def test_auto_default_heuristic() -> None:
+    assert auto.default_choice(CONV1, ALL).impl == "register-tiled"
+    assert auto.default_choice(CONV1, ALL - {"register-tiled"}) == auto.Choice(
+        "channel-tree", {"CSPLIT": 1}
+    )
+    deep = ConvShape(256, 256, 16, 16, 256, 3, 1)
+    assert auto.default_choice(deep, ALL).impl == "channel-tree"
+    tiny = ConvShape(1, 512, 14, 14, 512, 3, 1)
+    assert auto.default_choice(tiny, ALL).impl == "channel-atomic"
+    with pytest.raises(ValueError, match="no GPU implementation"):
+        auto.default_choice(CONV1, set())
+
+
+def test_auto_eligibility_filters_by_mode() -> None:
+    fp32 = set(auto.eligible_impls(CONV2, "fp32"))
+    fp16 = set(auto.eligible_impls(CONV2, "fp16"))
+    assert "tensor-core-tf32" not in fp32 and "fp16" not in fp32
+    assert "channel-tree" in fp32 and fp32 <= fp16 and "fp16" in fp16
+    assert "auto" not in fp16 and "streams" not in fp16
