@@ -24,7 +24,6 @@
 // for large K (the arithmetic saving grows with K^2) and large C*M (the transforms are
 // amortised over the channel sum), i.e. for layers unlike these.
 
-#include <cuda_runtime.h>
 
 #ifndef MPT
 #define MPT 4  // output channels per thread in channel_mac
