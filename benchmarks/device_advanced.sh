@@ -14,16 +14,16 @@ for step in $steps; do
   start=$(date +%s)
   case $step in
     tests)
-      timeout 170 python3 -m pytest -q -rA -s tests/test_gpu_advanced.py > "$OUT/tests.log" 2>&1
+      timeout 150 python3 -m pytest -q -rA -s tests/test_gpu_advanced.py > "$OUT/tests.log" 2>&1
       echo "pytest rc=$?" >> "$OUT/tests.log" ;;
     sanitize)
-      { echo "== memcheck"; timeout 60 "$SAN" --tool memcheck --error-exitcode 9 \
+      { echo "== memcheck"; timeout 50 "$SAN" --tool memcheck --error-exitcode 9 \
           python3 benchmarks/device_advanced.py sanitize; echo "memcheck rc=$?";
-        echo "== racecheck"; timeout 80 "$SAN" --tool racecheck --error-exitcode 9 \
+        echo "== racecheck"; timeout 60 "$SAN" --tool racecheck --error-exitcode 9 \
           python3 benchmarks/device_advanced.py sanitize; echo "racecheck rc=$?"; } \
         > "$OUT/sanitizer.log" 2>&1 ;;
     bench)
-      timeout 150 python3 benchmarks/device_advanced.py bench --json "$OUT/advanced_bench.json" \
+      timeout 140 python3 benchmarks/device_advanced.py bench --json "$OUT/advanced_bench.json" \
         > "$OUT/bench.log" 2>&1
       echo "bench rc=$?" >> "$OUT/bench.log" ;;
     tune)
