@@ -1,0 +1,405 @@
+"""Rung 13 host side: fused conv + bias + ReLU + max-pool (kernels/13_fused_conv_pool.cu).
+
+Pool size is a field of `ConvImpl` (it decides `out_shape`), so one registry entry cannot
+serve two pool sizes. Rather than registering a name per imaginable window, a factory
+`fused_conv_pool_impl(pool, precision)` builds (and caches) the entry for any pool size;
+the ones the zoo needs are registered by name at import:
+
+    fused-conv-pool2, fused-conv-pool4            fp32 FFMA, exact to fp32 rounding
+    fused-conv-pool2-tc, fused-conv-pool4-tc      tensor cores (mma.sync), fp16 in, fp32 acc
+    fused-conv-pool2-tf32, fused-conv-pool4-tf32  tensor cores, TF32 in, fp32 acc
+
+`pool_impl_for(pool)` is what a layer asks for when it wants "the fused rung for this pool".
+Nothing here imports CuPy at module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from convolab.registry import ConvImpl, Run, register
+from convolab.shapes import ConvShape
+
+KERNEL_FILE = "13_fused_conv_pool.cu"
+_SMEM_LIMIT = 46 * 1024  # static shared memory must stay under 48 KB
+_ACC_BUDGET = 64  # fp32 accumulators per thread before the register file spills
+PRECISIONS = ("fp32", "fp16", "tf32")
+
+
+def pooled_hw(shape: ConvShape, pool: int) -> tuple[int, int]:
+    return shape.H_out // pool, shape.W_out // pool
+
+
+def supports_pool(shape: ConvShape, pool: int) -> bool:
+    hp, wp = pooled_hw(shape, pool)
+    return pool >= 1 and hp >= 1 and wp >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact (fp32 FFMA) kernel: launch geometry
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExactPlan:
+    """Compile-time defines and launch geometry of `fcp_exact` for one shape."""
+
+    defines: dict[str, int]
+    tiles_w: int
+    tiles_h: int
+    block: tuple[int, int]
+    channel_groups: int
+
+    @property
+    def tiles_per_image(self) -> int:
+        return self.tiles_w * self.tiles_h
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _smem_bytes(K: int, S: int, P: int, mt: int, pw: int, tx: int, ty: int, cc: int) -> int:
+    span = (pw * P - 1) * S + K
+    span4 = _ceil_div(span, 4) * 4
+    in_rows = (ty * P - 1) * S + K
+    in_stride = _ceil_div((tx - 1) * pw * P * S + span4, 4) * 4
+    return 4 * cc * (in_rows * in_stride + K * K * mt)
+
+
+def _block_waste(hp: int, wp: int, pw: int, tx: int, ty: int) -> float:
+    """Idle fraction of a launch: partial tiles on each axis and partial warps, multiplied."""
+    rows = _ceil_div(hp, ty) * ty / hp
+    cols = _ceil_div(wp, tx * pw) * tx * pw / wp
+    threads = tx * ty
+    return rows * cols * (_ceil_div(threads, 32) * 32 / threads)
+
+
+def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactPlan | None:
+    """The tiling for `fcp_exact`, or None where only `fcp_simple` can do it (huge P or K).
+
+    params may fix mt (channels per thread), pw (pooled columns per thread), tx, ty
+    (threads per tile axis), minb (blocks per SM the registers must allow); 0 means choose.
+    """
+    K, S, P, M = shape.K, shape.S, pool, shape.M
+    hp, wp = pooled_hw(shape, P)
+    if P > 8 or K > 15:
+        return None
+    mt = int(params.get("mt") or (4 if M >= 3 else M))
+    if mt * P * P > 2 * _ACC_BUDGET:
+        mt = 1
+    pws = [int(params["pw"])] if params.get("pw") else [
+        v for v in (1, 2, 4, 8) if v == 1 or mt * P * P * v <= _ACC_BUDGET
+    ]
+    best: tuple[float, int, int, int, int] | None = None  # (waste, -pw, -threads, tx, ty)
+    for pw in pws:
+        tx = int(params.get("tx") or min(_ceil_div(wp, pw), 32))
+        ty_choices = [int(params["ty"])] if params.get("ty") else range(1, min(hp, 256 // tx) + 1)
+        for ty in ty_choices:
+            if tx * ty < 32 and not (params.get("tx") or params.get("ty")) and hp * wp >= 32:
+                continue
+            if _smem_bytes(K, S, P, mt, pw, tx, ty, 1) > _SMEM_LIMIT:
+                continue
+            key = (round(_block_waste(hp, wp, pw, tx, ty), 6), -pw, -(tx * ty), tx, ty)
+            if best is None or key < best:
+                best = key
+    if best is None:
+        return None
+    pw, tx, ty = -best[1], best[3], best[4]
+    per_channel = _smem_bytes(K, S, P, mt, pw, tx, ty, 1)
+    cc = max(1, min(shape.C, 16, _SMEM_LIMIT // per_channel))
+    threads = tx * ty
+    minb = int(params.get("minb") or max(1, min(16, (65536 // 128) // threads)))
+    defines = {
+        "FCP_K": K, "FCP_S": S, "FCP_P": P, "FCP_MT": mt, "FCP_PW": pw,
+        "FCP_TX": tx, "FCP_TY": ty, "FCP_CC": cc, "FCP_MINB": minb,
+    }
+    return ExactPlan(defines, _ceil_div(wp, tx * pw), _ceil_div(hp, ty), (tx, ty), _ceil_div(M, mt))
+
+
+def _as_device_f32(cp: Any, a: Any) -> Any:
+    return cp.ascontiguousarray(cp.asarray(a, dtype=cp.float32))
+
+
+def _prepare_exact(pool: int):
+    def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        from convolab.backend import require_cupy
+        from convolab.gpu.compile import get_kernel
+
+        cp = require_cupy()
+        w_d, b_d = _as_device_f32(cp, w), _as_device_f32(cp, b)
+        hp, wp = pooled_hw(shape, pool)
+        i32 = np.int32
+        plan = exact_plan(shape, pool, params)
+        if plan is None:
+            kernel = get_kernel(KERNEL_FILE, "fcp_simple")
+            total = shape.B * shape.M * hp * wp
+            grid = min(_ceil_div(total, 256), 65535 * 32)
+
+            def run_simple(x: Any, y: Any) -> None:
+                kernel((grid,), (256,), (x, w_d, b_d, y, np.int64(total), i32(shape.C),
+                       i32(shape.H), i32(shape.W), i32(shape.M), i32(shape.K), i32(shape.S),
+                       i32(pool), i32(hp), i32(wp)))
+
+            return run_simple
+
+        kernel = get_kernel(KERNEL_FILE, "fcp_exact", plan.defines)
+        grid = (shape.B * plan.tiles_per_image, plan.channel_groups)
+        args_tail = (i32(shape.C), i32(shape.H), i32(shape.W), i32(shape.M), i32(hp), i32(wp),
+                     i32(plan.tiles_w), i32(plan.tiles_per_image))
+
+        def run(x: Any, y: Any) -> None:
+            kernel(grid, plan.block, (x, w_d, b_d, y, *args_tail))
+
+        return run
+
+    return prepare
+
+
+def _exact_variants() -> list[dict[str, int]]:
+    """The define sets the zoo's layers compile with (CI's nvcc check builds each)."""
+    from convolab.shapes import ConvShape as S
+
+    out = []
+    for shape, pool in ((S(1, 1, 86, 86, 4, 7), 2), (S(1, 4, 40, 40, 16, 7), 4),
+                        (S(1, 1, 70, 70, 12, 5), 2), (S(1, 12, 33, 33, 24, 5), 2)):
+        plan = exact_plan(shape, pool, {})
+        if plan is not None:
+            out.append(plan.defines)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor-core kernels (mma.sync): see the comment block in the .cu file for the mappings
+# ---------------------------------------------------------------------------------------------
+
+TC_TOLERANCE = {"fp16": 1e-2, "tf32": 5e-4}
+
+
+def tc_kind(shape: ConvShape, pool: int) -> str | None:
+    """Which tensor-core mapping fits: 'toeplitz' (few output channels, e.g. conv1),
+    'wa' (weights as the 16-row A operand, e.g. conv2), or None."""
+    if shape.S != 1 or not supports_pool(shape, pool):
+        return None
+    if pool == 2 and shape.M <= 4 and shape.C * shape.K <= 8 and shape.K <= 9:
+        return "toeplitz"
+    if pool in (2, 4) and shape.M <= 16 and shape.K <= 8 and shape.C * shape.K <= 32:
+        return "wa"
+    return None
+
+
+def _f16_bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+
+
+def _pack_half2(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Two fp16 values in one 32-bit register: the lower k index in the low half (PTX order)."""
+    return _f16_bits(lo) | (_f16_bits(hi) << np.uint32(16))
+
+
+def _tf32_bits(a: np.ndarray) -> np.ndarray:
+    """fp32 -> tf32 rounded to nearest, ties away from zero (what cvt.rna.tf32.f32 does)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32)
+
+
+_LANE = np.arange(32)
+_G, _T = _LANE // 4, _LANE % 4
+
+
+def wa_fragments(w: np.ndarray, precision: str) -> np.ndarray:
+    """Weights as the mma A operand (16 channels x k), in per-lane register order.
+
+    k runs over filter rows r = (c, p), each padded to 8 taps; fp16 steps take two rows.
+    Returns uint32 (steps, 32 lanes, 4 registers)."""
+    M, C, K, _ = w.shape
+    rows = C * K
+    rows_pad = rows + (rows % 2) if precision == "fp16" else rows
+    wp = np.zeros((16, rows_pad, 8), np.float32)
+    wp[:M, :rows, :K] = w.reshape(M, rows, K)
+    if precision == "fp16":
+        s = np.arange(rows_pad // 2)[:, None]
+        g, t = _G[None, :], _T[None, :]
+        regs = [
+            _pack_half2(wp[g, 2 * s, 2 * t], wp[g, 2 * s, 2 * t + 1]),
+            _pack_half2(wp[g + 8, 2 * s, 2 * t], wp[g + 8, 2 * s, 2 * t + 1]),
+            _pack_half2(wp[g, 2 * s + 1, 2 * t], wp[g, 2 * s + 1, 2 * t + 1]),
+            _pack_half2(wp[g + 8, 2 * s + 1, 2 * t], wp[g + 8, 2 * s + 1, 2 * t + 1]),
+        ]
+    else:
+        s = np.arange(rows)[:, None]
+        g, t = _G[None, :], _T[None, :]
+        regs = [_tf32_bits(wp[g, s, t]), _tf32_bits(wp[g + 8, s, t]),
+                _tf32_bits(wp[g, s, t + 4]), _tf32_bits(wp[g + 8, s, t + 4])]
+    return np.ascontiguousarray(np.stack(regs, axis=-1).astype(np.uint32))
+
+
+def toeplitz_fragments(w: np.ndarray, precision: str) -> np.ndarray:
+    """Banded weights T[r][j][m][dx] = w[m, c, p, j - dx] as the mma B operand, per lane.
+
+    Returns uint32 (rows, ksteps, M, 32 lanes, 2 registers)."""
+    M, C, K, _ = w.shape
+    rows = C * K
+    wr = w.reshape(M, rows, K).astype(np.float32)
+    band = np.zeros((rows, 16, M, 8), np.float32)
+    for dx in range(8):
+        for q in range(K):
+            band[:, dx + q, :, dx] = wr[:, :, q].T
+    g, t = _G[None, None, :], _T[None, None, :]
+    r = np.arange(rows)[:, None, None]
+    m = np.arange(M)[None, :, None]
+    if precision == "fp16":
+        b0 = _pack_half2(band[r, 2 * t, m, g], band[r, 2 * t + 1, m, g])
+        b1 = _pack_half2(band[r, 2 * t + 8, m, g], band[r, 2 * t + 9, m, g])
+        out = np.stack([b0, b1], axis=-1)[:, None]
+    else:
+        halves = []
+        for h in range(2):
+            b0 = _tf32_bits(band[r, 8 * h + t, m, g])
+            b1 = _tf32_bits(band[r, 8 * h + t + 4, m, g])
+            halves.append(np.stack([b0, b1], axis=-1))
+        out = np.stack(halves, axis=1)
+    return np.ascontiguousarray(out.astype(np.uint32))
+
+
+def _best_warps(units: int) -> int:
+    """Warps per block that split `units` work items most evenly (ties: the first listed)."""
+    return max((4, 5, 3, 2, 6, 8, 1), key=lambda w: units / (_ceil_div(units, w) * w))
+
+
+def _prepare_tc(pool: int, precision: str):
+    def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        from convolab.backend import require_cupy, to_numpy
+        from convolab.gpu.compile import get_kernel
+
+        cp = require_cupy()
+        kind = tc_kind(shape, pool)
+        if kind is None:
+            raise ValueError(
+                f"fused-conv-pool tensor-core kernels do not support {shape} with pool {pool}"
+            )
+        w_h = np.asarray(to_numpy(w), np.float32)
+        b_d = _as_device_f32(cp, b)
+        hp, wp = pooled_hw(shape, pool)
+        prec = 0 if precision == "fp16" else 1
+        elem = 2 if precision == "fp16" else 4
+        i32 = np.int32
+        if kind == "toeplitz":
+            tph = min(hp, 8)
+            ng = _ceil_div(2 * wp, 8)
+            def toe_smem(tph: int) -> int:
+                return shape.C * ((2 * tph - 1) + shape.K) * (ng * 8 + 8) * elem
+
+            while tph > 1 and toe_smem(tph) > _SMEM_LIMIT:
+                tph //= 2
+            warps = _best_warps(_ceil_div(tph * ng, 8))
+            defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": 2,
+                       "TC_M": shape.M, "TC_TPH": tph, "TC_TPW": wp, "TC_WARPS": warps}
+            kernel = get_kernel(KERNEL_FILE, "fcp_mma_toe", defines)
+            frag = cp.asarray(toeplitz_fragments(w_h, precision))
+            tiles_h = _ceil_div(hp, tph)
+            grid = (shape.B * tiles_h,)
+            tail = (i32(shape.H), i32(shape.W), i32(hp), i32(wp), i32(tiles_h))
+
+            def run_toe(x: Any, y: Any) -> None:
+                kernel(grid, (warps * 32,), (x, frag, b_d, y, *tail))
+
+            return run_toe
+
+        tph, tpw = min(hp, 8), min(wp, 8)
+        copies = 2 if precision == "fp16" else 1
+
+        def smem(tph: int, tpw: int) -> int:
+            rs = _ceil_div(tpw * pool - 1 + 8, 2) * 2 + 2
+            return copies * shape.C * (tph * pool - 1 + shape.K) * rs * elem
+
+        while smem(tph, tpw) > _SMEM_LIMIT and max(tph, tpw) > 1:
+            if tph >= tpw:
+                tph = max(1, tph // 2)
+            else:
+                tpw = max(1, tpw // 2)
+        units = tph * tpw if pool == 4 else _ceil_div(tph * tpw, 2)
+        warps = _best_warps(units)
+        defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": pool,
+                   "TC_M": 16, "TC_TPH": tph, "TC_TPW": tpw, "TC_WARPS": warps}
+        kernel = get_kernel(KERNEL_FILE, "fcp_mma_wa", defines)
+        frag = cp.asarray(wa_fragments(w_h, precision))
+        tiles_w, tiles_h = _ceil_div(wp, tpw), _ceil_div(hp, tph)
+        grid = (shape.B * tiles_w * tiles_h,)
+        tail = (i32(shape.M), i32(shape.H), i32(shape.W), i32(hp), i32(wp), i32(tiles_w),
+                i32(tiles_w * tiles_h))
+
+        def run_wa(x: Any, y: Any) -> None:
+            kernel(grid, (warps * 32,), (x, frag, b_d, y, *tail))
+
+        return run_wa
+
+    return prepare
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry entries
+# ---------------------------------------------------------------------------------------------
+
+_EXACT_SPACE: Mapping[str, list[int]] = {
+    "mt": [1, 2, 4, 8],
+    "pw": [1, 2, 4],
+    "ty": [4, 8, 16],
+    "minb": [1, 2, 4, 6, 8],
+}
+
+
+@functools.cache
+def fused_conv_pool_impl(pool: int, precision: str = "fp32") -> ConvImpl:
+    """The rung-13 implementation for a pool window `pool` (stride = window, floor)."""
+    if not isinstance(pool, int) or pool < 1:
+        raise ValueError(f"pool must be a positive int, got {pool!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "fp32":
+        return ConvImpl(
+            name=f"fused-conv-pool{pool}",
+            demonstrates=(
+                f"conv + bias + ReLU + max-pool {pool}x{pool} in one kernel: pool windows kept "
+                "in registers, only pooled values written; register-tiled FFMA"
+            ),
+            device="gpu",
+            prepare=_prepare_exact(pool),
+            supports=lambda s: supports_pool(s, pool),
+            space=_EXACT_SPACE,
+            defaults={"mt": 0, "pw": 0, "tx": 0, "ty": 0, "minb": 0},
+            tolerance=1e-5,
+            rung=13,
+            kernel_file=KERNEL_FILE,
+            compile_variants=_exact_variants,
+            pool=pool,
+        )
+    suffix = "tc" if precision == "fp16" else precision
+    return ConvImpl(
+        name=f"fused-conv-pool{pool}-{suffix}",
+        demonstrates=(
+            f"fused conv + ReLU + max-pool {pool} on tensor cores (mma.sync, {precision} "
+            "inputs, fp32 accumulate); pooling done on the accumulator fragments"
+        ),
+        device="gpu",
+        prepare=_prepare_tc(pool, precision),
+        supports=lambda s: tc_kind(s, pool) is not None,
+        tolerance=TC_TOLERANCE[precision],
+        rung=13,
+        kernel_file=KERNEL_FILE,
+        pool=pool,
+    )
+
+
+def pool_impl_for(pool: int, precision: str = "fp32") -> ConvImpl:
+    return fused_conv_pool_impl(pool, precision)
+
+
+for _pool in (2, 4):
+    for _precision in PRECISIONS:
+        register(fused_conv_pool_impl(_pool, _precision))

@@ -1,0 +1,420 @@
+"""The whole ece408 LeNet forward on the GPU, fused: the fastest path (SPEC section 5, 7).
+
+    C1 conv 1->4 K7 + ReLU + pool 2   rung 13 kernel (fp32 FFMA, or mma.sync in tc modes)
+    C3 conv 4->16 K7 + ReLU + pool 4  rung 13 kernel
+    F5 + ReLU, F6, softmax            kernels/15_lenet_fused.cu: one kernel, 10 floats out
+
+Three launches per batch; the only full-size intermediate is the pooled C1 map (25.6 KB an
+image). docs/fused.md records why this split and not one kernel per image.
+
+`FusedLeNet` takes a plain dict {name: array} (c1.weight, c1.bias, c3.weight, c3.bias,
+f5.weight, f5.bias, f6.weight, f6.bias) so it does not depend on the framework's classes;
+`from_network(net)` adapts anything with a `params()` mapping. Nothing imports CuPy at
+module import time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from convolab.shapes import ConvShape
+
+MODES = ("exact", "tf32", "fp16")
+PARAM_SHAPES: dict[str, tuple[int, ...]] = {
+    "c1.weight": (4, 1, 7, 7),
+    "c1.bias": (4,),
+    "c3.weight": (16, 4, 7, 7),
+    "c3.bias": (16,),
+    "f5.weight": (32, 1024),
+    "f5.bias": (32,),
+    "f6.weight": (10, 32),
+    "f6.bias": (10,),
+}
+IMAGE_SHAPE = (1, 86, 86)
+HEAD_KERNEL_FILE = "15_lenet_fused.cu"
+_HEAD_IMAGES_PER_BLOCK = 32  # HEAD_WARPS * HEAD_IMGS in the kernel
+_PRECISION_OF_MODE = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
+
+
+def _c1_shape(batch: int) -> ConvShape:
+    return ConvShape(batch, 1, 86, 86, 4, 7)
+
+
+def _c3_shape(batch: int) -> ConvShape:
+    return ConvShape(batch, 4, 40, 40, 16, 7)
+
+
+def check_params(params: Mapping[str, Any]) -> None:
+    missing = [k for k in PARAM_SHAPES if k not in params]
+    if missing:
+        raise ValueError(f"FusedLeNet: missing parameters {missing} (need {list(PARAM_SHAPES)})")
+    for name, want in PARAM_SHAPES.items():
+        got = tuple(params[name].shape)
+        if got != want:
+            raise ValueError(f"FusedLeNet: {name} has shape {got}, the ece408 model needs {want}")
+
+
+def from_network(net: Any, mode: str = "exact") -> FusedLeNet:
+    """Adapter for the framework's Network (anything with params() -> {name: array})."""
+    params = net.params() if callable(getattr(net, "params", None)) else net
+    return FusedLeNet(dict(params), mode=mode)
+
+
+def numpy_forward(params: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
+    """fp64 NumPy forward of the whole network: the yardstick of the tests and benchmarks."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    p = {k: np.asarray(_host(v), np.float64) for k, v in params.items()}
+
+    def conv_relu_pool(a: np.ndarray, w: np.ndarray, b: np.ndarray, pool: int) -> np.ndarray:
+        k = w.shape[-1]
+        win = sliding_window_view(a, (k, k), axis=(2, 3))  # B, C, Ho, Wo, K, K
+        y = np.einsum("bchwpq,mcpq->bmhw", win, w, optimize=True) + b[None, :, None, None]
+        y = np.maximum(y, 0.0)
+        hp, wp = y.shape[2] // pool, y.shape[3] // pool
+        y = y[:, :, : hp * pool, : wp * pool].reshape(y.shape[0], y.shape[1], hp, pool, wp, pool)
+        return y.max(axis=(3, 5))
+
+    a = conv_relu_pool(np.asarray(x, np.float64), p["c1.weight"], p["c1.bias"], 2)
+    a = conv_relu_pool(a, p["c3.weight"], p["c3.bias"], 4)
+    h = np.maximum(a.reshape(a.shape[0], -1) @ p["f5.weight"].T + p["f5.bias"], 0.0)
+    z = h @ p["f6.weight"].T + p["f6.bias"]
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def _host(a: Any) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+class FusedLeNet:
+    """ece408 LeNet forward on the GPU: probabilities (B, 10) for inputs (B, 1, 86, 86).
+
+    mode: 'exact' (fp32 FFMA, matches an fp64 forward to ~1e-6), 'tf32' or 'fp16'
+    (tensor cores for both conv layers, fp32 accumulate; F5/F6/softmax stay fp32).
+    """
+
+    def __init__(self, params: Mapping[str, Any], mode: str = "exact") -> None:
+        if mode not in MODES:
+            raise ValueError(f"FusedLeNet: mode must be one of {MODES}, got {mode!r}")
+        check_params(params)
+        from convolab.backend import require_cupy
+
+        self._cp = cp = require_cupy()
+        self.mode = mode
+        self.params = {k: cp.ascontiguousarray(cp.asarray(_host(v), cp.float32))
+                       for k, v in params.items() if k in PARAM_SHAPES}
+        self._w5t = cp.ascontiguousarray(self.params["f5.weight"].T)
+        self._plans: dict[tuple[int, int], tuple[Callable, Callable, Any, Any]] = {}
+        from convolab.gpu.compile import get_kernel
+
+        self._head = get_kernel(HEAD_KERNEL_FILE, "lenet_head")
+
+    # ---- device forward -------------------------------------------------------------------
+    def _plan(self, batch: int, slot: int = 0) -> tuple[Callable, Callable, Any, Any]:
+        """Prepared conv runs and intermediate buffers for one batch size (per stream slot)."""
+        key = (batch, slot)
+        if key not in self._plans:
+            from convolab.gpu.fused import fused_conv_pool_impl
+
+            cp, prec = self._cp, _PRECISION_OF_MODE[self.mode]
+            c1 = fused_conv_pool_impl(2, prec).prepare(
+                _c1_shape(batch), self.params["c1.weight"], self.params["c1.bias"], {})
+            c3 = fused_conv_pool_impl(4, prec).prepare(
+                _c3_shape(batch), self.params["c3.weight"], self.params["c3.bias"], {})
+            a1 = cp.empty((batch, 4, 40, 40), cp.float32)
+            a3 = cp.empty((batch, 16, 8, 8), cp.float32)
+            self._plans[key] = (c1, c3, a1, a3)
+        return self._plans[key]
+
+    def forward_into(self, x: Any, probs: Any, slot: int = 0) -> None:
+        """Enqueue the forward of device batch x on the current stream, writing probs."""
+        batch = int(x.shape[0])
+        c1, c3, a1, a3 = self._plan(batch, slot)
+        c1(x, a1)
+        c3(a1, a3)
+        p = self.params
+        grid = (-(-batch // _HEAD_IMAGES_PER_BLOCK),)
+        self._head(grid, (128,), (a3, self._w5t, p["f5.bias"], p["f6.weight"], p["f6.bias"],
+                                  probs, np.int32(batch)))
+
+    def __call__(self, x: Any) -> Any:
+        cp = self._cp
+        if not isinstance(x, cp.ndarray):
+            raise TypeError("FusedLeNet(x): x must be a CuPy array (use forward_chunks for host)")
+        self._check_batch(x)
+        probs = cp.empty((x.shape[0], 10), cp.float32)
+        if x.shape[0]:
+            self.forward_into(cp.ascontiguousarray(x), probs)
+        return probs
+
+    @staticmethod
+    def _check_batch(x: Any) -> None:
+        if x.ndim != 4 or tuple(x.shape[1:]) != IMAGE_SHAPE:
+            raise ValueError(f"expected input (B, 1, 86, 86), got shape {tuple(x.shape)}")
+        if x.dtype != np.float32:
+            raise TypeError(f"expected float32 input, got {x.dtype}")
+
+    # ---- host batches of any size ---------------------------------------------------------
+    def forward_chunks(self, x_host: np.ndarray, chunk: int = 8192, streams: int = 2,
+                       out: np.ndarray | None = None) -> np.ndarray:
+        """Probabilities for a host batch of any size (it need not fit on the GPU).
+
+        Chunks rotate through `streams` slots, each with its own pinned staging buffers,
+        device buffers and CUDA stream, so chunk i's host->device copy, chunk i-1's kernels
+        and chunk i-2's device->host copy overlap. The host copies into the pinned buffers
+        happen while the GPU works on the other slots.
+        """
+        cp = self._cp
+        if not isinstance(x_host, np.ndarray):
+            raise TypeError("forward_chunks: x_host must be a NumPy array")
+        self._check_batch(x_host)
+        if chunk < 1 or streams < 1:
+            raise ValueError("forward_chunks: chunk and streams must be >= 1")
+        n = x_host.shape[0]
+        if out is None:
+            out = np.empty((n, 10), np.float32)
+        if n == 0:
+            return out
+        chunk = min(chunk, n)
+        slots = min(streams, -(-n // chunk))
+        img_bytes = 4 * int(np.prod(IMAGE_SHAPE))
+        pin_in = [_pinned(cp, (chunk, *IMAGE_SHAPE)) for _ in range(slots)]
+        pin_out = [_pinned(cp, (chunk, 10)) for _ in range(slots)]
+        dev_in = [cp.empty((chunk, *IMAGE_SHAPE), cp.float32) for _ in range(slots)]
+        dev_out = [cp.empty((chunk, 10), cp.float32) for _ in range(slots)]
+        cuda_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(slots)]
+        done: list[Any] = [None] * slots
+        pending: list[tuple[int, int] | None] = [None] * slots
+        runtime = cp.cuda.runtime
+
+        def collect(s: int) -> None:
+            if done[s] is None:
+                return
+            done[s].synchronize()
+            start, count = pending[s]  # type: ignore[misc]
+            out[start:start + count] = pin_out[s][:count]
+            done[s] = None
+
+        for i, start in enumerate(range(0, n, chunk)):
+            s = i % slots
+            collect(s)  # slot s's previous chunk is finished: its buffers are free
+            count = min(chunk, n - start)
+            np.copyto(pin_in[s][:count], x_host[start:start + count])
+            stream = cuda_streams[s]
+            with stream:
+                runtime.memcpyAsync(dev_in[s].data.ptr, pin_in[s].ctypes.data,
+                                    count * img_bytes, runtime.memcpyHostToDevice, stream.ptr)
+                self.forward_into(dev_in[s][:count], dev_out[s][:count], slot=s)
+                runtime.memcpyAsync(pin_out[s].ctypes.data, dev_out[s].data.ptr, count * 40,
+                                    runtime.memcpyDeviceToHost, stream.ptr)
+                done[s] = stream.record()
+            pending[s] = (start, count)
+        for s in range(slots):
+            collect(s)
+        return out
+
+    def throughput(self, x_host: np.ndarray, chunk: int = 8192,
+                   streams: int = 2) -> tuple[np.ndarray, float]:
+        """(probabilities, images per second) for a host batch, host to host, wall clock."""
+        warm = x_host[: min(len(x_host), chunk)]
+        self.forward_chunks(warm, chunk=chunk, streams=streams)  # compile + allocate outside
+        self._cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        probs = self.forward_chunks(x_host, chunk=chunk, streams=streams)
+        seconds = time.perf_counter() - t0
+        return probs, len(x_host) / seconds if seconds > 0 else float("inf")
+
+
+def _pinned(cp: Any, shape: tuple[int, ...]) -> np.ndarray:
+    count = int(np.prod(shape))
+    mem = cp.cuda.alloc_pinned_memory(4 * count)
+    return np.frombuffer(mem, np.float32, count).reshape(shape)
+
+
+def random_params(seed: int = 0) -> dict[str, np.ndarray]:
+    """He-scaled random weights with the ece408 shapes (benchmarks and tests)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in PARAM_SHAPES.items():
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        scale = np.sqrt(2.0 / fan_in) if name.endswith("weight") else 0.1
+        out[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# bench --network
+# ---------------------------------------------------------------------------------------------
+
+
+def _stats_row(name: str, samples: list[float], batch: int, **extra: Any) -> dict[str, Any]:
+    from convolab.timing import Stats
+
+    st = Stats.of(samples)
+    row = {"name": name, **st.as_dict(), "batch": batch,
+           "images_per_s": batch / (st.median_ms / 1e3) if st.median_ms else None}
+    row.update(extra)
+    return row
+
+
+def _agreement(probs: Any, ref: np.ndarray) -> dict[str, float]:
+    p = np.asarray(_host(probs), np.float64)
+    return {"argmax_agree_vs_exact": float((p.argmax(1) == ref.argmax(1)).mean()),
+            "max_abs_prob_diff_vs_exact": float(np.abs(p - ref).max())}
+
+
+def _per_layer_forward(params: Mapping[str, Any], batch: int, conv_names: tuple[str, str],
+                       cp: Any) -> Callable[[Any], Any]:
+    """conv rung per layer (unfused) + CuPy ReLU/pool/linears/softmax."""
+    from convolab.registry import get_impl
+
+    shapes = (_c1_shape(batch), _c3_shape(batch))
+    pools = (2, 4)
+    layers = []
+    for (name, shape, pool, prefix) in zip(conv_names, shapes, pools, ("c1", "c3"), strict=True):
+        impl = get_impl(name)
+        run = impl.prepare(shape, params[f"{prefix}.weight"], params[f"{prefix}.bias"],
+                           impl.params_for())
+        y = cp.empty(impl.out_shape(shape), cp.float32)
+        layers.append((impl, run, y, pool))
+
+    def forward(x: Any) -> Any:
+        a = x
+        for impl, run, y, pool in layers:
+            run(a, y)
+            if impl.pool:
+                a = y
+            else:
+                z = cp.maximum(y, 0)
+                hp, wp = z.shape[2] // pool, z.shape[3] // pool
+                z = z[:, :, : hp * pool, : wp * pool]
+                a = z.reshape(z.shape[0], z.shape[1], hp, pool, wp, pool).max(axis=(3, 5))
+        h = cp.maximum(a.reshape(a.shape[0], -1) @ params["f5.weight"].T + params["f5.bias"], 0)
+        z = h @ params["f6.weight"].T + params["f6.bias"]
+        z = cp.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    return forward
+
+
+def _torch_rows(params: Mapping[str, np.ndarray], x: Any, batch: int, reps: int,
+                ref: np.ndarray) -> list[dict[str, Any]]:
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as err:  # torch is an optional extra
+        return [{"name": "torch", "error": f"PyTorch unavailable: {err}"}]
+    dev = torch.device("cuda")
+    tp = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in params.items()}
+    xt = torch.from_dlpack(x)
+    torch.backends.cudnn.benchmark = True
+
+    def fwd(xx: Any, pp: dict[str, Any]) -> Any:
+        y = F.max_pool2d(F.relu(F.conv2d(xx, pp["c1.weight"], pp["c1.bias"])), 2)
+        y = F.max_pool2d(F.relu(F.conv2d(y, pp["c3.weight"], pp["c3.bias"])), 4)
+        y = F.relu(F.linear(y.flatten(1), pp["f5.weight"], pp["f5.bias"]))
+        return torch.softmax(F.linear(y, pp["f6.weight"], pp["f6.bias"]).float(), dim=1)
+
+    def timed(name: str, fn: Callable[[], Any], **extra: Any) -> dict[str, Any]:
+        try:
+            with torch.no_grad():
+                for _ in range(3):
+                    out = fn()
+                torch.cuda.synchronize()
+                samples = []
+                for _ in range(reps):
+                    s = torch.cuda.Event(enable_timing=True)
+                    e = torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    out = fn()
+                    e.record()
+                    e.synchronize()
+                    samples.append(s.elapsed_time(e))
+            return _stats_row(name, samples, batch, **_agreement(out.float().cpu().numpy(), ref),
+                              **extra)
+        except Exception as err:  # one failing baseline must not sink the others
+            return {"name": name, "error": f"{type(err).__name__}: {err}"[:500]}
+
+    rows = []
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows.append(timed("torch eager fp32", lambda: fwd(xt, tp)))
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    rows.append(timed("torch eager tf32", lambda: fwd(xt, tp)))
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        compiled = torch.compile(fwd)
+        rows.append(timed("torch.compile fp32", lambda: compiled(xt, tp)))
+    except Exception as err:
+        rows.append({"name": "torch.compile fp32", "error": f"{type(err).__name__}: {err}"[:500]})
+    cl = torch.channels_last
+    tph = {k: (v.half().contiguous(memory_format=cl) if v.ndim == 4 else v.half())
+           for k, v in tp.items()}
+    xh = xt.half().contiguous(memory_format=cl)
+    rows.append(timed("torch fp16 channels-last", lambda: fwd(xh, tph)))
+    return rows
+
+
+def bench_network(batch: int = 10000, reps: int = 20, seed: int = 0,
+                  include_torch: bool = True) -> list[dict[str, Any]]:
+    """Whole-forward timings at `batch`: convolab fused (exact, fp16, tf32), a per-layer path,
+    and PyTorch eager fp32 / tf32 / torch.compile / fp16 channels-last on the same weights
+    and input. Rows carry median and spread (ms), images/s, speedup over torch eager fp32
+    and agreement with the fused exact output."""
+    from convolab.backend import require_cupy
+    from convolab.timing import time_gpu
+
+    if batch < 1 or reps < 1:
+        raise ValueError("bench_network: batch and reps must be >= 1")
+    cp = require_cupy()
+    params = random_params(seed)
+    rng = np.random.default_rng(seed + 1)
+    x = cp.asarray(rng.random((batch, *IMAGE_SHAPE), dtype=np.float32))
+    dparams = {k: cp.asarray(v) for k, v in params.items()}
+    rows: list[dict[str, Any]] = []
+    ref = None
+    for mode in MODES:
+        name = f"convolab fused {mode}"
+        try:
+            net = FusedLeNet(params, mode=mode)
+            out = net(x)
+            if ref is None:
+                ref = np.asarray(out.get(), np.float64)
+            samples = time_gpu(lambda net=net: net(x), reps=reps, warmup=3)
+            rows.append(_stats_row(name, samples, batch, **_agreement(out, ref)))
+        except Exception as err:
+            rows.append({"name": name, "error": f"{type(err).__name__}: {err}"[:500]})
+    if ref is None:
+        return rows
+    from convolab.registry import all_impls
+
+    available = {i.name for i in all_impls("gpu")}
+    candidates = [("fused-conv-pool2", "fused-conv-pool4")]
+    for plain in ("register-tiled", "fused-gemm", "tiled", "basic"):
+        if plain in available:
+            candidates.append((plain, plain))
+            break
+    for names in candidates:
+        name = f"convolab per-layer {names[0]}/{names[1]} + CuPy head"
+        try:
+            fwd = _per_layer_forward(dparams, batch, names, cp)
+            out = fwd(x)
+            samples = time_gpu(lambda fwd=fwd: fwd(x), reps=reps, warmup=3)
+            rows.append(_stats_row(name, samples, batch, **_agreement(out, ref)))
+        except Exception as err:
+            rows.append({"name": name, "error": f"{type(err).__name__}: {err}"[:500]})
+    if include_torch:
+        rows.extend(_torch_rows(params, x, batch, reps, ref))
+    eager = next((r for r in rows if r.get("name") == "torch eager fp32" and "median_ms" in r),
+                 None)
+    for r in rows:
+        if eager and "median_ms" in r:
+            r["speedup_vs_torch_eager_fp32"] = eager["median_ms"] / r["median_ms"]
+    return rows

@@ -1,0 +1,471 @@
+// Rung 13 — fused-conv-pool: convolution + bias + ReLU + max-pool (window P, stride P, floor)
+// in one kernel. Builds on rung 7 (register-tiled): a thread still owns a register tile of
+// outputs, but the tile is now whole pool windows, so the P*P convolution outputs of a window
+// never leave registers — only the pooled value is written. For the ece408 layers that
+// removes the full-resolution write + re-read (conv1: 1 GB of its 1.3 GB of traffic) and, for
+// conv2, the 34x34 -> 8x8 floor pool means rows/columns 32 and 33 are never computed at all
+// (11% fewer FMAs than the unfused layer).
+//
+// Why it is fast (the layers are FMA-bound, not memory-bound, once fused):
+//   * the input tile of a block is staged once in shared memory, CC channels at a time;
+//   * each thread loads one input row segment into registers and reuses every value for
+//     up to PW*P output columns x MT channels x (all pool rows that row feeds);
+//   * weights sit in shared memory as [c][p][q][MT], read as float4 broadcasts (every lane
+//     reads the same address), so one 16-byte load feeds 4 channels x PW*P columns of FMAs.
+// Everything that shapes the unrolled loops is a compile-time define; B, C, H, W, M are not.
+//
+// Kernels:
+//   fcp_exact   the register-tiled kernel above (fp32 FFMA, exact to fp32 rounding)
+//   fcp_simple  one thread per pooled output, straight from global memory: the fallback for
+//               pool windows or filters too large to tile in registers (P > 8, K > 15)
+
+#ifndef FCP_K
+#define FCP_K 7  // filter size
+#endif
+#ifndef FCP_S
+#define FCP_S 1  // convolution stride
+#endif
+#ifndef FCP_P
+#define FCP_P 2  // pool window and pool stride
+#endif
+#ifndef FCP_MT
+#define FCP_MT 4  // output channels per thread
+#endif
+#ifndef FCP_PW
+#define FCP_PW 2  // pooled columns per thread
+#endif
+#ifndef FCP_TX
+#define FCP_TX 20  // threads across a tile (each PW pooled columns)
+#endif
+#ifndef FCP_TY
+#define FCP_TY 8  // threads down a tile (each one pooled row)
+#endif
+#ifndef FCP_CC
+#define FCP_CC 1  // input channels staged in shared memory per pass
+#endif
+
+#ifndef FCP_MINB
+#define FCP_MINB 1  // blocks per SM the register allocation must allow (caps registers)
+#endif
+
+#define FCP_COLS (FCP_PW * FCP_P)                            // conv columns per thread
+#define FCP_SPAN ((FCP_COLS - 1) * FCP_S + FCP_K)            // input columns a thread reads
+#define FCP_SPAN4 ((FCP_SPAN + 3) / 4 * 4)                   // ... rounded up for float4 loads
+#define FCP_ROWS_T ((FCP_P - 1) * FCP_S + FCP_K)             // input rows one thread reads
+#define FCP_IN_ROWS ((FCP_TY * FCP_P - 1) * FCP_S + FCP_K)   // input rows of a block tile
+#define FCP_COL_STEP (FCP_COLS * FCP_S)                      // input columns between threads
+#define FCP_VEC_ROWS ((FCP_COL_STEP % 4) == 0)               // row loads can be float4
+#define FCP_IN_STRIDE ((((FCP_TX - 1) * FCP_COL_STEP + FCP_SPAN4) + 3) / 4 * 4)
+#define FCP_IN_TILE (FCP_IN_ROWS * FCP_IN_STRIDE)
+#define FCP_W_TILE (FCP_K * FCP_K * FCP_MT)
+
+extern "C" __global__ void __launch_bounds__(FCP_TX * FCP_TY, FCP_MINB)
+fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
+          const float* __restrict__ bias, float* __restrict__ y,
+          int C, int H, int W, int M, int Hp, int Wp, int tiles_w, int tiles_per_image) {
+  __shared__ __align__(16) float in_s[FCP_CC * FCP_IN_TILE];
+  __shared__ __align__(16) float w_s[FCP_CC * FCP_W_TILE];
+
+  const int tile = blockIdx.x % tiles_per_image;
+  const size_t b = blockIdx.x / tiles_per_image;
+  const int tile_y = tile / tiles_w, tile_x = tile % tiles_w;
+  const int m0 = blockIdx.y * FCP_MT;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * FCP_TX + tx;
+  const int ph = tile_y * FCP_TY + ty;
+  const int pw0 = (tile_x * FCP_TX + tx) * FCP_PW;
+  const int iy0 = tile_y * FCP_TY * FCP_P * FCP_S;
+  const int ix0 = tile_x * FCP_TX * FCP_COL_STEP;
+
+  float acc[FCP_MT][FCP_P][FCP_COLS];
+#pragma unroll
+  for (int m = 0; m < FCP_MT; ++m)
+#pragma unroll
+    for (int dy = 0; dy < FCP_P; ++dy)
+#pragma unroll
+      for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+
+  for (int c0 = 0; c0 < C; c0 += FCP_CC) {
+    __syncthreads();  // the previous pass is done reading the tile
+    // Stage CC input channels (zero outside the image: those lanes' outputs are discarded,
+    // but their loads must read finite values from inside the array).
+    for (int i = tid; i < FCP_CC * FCP_IN_TILE; i += FCP_TX * FCP_TY) {
+      const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
+      const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
+      const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
+      float v = 0.f;
+      if (c < C && gy < H && gx < W) v = __ldg(&x[((b * C + c) * H + gy) * (size_t)W + gx]);
+      in_s[i] = v;
+    }
+    for (int i = tid; i < FCP_CC * FCP_W_TILE; i += FCP_TX * FCP_TY) {
+      const int cc = i / FCP_W_TILE, rem = i % FCP_W_TILE;
+      const int pq = rem / FCP_MT, m = m0 + rem % FCP_MT, c = c0 + cc;
+      w_s[i] = (c < C && m < M) ? __ldg(&w[((size_t)m * C + c) * (FCP_K * FCP_K) + pq]) : 0.f;
+    }
+    __syncthreads();
+
+    const int cc_n = min(FCP_CC, C - c0);
+    for (int cc = 0; cc < cc_n; ++cc) {
+      const float* in_t = in_s + cc * FCP_IN_TILE + (ty * FCP_P * FCP_S) * FCP_IN_STRIDE +
+                          tx * FCP_COL_STEP;
+      const float* w_c = w_s + cc * FCP_W_TILE;
+#pragma unroll
+      for (int r = 0; r < FCP_ROWS_T; ++r) {
+        float row[FCP_SPAN4];
+#if FCP_VEC_ROWS
+#pragma unroll
+        for (int v = 0; v < FCP_SPAN4 / 4; ++v) {
+          const float4 f = *reinterpret_cast<const float4*>(in_t + r * FCP_IN_STRIDE + 4 * v);
+          row[4 * v] = f.x; row[4 * v + 1] = f.y; row[4 * v + 2] = f.z; row[4 * v + 3] = f.w;
+        }
+#else
+#pragma unroll
+        for (int v = 0; v < FCP_SPAN; ++v) row[v] = in_t[r * FCP_IN_STRIDE + v];
+#endif
+#pragma unroll
+        for (int dy = 0; dy < FCP_P; ++dy) {
+          const int p = r - dy * FCP_S;  // kernel row linking input row r to pool row dy
+          if (p < 0 || p >= FCP_K) continue;
+#pragma unroll
+          for (int q = 0; q < FCP_K; ++q) {
+            float wv[FCP_MT];
+#if (FCP_MT % 4) == 0
+#pragma unroll
+            for (int v = 0; v < FCP_MT / 4; ++v) {
+              const float4 f =
+                  *reinterpret_cast<const float4*>(w_c + (p * FCP_K + q) * FCP_MT + 4 * v);
+              wv[4 * v] = f.x; wv[4 * v + 1] = f.y; wv[4 * v + 2] = f.z; wv[4 * v + 3] = f.w;
+            }
+#else
+#pragma unroll
+            for (int m = 0; m < FCP_MT; ++m) wv[m] = w_c[(p * FCP_K + q) * FCP_MT + m];
+#endif
+#pragma unroll
+            for (int j = 0; j < FCP_COLS; ++j)
+#pragma unroll
+              for (int m = 0; m < FCP_MT; ++m)
+                acc[m][dy][j] = fmaf(row[j * FCP_S + q], wv[m], acc[m][dy][j]);
+          }
+        }
+      }
+    }
+  }
+
+  // max(acc) + b == max(acc + b) exactly (rounding is monotonic), and ReLU commutes with max.
+  if (ph >= Hp) return;
+#pragma unroll
+  for (int m = 0; m < FCP_MT; ++m) {
+    if (m0 + m >= M) break;
+    const float bm = __ldg(&bias[m0 + m]);
+#pragma unroll
+    for (int k = 0; k < FCP_PW; ++k) {
+      if (pw0 + k >= Wp) break;
+      float mx = acc[m][0][k * FCP_P];
+#pragma unroll
+      for (int dy = 0; dy < FCP_P; ++dy)
+#pragma unroll
+        for (int dx = 0; dx < FCP_P; ++dx) mx = fmaxf(mx, acc[m][dy][k * FCP_P + dx]);
+      y[((b * M + m0 + m) * Hp + ph) * (size_t)Wp + pw0 + k] = fmaxf(mx + bm, 0.f);
+    }
+  }
+}
+
+// One thread per pooled output (b, m, ph, pw); every size is a run-time argument.
+extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* __restrict__ w,
+                                      const float* __restrict__ bias, float* __restrict__ y,
+                                      long long total, int C, int H, int W, int M, int K, int S,
+                                      int P, int Hp, int Wp) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int pw = i % Wp, ph = (i / Wp) % Hp, m = (i / ((long long)Wp * Hp)) % M;
+    const size_t b = i / ((long long)Wp * Hp * M);
+    float mx = -INFINITY;
+    for (int dy = 0; dy < P; ++dy)
+      for (int dx = 0; dx < P; ++dx) {
+        const int oh = ph * P + dy, ow = pw * P + dx;
+        float acc = 0.f;
+        for (int c = 0; c < C; ++c)
+          for (int p = 0; p < K; ++p)
+            for (int q = 0; q < K; ++q)
+              acc = fmaf(x[((b * C + c) * H + oh * S + p) * (size_t)W + ow * S + q],
+                         w[(((size_t)m * C + c) * K + p) * K + q], acc);
+        mx = fmaxf(mx, acc);
+      }
+    y[i] = fmaxf(mx + bias[m], 0.f);
+  }
+}
+
+// =============================================================================================
+// Tensor-core variants (fused-conv-pool*-tc / -tf32): the same fusion on mma.sync.
+//
+// Two mappings, because the two ece408 layers have opposite shapes:
+//  * fcp_mma_wa (conv2: M=16 output channels): weights are the 16-row A operand and stay in
+//    registers for the whole kernel; B is the implicit im2col of the input (8 positions per
+//    n-tile), gathered straight from the shared-memory tile. The GEMM k axis is the filter
+//    taps with each filter row padded to 8 columns (q = 7 has weight 0), so a k pair
+//    (2t, 2t+1) is two adjacent input pixels: one 32-bit shared load. Pixel pairs starting at
+//    an odd column are read from a second copy of the tile shifted by one element.
+//    Positions are ordered so that a pool window's outputs sit in lanes of one quad (pool 2)
+//    or in two n-tiles of one quad (pool 4): pooling is a max over registers and 1-2 shuffles.
+//  * fcp_mma_toe (conv1: M=4, C=1): an M=16 weight operand would waste 3/4 of every MMA, so
+//    rows are output positions instead. Each row is a run of 8 adjacent outputs and the
+//    weights enter as a banded (Toeplitz) 16x8 matrix per filter row: row of input pixels
+//    ow0..ow0+15 times T[j][dx] = w[j - dx] gives the 8 outputs ow0+dx. Rows g and g+8 are
+//    vertically adjacent outputs and columns 2t, 2t+1 horizontally adjacent, so a 2x2 pool
+//    window is exactly the 4 accumulators one lane holds: no shuffles at all.
+// TC_PREC 0: fp16 inputs, m16n8k16; 1: tf32 inputs (rounded rna), m16n8k8. Accumulate fp32.
+// Fragment-ordered weights are prepared on the host (gpu/fused.py) and loaded once per warp.
+// =============================================================================================
+
+#include <cuda_fp16.h>
+
+#ifndef TC_PREC
+#define TC_PREC 0
+#endif
+#ifndef TC_C
+#define TC_C 1
+#endif
+#ifndef TC_K
+#define TC_K 7
+#endif
+#ifndef TC_P
+#define TC_P 2
+#endif
+#ifndef TC_M
+#define TC_M 4
+#endif
+#ifndef TC_TPH
+#define TC_TPH 8  // pooled rows per block
+#endif
+#ifndef TC_TPW
+#define TC_TPW 40  // pooled columns per block
+#endif
+#ifndef TC_WARPS
+#define TC_WARPS 4
+#endif
+#ifndef TC_MINB
+#define TC_MINB 1
+#endif
+
+#if TC_PREC == 0
+typedef __half tc_elem;
+#else
+typedef float tc_elem;
+#endif
+
+#define TC_R (TC_C * TC_K)  // filter rows (c, p): one (fp16) or two (tf32) k-steps each
+
+__device__ __forceinline__ void tc_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2,
+                                       unsigned a3, unsigned b0, unsigned b1) {
+#if TC_PREC == 0
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ tc_elem tc_convert(float v) {
+#if TC_PREC == 0
+  return __float2half_rn(v);
+#else
+  unsigned u;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v));
+  return __uint_as_float(u);
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ unsigned tc_ld32(const T* p) {
+  return *reinterpret_cast<const unsigned*>(p);
+}
+
+// ---- conv1-style: positions as rows, banded weights as B --------------------------------------
+#define TOE_NG ((2 * TC_TPW + 7) / 8)          // 8-wide output runs per pooled-row pair
+#define TOE_IR ((TC_TPH * 2 - 1) + TC_K)      // input rows of the tile
+#define TOE_RS (TOE_NG * 8 + 8)               // input columns (j reaches ow0 + 15)
+#define TOE_COMBOS (TC_TPH * TOE_NG)          // (pooled row, run) pairs = 8 per m-tile
+#define TOE_MTILES ((TOE_COMBOS + 7) / 8)
+#if TC_PREC == 0
+#define TOE_KSTEPS 1
+#else
+#define TOE_KSTEPS 2
+#endif
+
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
+fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
+            const float* __restrict__ bias, float* __restrict__ y, int H, int W, int Hp, int Wp,
+            int tiles_h) {
+  __shared__ __align__(16) tc_elem in_s[TC_C * TOE_IR * TOE_RS];
+  const size_t b = blockIdx.x / tiles_h;
+  const int tile_y = blockIdx.x % tiles_h;
+  const int iy0 = tile_y * TC_TPH * 2;
+  for (int i = threadIdx.x; i < TC_C * TOE_IR * TOE_RS; i += TC_WARPS * 32) {
+    const int c = i / (TOE_IR * TOE_RS), rem = i % (TOE_IR * TOE_RS);
+    const int r = rem / TOE_RS, col = rem % TOE_RS, gy = iy0 + r;
+    float v = 0.f;
+    if (gy < H && col < W) v = __ldg(&x[((b * TC_C + c) * H + gy) * (size_t)W + col]);
+    in_s[i] = tc_convert(v);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  uint2 bf[TC_R][TOE_KSTEPS][TC_M];
+#pragma unroll
+  for (int r = 0; r < TC_R; ++r)
+#pragma unroll
+    for (int h = 0; h < TOE_KSTEPS; ++h)
+#pragma unroll
+      for (int n = 0; n < TC_M; ++n)
+        bf[r][h][n] = __ldg(&bfrag[((r * TOE_KSTEPS + h) * TC_M + n) * 32 + lane]);
+  float bm[TC_M];
+#pragma unroll
+  for (int n = 0; n < TC_M; ++n) bm[n] = __ldg(&bias[n]);
+  __syncthreads();
+
+  for (int mt = warp; mt < TOE_MTILES; mt += TC_WARPS) {
+    const int combo = min(mt * 8 + g, TOE_COMBOS - 1);
+    const int ph_l = combo / TOE_NG, ow0 = (combo % TOE_NG) * 8;
+    float acc[TC_M][4];
+#pragma unroll
+    for (int n = 0; n < TC_M; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int r = 0; r < TC_R; ++r) {
+      const int c = r / TC_K, p = r % TC_K;
+      const tc_elem* row0 = in_s + (c * TOE_IR + 2 * ph_l + p) * TOE_RS + ow0;
+      const tc_elem* row1 = row0 + TOE_RS;
+#pragma unroll
+      for (int h = 0; h < TOE_KSTEPS; ++h) {
+#if TC_PREC == 0
+        const unsigned a0 = tc_ld32(row0 + 2 * t), a1 = tc_ld32(row1 + 2 * t);
+        const unsigned a2 = tc_ld32(row0 + 2 * t + 8), a3 = tc_ld32(row1 + 2 * t + 8);
+#else
+        const unsigned a0 = tc_ld32(row0 + 8 * h + t), a1 = tc_ld32(row1 + 8 * h + t);
+        const unsigned a2 = tc_ld32(row0 + 8 * h + t + 4), a3 = tc_ld32(row1 + 8 * h + t + 4);
+#endif
+#pragma unroll
+        for (int n = 0; n < TC_M; ++n) tc_mma(acc[n], a0, a1, a2, a3, bf[r][h][n].x, bf[r][h][n].y);
+      }
+    }
+    const int ph = tile_y * TC_TPH + ph_l, pw = ow0 / 2 + t;
+    if (mt * 8 + g < TOE_COMBOS && ph_l < TC_TPH && ph < Hp && pw < Wp) {
+#pragma unroll
+      for (int n = 0; n < TC_M; ++n) {
+        const float v = fmaxf(fmaxf(acc[n][0], acc[n][1]), fmaxf(acc[n][2], acc[n][3]));
+        y[((b * TC_M + n) * Hp + ph) * (size_t)Wp + pw] = fmaxf(v + bm[n], 0.f);
+      }
+    }
+  }
+}
+
+// ---- conv2-style: weights as A (16 output channels), implicit im2col as B ---------------------
+#define WA_IR (TC_TPH * TC_P - 1 + TC_K)
+#define WA_RS (((TC_TPW * TC_P - 1 + 8) + 1) / 2 * 2 + 2)
+#define WA_TILE (TC_C * WA_IR * WA_RS)
+#if TC_PREC == 0
+#define WA_STEPS ((TC_R + 1) / 2)
+#define WA_COPIES 2
+#else
+#define WA_STEPS TC_R
+#define WA_COPIES 1
+#endif
+#define WA_WINDOWS (TC_TPH * TC_TPW)
+#if TC_P == 4
+#define WA_UNITS WA_WINDOWS  // one window = two n-tiles
+#define WA_NJ 2
+#else
+#define WA_UNITS ((WA_WINDOWS + 1) / 2)  // one n-tile = two windows
+#define WA_NJ 1
+#endif
+
+// Shared-memory offset of filter row r = (c, p) relative to a position's top-left pixel.
+__device__ __forceinline__ int wa_row_off(int r) {
+  const int rr = r < TC_R ? r : 0;  // padded k rows have zero weights: read anything finite
+  return ((rr / TC_K) * WA_IR + rr % TC_K) * WA_RS;
+}
+
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
+fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
+           const float* __restrict__ bias, float* __restrict__ y, int M, int H, int W, int Hp,
+           int Wp, int tiles_w, int tiles_per_image) {
+  __shared__ __align__(16) tc_elem in_s[WA_COPIES * WA_TILE];
+  const int tile = blockIdx.x % tiles_per_image;
+  const size_t b = blockIdx.x / tiles_per_image;
+  const int tile_y = tile / tiles_w, tile_x = tile % tiles_w;
+  const int iy0 = tile_y * TC_TPH * TC_P, ix0 = tile_x * TC_TPW * TC_P;
+  for (int i = threadIdx.x; i < WA_TILE; i += TC_WARPS * 32) {
+    const int c = i / (WA_IR * WA_RS), rem = i % (WA_IR * WA_RS);
+    const int r = rem / WA_RS, col = rem % WA_RS, gy = iy0 + r, gx = ix0 + col;
+    const float* src = x + ((b * TC_C + c) * H + gy) * (size_t)W + gx;
+    const bool row_ok = gy < H;
+    in_s[i] = tc_convert(row_ok && gx < W ? __ldg(src) : 0.f);
+#if WA_COPIES == 2
+    in_s[WA_TILE + i] = tc_convert(row_ok && gx + 1 < W ? __ldg(src + 1) : 0.f);  // shifted copy
+#endif
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  uint4 af[WA_STEPS];
+#pragma unroll
+  for (int s = 0; s < WA_STEPS; ++s) af[s] = __ldg(&afrag[s * 32 + lane]);
+  const float b_lo = g < M ? __ldg(&bias[g]) : 0.f;
+  const float b_hi = g + 8 < M ? __ldg(&bias[g + 8]) : 0.f;
+  __syncthreads();
+
+  for (int u = warp; u < WA_UNITS; u += TC_WARPS) {
+    float vmax_lo = -INFINITY, vmax_hi = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < WA_NJ; ++j) {
+      // This lane's B column n = g: which position of which window it gathers.
+#if TC_P == 4
+      const int wi = u, dy = 2 * j + (g >> 2), dx = g & 3;
+#else
+      const int wi = min(2 * u + (g >> 2), WA_WINDOWS - 1), dy = (g >> 1) & 1, dx = g & 1;
+#endif
+      const int oh = (wi / TC_TPW) * TC_P + dy, ow = (wi % TC_TPW) * TC_P + dx;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#if TC_PREC == 0
+      // pixel pair (ow + 2t, ow + 2t + 1): from the shifted copy when it starts on an odd column
+      const tc_elem* base = in_s + (ow & 1) * WA_TILE + oh * WA_RS + (ow & ~1) + 2 * t;
+#pragma unroll
+      for (int s = 0; s < WA_STEPS; ++s) {
+        const unsigned b0 = tc_ld32(base + wa_row_off(2 * s));
+        const unsigned b1 = tc_ld32(base + wa_row_off(2 * s + 1));
+        tc_mma(acc, af[s].x, af[s].y, af[s].z, af[s].w, b0, b1);
+      }
+#else
+      const tc_elem* base = in_s + oh * WA_RS + ow + t;
+#pragma unroll
+      for (int s = 0; s < WA_STEPS; ++s) {
+        const unsigned b0 = tc_ld32(base + wa_row_off(s));
+        const unsigned b1 = tc_ld32(base + wa_row_off(s) + 4);
+        tc_mma(acc, af[s].x, af[s].y, af[s].z, af[s].w, b0, b1);
+      }
+#endif
+      vmax_lo = fmaxf(vmax_lo, fmaxf(acc[0], acc[1]));  // channel g, columns 2t, 2t+1
+      vmax_hi = fmaxf(vmax_hi, fmaxf(acc[2], acc[3]));  // channel g + 8
+    }
+    vmax_lo = fmaxf(vmax_lo, __shfl_xor_sync(0xffffffffu, vmax_lo, 1));
+    vmax_hi = fmaxf(vmax_hi, __shfl_xor_sync(0xffffffffu, vmax_hi, 1));
+#if TC_P == 4
+    vmax_lo = fmaxf(vmax_lo, __shfl_xor_sync(0xffffffffu, vmax_lo, 2));
+    vmax_hi = fmaxf(vmax_hi, __shfl_xor_sync(0xffffffffu, vmax_hi, 2));
+    const bool writer = t == 0;
+    const int wi = u;
+#else
+    const bool writer = (t & 1) == 0;
+    const int wi = 2 * u + (t >> 1);
+#endif
+    const int ph = tile_y * TC_TPH + wi / TC_TPW, pw = tile_x * TC_TPW + wi % TC_TPW;
+    if (writer && wi < WA_WINDOWS && ph < Hp && pw < Wp) {
+      if (g < M) y[((b * M + g) * Hp + ph) * (size_t)Wp + pw] = fmaxf(vmax_lo + b_lo, 0.f);
+      if (g + 8 < M) y[((b * M + g + 8) * Hp + ph) * (size_t)Wp + pw] = fmaxf(vmax_hi + b_hi, 0.f);
+    }
+  }
+}
