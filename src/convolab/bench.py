@@ -46,6 +46,9 @@ SHAPE_SETS = ("model", "seeds", "vgg", "all")
 # most this much work per run, so a CPU pass over the VGG shapes stays minutes, not hours.
 CPU_BATCH_CAP = 1000
 CPU_FLOP_BUDGET = 20e9
+# A slow CPU contender gets fewer repetitions (never fewer than 3): the JSON records how many.
+CPU_TIME_BUDGET_MS = 20_000.0
+CPU_MIN_REPS = 3
 # The 7-loop algorithm is ~100x slower than BLAS: 100 images, 1 GFLOP per run at most.
 SLOW_CPU_IMPLS = {"cpu-loops": (100, 1e9)}
 # Compiled with Numba, which must not be loaded on the GPU hosts (see conv_cpu's docstring).
@@ -58,7 +61,7 @@ VGG_BATCH_224 = 16
 VGG_BATCH_SMALL = 64
 # Rotated input buffers must together exceed this many times the L2 size (50 MB on an H100).
 L2_ROTATE_FACTOR = 2
-MAX_ROTATE_BUFFERS = 16
+MAX_ROTATE_BUFFERS = 256  # tiny inputs (VGG classifier rows) need many to fill 2 x L2
 WARMUP = 3
 
 
@@ -180,13 +183,17 @@ class Contender:
     rung: int | None = None
     pool: int = 0
     anchor: bool = False  # PyTorch/cuBLAS: the yardsticks the speed-ups are against
+    impl: Any = None  # the registry entry behind it (None for the anchors)
 
 
-def _precision_of(tolerance: float) -> str:
-    """SPEC section 4's tolerances double as a statement of the arithmetic a rung uses."""
-    if tolerance <= 1e-5:
-        return "fp32"
-    return "tf32" if tolerance <= 5e-4 else "fp16"
+def _precision_of(name: str, tolerance: float) -> str:
+    """Which compute ceiling bounds a rung. SPEC section 4's tolerances say what arithmetic it
+    uses; a tensor-core rung that recovers fp32 accuracy (3xTF32) is still bounded by TF32."""
+    if tolerance > 5e-4:
+        return "fp16"
+    if tolerance > 1e-5 or "tf32" in name or "tensor-core" in name:
+        return "tf32"
+    return "fp32"
 
 
 def _out_shape(shape: ConvShape, pool: int) -> tuple[int, int, int, int]:
@@ -211,10 +218,16 @@ def _from_impl(impl: Any) -> Contender:
             run(x_dev, y_dev)
             return y_dev.get()
 
+        if impl.name == "streams":  # its whole point is the overlapped host<->device path
+            from convolab.gpu.ladder_advanced import layer_forward_streams
+
+            def layer(x_host: np.ndarray) -> np.ndarray:  # noqa: F811
+                return layer_forward_streams(x_host, w, b, shape.S, impl.params_for())
+
         return Prepared(lambda x: run(x, y), lambda: y.get(), lambda: poison(y), layer)
 
-    return Contender(impl.name, impl.device, _precision_of(impl.tolerance), impl.tolerance,
-                     prepare, impl.supports, impl.rung, impl.pool)
+    return Contender(impl.name, impl.device, _precision_of(impl.name, impl.tolerance),
+                     impl.tolerance, prepare, impl.supports, impl.rung, impl.pool, impl=impl)
 
 
 def _torch_contenders(gpu: bool) -> list[Contender]:
@@ -356,16 +369,18 @@ def check_contender(c: Contender, shape: ConvShape, pool: int, rng: np.random.Ge
     per_image = shape.with_batch(1).flops
     n = 1 if per_image * CHECK_BATCH > CHECK_FLOPS_PER_RUN else min(shape.B, CHECK_BATCH)
     small = shape.with_batch(n)
+    if c.impl is not None:
+        try:
+            from convolab.verify import check_impl
+        except ImportError:
+            pass
+        else:  # the same check `convolab verify` makes, so the two never disagree
+            return check_impl(c.impl, small, rng)
     x, w, b = _random_problem(small, rng)
     prepared = c.prepare(small, _to(c.device, w), _to(c.device, b))
     prepared.poison()
     prepared.op(_to(c.device, x))
     return rel_l2(prepared.fetch(), _reference(x, w, b, shape.S, pool))
-
-
-def _sync(device: str) -> None:
-    if device == "gpu":
-        cupy_or_none().cuda.Device().synchronize()
 
 
 def _gpu_buffers(shape: ConvShape) -> list[Any]:
@@ -422,7 +437,10 @@ def time_contender(c: Contender, shape: ConvShape, reps: int,
         xs = [rng.standard_normal(shape.x_shape, dtype=np.float32) for _ in range(2)]
         prepared = c.prepare(shape, w, b)
         rotation = itertools.cycle(xs)
-        op_samples = time_cpu(lambda: prepared.op(next(rotation)), reps=reps, warmup=1)
+        # The warm-up run (JIT compilation included) also sizes the run to the time budget.
+        first_ms = time_cpu(lambda: prepared.op(next(rotation)))[0]
+        cpu_reps = min(reps, max(CPU_MIN_REPS, int(CPU_TIME_BUDGET_MS // max(first_ms, 1e-3))))
+        op_samples = time_cpu(lambda: prepared.op(next(rotation)), reps=cpu_reps)
         return op_samples, None
     w_d, b_d = _to("gpu", w), _to("gpu", b)
     prepared = c.prepare(shape, w_d, b_d)
@@ -433,7 +451,7 @@ def time_contender(c: Contender, shape: ConvShape, reps: int,
     layer_samples = None
     if prepared.layer is not None:
         x_host = to_numpy(xs[0])
-        del xs
+        del xs, rotation
         _free_gpu_memory()
         layer_samples = time_host_gpu(lambda: prepared.layer(x_host), reps=max(3, min(reps, 10)),
                                       warmup=1)
@@ -736,13 +754,9 @@ def main(model: str, batch: int, names: Sequence[str] | None, reps: int, network
                       f"fp16 {ceil.fp16_gflops:,.0f} GFLOP/s")
     rng = np.random.default_rng()
     rows: list[Row] = []
-    with console.status("benchmarking") as status:
-        for case in cases:
-            rows += bench_case(case, contenders, reps, ceilings, rng,
-                               lambda msg: status.update(f"benchmarking {msg}"))
-    print_tables(cases, rows, console)
-    if json_out is not None:
-        report = {
+
+    def report() -> dict[str, Any]:
+        return {
             "command": "bench", "date": date, "device": device_name, "cpu": _cpu_name(),
             "model": model, "shapes": shapes, "batch": batch, "reps": reps,
             "versions": _versions(), "notes": notes,
@@ -751,7 +765,21 @@ def main(model: str, batch: int, names: Sequence[str] | None, reps: int, network
                        "flops": c.shape.flops, "min_bytes": c.shape.min_bytes()} for c in cases],
             "rows": [r.__dict__ for r in rows],
         }
-        csv_out = write_results(json_out, report, [_csv_row(r) for r in rows])
+
+    with console.status("benchmarking") as status:
+
+        def progress(message: str) -> None:
+            status.update(f"benchmarking {message}")
+            if not console.is_terminal:  # a log shows where a long run is, or where it stopped
+                print(f"bench: {message}", file=sys.stderr, flush=True)
+
+        for case in cases:
+            rows += bench_case(case, contenders, reps, ceilings, rng, progress)
+            if json_out is not None:  # partial results survive an interrupted run
+                write_results(json_out, report(), [_csv_row(r) for r in rows])
+    print_tables(cases, rows, console)
+    if json_out is not None:
+        csv_out = write_results(json_out, report(), [_csv_row(r) for r in rows])
         console.print(f"wrote {json_out} and {csv_out}")
     if plot is not None:
         plot_rows(plot, cases, rows)

@@ -166,7 +166,7 @@ def measure_gpu_ceilings() -> Ceilings:
     return ceilings
 
 
-def measure_cpu_ceilings(n: int = 1024, copy_mb: int = 128) -> Ceilings:
+def measure_cpu_ceilings(n: int = 2048, copy_mb: int = 128) -> Ceilings:
     """Loose CPU ceilings: NumPy fp32 matmul (BLAS) GFLOP/s and a large memcpy's GB/s."""
     a = np.random.default_rng(0).random((n, n), dtype=np.float32)
     gemm_ms = _median_ms(lambda: a @ a, lambda: None, reps=5)

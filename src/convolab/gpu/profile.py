@@ -285,6 +285,7 @@ def main(model: str, batch: int, names: Sequence[str] | None, json_out: Path | N
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     for impl in impls:
+        print(f"profile: {impl.name}", file=sys.stderr, flush=True)
         try:
             rows += [{"impl": impl.name, **r}
                      for r in profile_impl(ncu, impl.name, model, batch, labels)]
@@ -294,23 +295,29 @@ def main(model: str, batch: int, names: Sequence[str] | None, json_out: Path | N
             failures[impl.name] = str(err)
         except subprocess.TimeoutExpired:
             failures[impl.name] = f"ncu did not finish within {NCU_TIMEOUT_S} s"
+        if json_out is not None:  # after every implementation: partial results survive
+            _write_json(json_out, model, batch, ncu, rows, failures)
     print_table(rows, f"Nsight Compute, model {model}, B={batch}")
     for name, why in failures.items():
         print(f"warning: {name}: {why}", file=sys.stderr)
     if json_out is not None:
-        from convolab.bench import _versions
-        from convolab.roofline import gpu_device_name
-
-        report = {"command": "profile", "model": model, "batch": batch,
-                  "device": gpu_device_name(), "versions": _versions(), "ncu": ncu,
-                  "metrics": list(METRICS), "rows": rows, "failures": failures}
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(report, indent=1, default=str))
         print(f"wrote {json_out}")
     if not rows and failures:
         raise ConvolabError(f"ncu produced no metrics for any implementation ({len(failures)} "
                             "failed; see the warnings above)")
     return rows
+
+
+def _write_json(json_out: Path, model: str, batch: int, ncu: str, rows: Sequence[dict],
+                failures: dict[str, str]) -> None:
+    from convolab.bench import _versions
+    from convolab.roofline import gpu_device_name
+
+    report = {"command": "profile", "model": model, "batch": batch,
+              "device": gpu_device_name(), "versions": _versions(), "ncu": ncu,
+              "metrics": list(METRICS), "rows": list(rows), "failures": failures}
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(report, indent=1, default=str))
 
 
 def _child_main(argv: Sequence[str] | None = None) -> None:
