@@ -254,7 +254,7 @@ class MaxPool2d(_Pool):
 
 class AvgPool2d(_Pool):
     """Average pooling; with `subsample=True` the textbook's LeNet subsampling layer (fig. 16.5):
-    sigmoid(weight[c] * mean(window) + bias[c]) with a trainable coefficient and bias per channel."""
+    sigmoid(weight[c] * mean(window) + bias[c]), a trainable coefficient and bias per channel."""
 
     param_names = ("weight", "bias")
 
@@ -304,7 +304,8 @@ class Linear(Layer):
         super().__init__(name)
         if not (isinstance(in_features, int) and isinstance(out_features, int)
                 and in_features > 0 and out_features > 0):
-            raise ValueError(f"Linear sizes must be positive ints, got {in_features}, {out_features}")
+            raise ValueError(
+                f"Linear sizes must be positive ints, got {in_features}, {out_features}")
         self.in_features, self.out_features = in_features, out_features
         self.weight = np.zeros((out_features, in_features), np.float32)
         self.bias = np.zeros((out_features,), np.float32) if bias else None

@@ -67,7 +67,7 @@ def spec(name: str) -> ModelSpec:
 
 
 def build(name: str, seed: int = 0) -> Network:
-    """A fresh network: He-normal init before ReLU layers, Glorot-uniform for the last, zero bias."""
+    """A fresh network: He-normal init before ReLUs, Glorot-uniform for the last, zero bias."""
     network = Network(spec(name).layers(), name)
     rng = np.random.default_rng(seed)
     for i, layer in enumerate(network.layers):

@@ -20,7 +20,7 @@ class Network:
         names = [layer.name for layer in layers if layer.param_names]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"network {name!r}: layer names must be unique, repeated: {duplicates}")
+            raise ValueError(f"network {name!r}: layer names must be unique, repeated {duplicates}")
         self.layers = list(layers)
         self.name = name
         self._ran: list[Layer] = []
@@ -46,7 +46,7 @@ class Network:
         return self._run(x, body)
 
     def backward(self, grad: Array) -> None:
-        """Back-propagate dE/d(output of the last forward or logits call); fills each layer's grads."""
+        """Back-propagate dE/d(output of the last forward/logits call); fills layers' grads."""
         if not self._ran:
             raise RuntimeError("backward called before forward")
         for layer in reversed(self._ran):

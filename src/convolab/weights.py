@@ -55,7 +55,8 @@ def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
             meta = dict(f.metadata() or {})
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
     except Exception as err:  # safetensors raises its own types for truncated/garbled files
-        raise WeightsError(f"weights file {path} is not a readable safetensors file: {err}") from None
+        raise WeightsError(
+            f"weights file {path} is not a readable safetensors file: {err}") from None
     return tensors, meta
 
 

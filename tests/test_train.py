@@ -1,0 +1,60 @@
+"""The trainer on a few hundred real Fashion-MNIST images: it learns, it is deterministic, and it
+writes loadable weights with a sidecar."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convolab import data, models, train, weights
+from convolab.errors import DataError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dataset_present() -> None:
+    try:
+        data.find_dataset()
+    except DataError as err:
+        pytest.skip(f"Fashion-MNIST not available here: {err}")
+
+
+def run(tmp_path: Path, name: str, **kw) -> tuple[dict, Path]:
+    out = tmp_path / f"{name}.safetensors"
+    args = dict(model="ece408", epochs=1, batch=32, lr=2e-3, optimizer="adam", seed=7,
+                device="cpu", limit=256, out=out, data_dir=None, quiet=True, test_limit=200)
+    args.update(kw)
+    return train.main(**args), out
+
+
+def test_training_decreases_loss_and_writes_weights(tmp_path: Path) -> None:
+    result, out = run(tmp_path, "a", epochs=2)
+    first, second = result["history"]
+    assert second["train_loss"] < first["train_loss"]
+    assert second["test_accuracy"] > 0.3  # 10 classes: chance is 0.1
+    sidecar = json.loads(out.with_suffix(".json").read_text())
+    assert sidecar["command"].startswith("convolab train --model ece408 --epochs 2")
+    assert sidecar["seed"] == 7 and sidecar["test_accuracy"] == result["test_accuracy"]
+    net = models.load("ece408", out)
+    assert net.name == "ece408"
+
+
+def test_training_is_deterministic(tmp_path: Path) -> None:
+    _, a = run(tmp_path, "a", limit=512, batch=64)
+    _, b = run(tmp_path, "b", limit=512, batch=64)
+    _, c = run(tmp_path, "c", limit=512, batch=64, seed=8)
+    ta, _ = weights.read(a)
+    tb, _ = weights.read(b)
+    tc, _ = weights.read(c)
+    for k in ta:
+        assert ta[k].tobytes() == tb[k].tobytes(), k
+    assert not np.array_equal(ta["c1.weight"], tc["c1.weight"])
+
+
+def test_sgd_and_other_models_train(tmp_path: Path) -> None:
+    result, _ = run(tmp_path, "s", optimizer="sgd", lr=0.02, limit=128)
+    assert np.isfinite(result["history"][0]["train_loss"])
+    result, out = run(tmp_path, "m", model="ece408-mxnet", limit=64)
+    assert models.load("ece408-mxnet", out).name == "ece408-mxnet"
