@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call for `convolab bench` and `convolab profile` (run from the repo root, < 420 s):
-#   1. a smoke run of every shape set (model, seeds, VGG) at a small batch;
-#   2. the model's layers at B=10000, 20 reps, with the plot when matplotlib is installed;
-#   3. Nsight Compute metrics at B=100 on a representative subset of rungs.
+#   1. the model's layers at B=10000, 20 reps, with the plot when matplotlib is installed;
+#   2. a smoke run of every shape set (model, seeds, VGG) at a small batch;
+#   3. Nsight Compute metrics at B=100 on a representative subset of rungs;
+#   4. the --network delegation (whole-network forward, convolab.gpu.network).
 # Each step has its own time limit; bench and profile write their JSON after every layer /
 # implementation, so a step cut short still leaves its partial results in $OUT.
 set -u
@@ -23,19 +24,19 @@ cat "$OUT/env.txt"
 PLOT=()
 python3 -c "import matplotlib" 2>/dev/null && PLOT=(--plot "$OUT/bench_b10000.png")
 
-stamp "bench smoke: all shape sets, B=64, 5 reps"
-timeout 120 python3 -m convolab bench --shapes all --batch 64 --reps 5 \
-  --json "$OUT/bench_smoke_b64.json" > "$OUT/bench_smoke_b64.log" 2>&1
-echo "rc=$?"; tail -n 5 "$OUT/bench_smoke_b64.log"
-
 stamp "bench: model layers, B=10000, 20 reps"
 timeout 170 python3 -m convolab bench --batch 10000 --reps 20 \
   --json "$OUT/bench_b10000.json" "${PLOT[@]}" > "$OUT/bench_b10000.log" 2>&1
 echo "rc=$?"; grep -v "^bench: " "$OUT/bench_b10000.log" | tail -n 80
 
+stamp "bench smoke: all shape sets, B=64, 5 reps"
+timeout 80 python3 -m convolab bench --shapes all --batch 64 --reps 5 \
+  --json "$OUT/bench_smoke_b64.json" > "$OUT/bench_smoke_b64.log" 2>&1
+echo "rc=$?"; tail -n 5 "$OUT/bench_smoke_b64.log"
+
 stamp "profile: B=100"
 if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
-  timeout 90 python3 -m convolab profile --batch 100 --json "$OUT/profile.json" \
+  timeout 80 python3 -m convolab profile --batch 100 --json "$OUT/profile.json" \
     -i basic -i tiled -i restrict-unroll -i fused-gemm -i register-tiled -i channel-tree \
     -i tensor-core-tf32 -i fused-conv-pool2 -i fused-conv-pool4 > "$OUT/profile.log" 2>&1
   echo "rc=$?"; tail -n 30 "$OUT/profile.log"
@@ -43,4 +44,8 @@ else
   python3 -m convolab profile --batch 100 > "$OUT/profile.log" 2>&1
   echo "rc=$? (no ncu: expecting the clear error)"; cat "$OUT/profile.log"
 fi
+stamp "bench --network: B=10000"
+timeout 45 python3 -m convolab bench --network --batch 10000 --reps 20 \
+  --json "$OUT/bench_network_b10000.json" > "$OUT/bench_network.log" 2>&1
+echo "rc=$?"; tail -n 20 "$OUT/bench_network.log"
 stamp done

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,35 @@ def test_network_without_gpu_is_a_clear_error(cpu_only: None) -> None:
     with pytest.raises(ConvolabError, match="--network"):
         bench.main(model="ece408", batch=2, names=None, reps=1, network=True,
                    shapes="model", json_out=None, plot=None)
+
+
+def test_network_delegates_to_gpu_network(
+    cpu_only: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = []
+
+    def fake_bench_network(batch: int, reps: int) -> list[dict]:
+        calls.append((batch, reps))
+        return [{"name": "fused exact", "median_ms": 1.5, "batch": batch}]
+
+    monkeypatch.setattr(bench, "gpu_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "convolab.gpu.network",
+                        types.SimpleNamespace(bench_network=fake_bench_network))
+    out = tmp_path / "net.json"
+    bench.main(model="ece408", batch=7, names=None, reps=3, network=True,
+               shapes="model", json_out=out, plot=None)
+    assert calls == [(7, 3)]
+    assert json.loads(out.read_text())["rows"] == fake_bench_network(7, 3)
+    assert out.with_suffix(".csv").is_file()
+
+
+def test_network_module_missing_is_a_clear_error(
+    cpu_only: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "gpu_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "convolab.gpu.network", None)  # import now fails
+    with pytest.raises(ConvolabError, match="convolab.gpu.network"):
+        bench.bench_network_rows(10, 2)
 
 
 def test_plot_without_matplotlib_is_a_clear_error(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import importlib
 import itertools
 import json
 import math
@@ -502,8 +503,13 @@ def bench_case(case: LayerCase, contenders: Sequence[Contender], reps: int,
         if n < 1:
             row.status, row.detail = "skipped", "one image exceeds the CPU work budget"
             continue
-        if not c.supports(shape):
-            row.status, row.detail = "skipped", "shape not supported"
+        try:
+            supported = bool(c.supports(shape))
+        except Exception as err:  # a rung's own check must not end the whole benchmark
+            supported = False
+            row.detail = f"supports() raised {type(err).__name__}: {err}"[:300]
+        if not supported:
+            row.status, row.detail = "skipped", row.detail or "shape not supported"
             continue
         if c.device == "gpu" and not _fits_gpu(shape, c.pool):
             row.status, row.detail = "skipped", "does not fit in free GPU memory"
@@ -684,7 +690,7 @@ def bench_network_rows(batch: int, reps: int) -> list[dict[str, Any]]:
         raise ConvolabError("--network times the whole-network GPU forward: no CUDA GPU is usable "
                             "here (CuPy missing or no device)")
     try:
-        from convolab.gpu import network
+        network = importlib.import_module("convolab.gpu.network")
     except ModuleNotFoundError as err:
         if err.name != "convolab.gpu.network":
             raise
@@ -698,9 +704,12 @@ def bench_network_rows(batch: int, reps: int) -> list[dict[str, Any]]:
 def _print_generic(title: str, rows: Sequence[dict[str, Any]], console: Any) -> None:
     from rich.table import Table
 
+    if not rows:
+        console.print(f"{title}: no rows")
+        return
     table = Table(title=title, title_justify="left")
     keys = [k for k in dict.fromkeys(k for r in rows for k in r)
-            if not isinstance(rows[0].get(k), (list, dict))]
+            if not any(isinstance(r.get(k), (list, dict)) for r in rows)]
     for k in keys:
         table.add_column(k)
     for r in rows:
