@@ -272,74 +272,97 @@ def _best_warps(units: int) -> int:
     return max((4, 5, 3, 2, 6, 8, 1), key=lambda w: units / (_ceil_div(units, w) * w))
 
 
+@dataclass(frozen=True)
+class TcPlan:
+    """Kernel name, compile-time defines and launch geometry of a tensor-core variant."""
+
+    kernel: str  # fcp_mma_toe or fcp_mma_wa
+    defines: dict[str, int]
+    tiles_w: int
+    tiles_h: int
+    warps: int
+
+
+def tc_plan(shape: ConvShape, pool: int, precision: str) -> TcPlan:
+    kind = tc_kind(shape, pool)
+    if kind is None:
+        raise ValueError(
+            f"fused-conv-pool tensor-core kernels do not support {shape} with pool {pool}"
+        )
+    hp, wp = pooled_hw(shape, pool)
+    prec = 0 if precision == "fp16" else 1
+    elem = 2 if precision == "fp16" else 4
+    if kind == "toeplitz":
+        tph = min(hp, 8)
+        ng = _ceil_div(2 * wp, 8)
+
+        def toe_smem(tph: int) -> int:
+            return shape.C * ((2 * tph - 1) + shape.K) * (ng * 8 + 8) * elem
+
+        while tph > 1 and toe_smem(tph) > _SMEM_LIMIT:
+            tph //= 2
+        warps = _best_warps(_ceil_div(tph * ng, 8))
+        defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": 2,
+                   "TC_M": shape.M, "TC_TPH": tph, "TC_TPW": wp, "TC_WARPS": warps}
+        return TcPlan("fcp_mma_toe", defines, 1, _ceil_div(hp, tph), warps)
+
+    tph, tpw = min(hp, 8), min(wp, 8)
+    copies = 2 if precision == "fp16" else 1
+
+    def wa_smem(tph: int, tpw: int) -> int:
+        rs = _ceil_div(tpw * pool - 1 + 8, 2) * 2 + 2
+        return copies * shape.C * (tph * pool - 1 + shape.K) * rs * elem
+
+    while wa_smem(tph, tpw) > _SMEM_LIMIT and max(tph, tpw) > 1:
+        if tph >= tpw:
+            tph = max(1, tph // 2)
+        else:
+            tpw = max(1, tpw // 2)
+    units = tph * tpw if pool == 4 else _ceil_div(tph * tpw, 2)
+    warps = _best_warps(units)
+    defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": pool,
+               "TC_M": 16, "TC_TPH": tph, "TC_TPW": tpw, "TC_WARPS": warps}
+    return TcPlan("fcp_mma_wa", defines, _ceil_div(wp, tpw), _ceil_div(hp, tph), warps)
+
+
 def _prepare_tc(pool: int, precision: str):
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
         from convolab.backend import require_cupy, to_numpy
         from convolab.gpu.compile import get_kernel
 
         cp = require_cupy()
-        kind = tc_kind(shape, pool)
-        if kind is None:
-            raise ValueError(
-                f"fused-conv-pool tensor-core kernels do not support {shape} with pool {pool}"
-            )
+        plan = tc_plan(shape, pool, precision)
         w_h = np.asarray(to_numpy(w), np.float32)
         b_d = _as_device_f32(cp, b)
         hp, wp = pooled_hw(shape, pool)
-        prec = 0 if precision == "fp16" else 1
-        elem = 2 if precision == "fp16" else 4
         i32 = np.int32
-        if kind == "toeplitz":
-            tph = min(hp, 8)
-            ng = _ceil_div(2 * wp, 8)
-            def toe_smem(tph: int) -> int:
-                return shape.C * ((2 * tph - 1) + shape.K) * (ng * 8 + 8) * elem
-
-            while tph > 1 and toe_smem(tph) > _SMEM_LIMIT:
-                tph //= 2
-            warps = _best_warps(_ceil_div(tph * ng, 8))
-            defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": 2,
-                       "TC_M": shape.M, "TC_TPH": tph, "TC_TPW": wp, "TC_WARPS": warps}
-            kernel = get_kernel(KERNEL_FILE, "fcp_mma_toe", defines)
+        kernel = get_kernel(KERNEL_FILE, plan.kernel, plan.defines)
+        block = (plan.warps * 32,)
+        if plan.kernel == "fcp_mma_toe":
             frag = cp.asarray(toeplitz_fragments(w_h, precision))
-            tiles_h = _ceil_div(hp, tph)
-            grid = (shape.B * tiles_h,)
-            tail = (i32(shape.H), i32(shape.W), i32(hp), i32(wp), i32(tiles_h))
+            grid = (shape.B * plan.tiles_h,)
+            tail = (i32(shape.H), i32(shape.W), i32(hp), i32(wp), i32(plan.tiles_h))
+        else:
+            frag = cp.asarray(wa_fragments(w_h, precision))
+            tiles = plan.tiles_w * plan.tiles_h
+            grid = (shape.B * tiles,)
+            tail = (i32(shape.M), i32(shape.H), i32(shape.W), i32(hp), i32(wp),
+                    i32(plan.tiles_w), i32(tiles))
 
-            def run_toe(x: Any, y: Any) -> None:
-                kernel(grid, (warps * 32,), (x, frag, b_d, y, *tail))
+        def run(x: Any, y: Any) -> None:
+            kernel(grid, block, (x, frag, b_d, y, *tail))
 
-            return run_toe
-
-        tph, tpw = min(hp, 8), min(wp, 8)
-        copies = 2 if precision == "fp16" else 1
-
-        def smem(tph: int, tpw: int) -> int:
-            rs = _ceil_div(tpw * pool - 1 + 8, 2) * 2 + 2
-            return copies * shape.C * (tph * pool - 1 + shape.K) * rs * elem
-
-        while smem(tph, tpw) > _SMEM_LIMIT and max(tph, tpw) > 1:
-            if tph >= tpw:
-                tph = max(1, tph // 2)
-            else:
-                tpw = max(1, tpw // 2)
-        units = tph * tpw if pool == 4 else _ceil_div(tph * tpw, 2)
-        warps = _best_warps(units)
-        defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": pool,
-                   "TC_M": 16, "TC_TPH": tph, "TC_TPW": tpw, "TC_WARPS": warps}
-        kernel = get_kernel(KERNEL_FILE, "fcp_mma_wa", defines)
-        frag = cp.asarray(wa_fragments(w_h, precision))
-        tiles_w, tiles_h = _ceil_div(wp, tpw), _ceil_div(hp, tph)
-        grid = (shape.B * tiles_w * tiles_h,)
-        tail = (i32(shape.M), i32(shape.H), i32(shape.W), i32(hp), i32(wp), i32(tiles_w),
-                i32(tiles_w * tiles_h))
-
-        def run_wa(x: Any, y: Any) -> None:
-            kernel(grid, (warps * 32,), (x, frag, b_d, y, *tail))
-
-        return run_wa
+        return run
 
     return prepare
+
+
+def _tc_variants() -> list[dict[str, int]]:
+    from convolab.shapes import ConvShape as S
+
+    return [tc_plan(shape, pool, prec).defines
+            for shape, pool in ((S(1, 1, 86, 86, 4, 7), 2), (S(1, 4, 40, 40, 16, 7), 4))
+            for prec in ("fp16", "tf32")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,6 +415,7 @@ def fused_conv_pool_impl(pool: int, precision: str = "fp32") -> ConvImpl:
         tolerance=TC_TOLERANCE[precision],
         rung=13,
         kernel_file=KERNEL_FILE,
+        compile_variants=_tc_variants,
         pool=pool,
     )
 
