@@ -16,15 +16,21 @@
 //              acc += a_small*b_big + a_big*b_small + a_big*b_big (the small*small term,
 //              ~2^-22 relative, is dropped). Three MMAs per tile buy back fp32 accuracy
 //              (the registry promises 1e-5) at three times the tensor-core work, which is
-//              still cheap here because the gather, not the MMA, is the bottleneck.
+//              still cheap here because the gather, not the MMA, is the bottleneck. The
+//              tensor cores' own fp32 accumulation truncates, which over C*K*K = 3136 terms
+//              costs ~4e-5 (measured); so each BK-slice is accumulated from zero and added
+//              into a separate fp32 fragment with ordinary round-to-nearest adds.
 //
 // Block: WARPS warps side by side along n, each owning a 16 x (16*NFRAG) output tile; the
 // block covers BM=16 output channels x BN = 16*NFRAG*WARPS output pixels. M is padded to
 // 16 with zero weights (conv1 has M=4: three quarters of the MMA work is padding, which
 // costs little since the layer is bound by memory, not by the tensor cores). The GEMM
 // k-dimension C*K*K is padded to BK with zeros (conv2: 196 -> 208 or 224).
-// Epilogue: accumulators go through shared memory so that the bias add and the scatter to
-// NCHW y are coalesced along wo.
+// Index arithmetic is kept out of the per-element path: each thread decodes its columns
+// (b, ho, wo) once, and the input offset of each GEMM row k = (c, p, q) is tabulated in
+// shared memory once per k-slice (two integer divisions per element were the first
+// version's bottleneck). Epilogue: accumulators go through shared memory so that the bias
+// add and the scatter to NCHW y are coalesced along wo.
 
 #include <mma.h>
 #include <cuda_fp16.h>
@@ -122,11 +128,35 @@ conv_tensor_core(const float* __restrict__ x, const float* __restrict__ w,
         col_off[j] = ((size_t)b * C * H + (size_t)ho * S) * W + (size_t)wo * S;
     }
 
+    // Input offset of each GEMM row k = (c, p, q) of the current k-slice, -1 past C*K*K:
+    // computed by BK threads once per slice instead of two integer divisions per element.
+    __shared__ int k_offset[BK];
+
     frag_acc acc[NFRAG];
 #pragma unroll
     for (int f = 0; f < NFRAG; ++f) wmma::fill_fragment(acc[f], 0.0f);
+#if TC_MODE == 3
+    // The tensor cores' fp32 accumulation is not round-to-nearest (products are aligned and
+    // truncated), so a chain over thousands of k loses ~1e-5. Each k-slice therefore starts
+    // from zero in `acc` and is added here with ordinary fp32 adds.
+    frag_acc total[NFRAG];
+#pragma unroll
+    for (int f = 0; f < NFRAG; ++f) wmma::fill_fragment(total[f], 0.0f);
+#endif
 
     for (int k0 = 0; k0 < ckk; k0 += BK) {
+        if (tid < BK) {
+            const int k = k0 + tid;
+            int off = -1;
+            if (k < ckk) {
+                const int c = k / kk_size;
+                const int pq = k - c * kk_size;
+                const int p = pq / K;
+                off = (c * H + p) * W + (pq - p * K);
+            }
+            k_offset[tid] = off;
+        }
+        __syncthreads();
         // A tile: BM x BK weights, zero beyond M and C*K*K.
         for (int i = tid; i < BM * BK; i += THREADS) {
             const int r = i / BK, kcol = i - (i / BK) * BK;
@@ -135,15 +165,8 @@ conv_tensor_core(const float* __restrict__ x, const float* __restrict__ w,
         }
         // B tile: BK x BN gathered from x (implicit im2col).
         for (int r = row_start; r < BK; r += ROW_STEP) {
-            const int k = k0 + r;
-            const bool k_ok = k < ckk;
-            size_t k_off = 0;
-            if (k_ok) {
-                const int c = k / kk_size;
-                const int pq = k - c * kk_size;
-                const int p = pq / K, q = pq - (pq / K) * K;
-                k_off = ((size_t)c * H + p) * W + q;
-            }
+            const int k_off = k_offset[r];
+            const bool k_ok = k_off >= 0;
 #pragma unroll
             for (int j = 0; j < COLS_PER_THREAD; ++j) {
                 const float v = (k_ok && col_ok[j]) ? x[col_off[j] + k_off] : 0.0f;
@@ -191,22 +214,36 @@ conv_tensor_core(const float* __restrict__ x, const float* __restrict__ w,
                 wmma::mma_sync(acc[f], a, bf, acc[f]);
             }
         }
+#if TC_MODE == 3
+#pragma unroll
+        for (int f = 0; f < NFRAG; ++f) {
+#pragma unroll
+            for (int i = 0; i < acc[f].num_elements; ++i) total[f].x[i] += acc[f].x[i];
+            wmma::fill_fragment(acc[f], 0.0f);
+        }
+#endif
         __syncthreads();
     }
+#if TC_MODE == 3
+#pragma unroll
+    for (int f = 0; f < NFRAG; ++f) acc[f] = total[f];
+#endif
 
 #pragma unroll
     for (int f = 0; f < NFRAG; ++f)
         wmma::store_matrix_sync(Cs + (warp * NFRAG + f) * 16, acc[f], LDC, wmma::mem_row_major);
     __syncthreads();
 
-    for (int i = tid; i < BM * BN; i += THREADS) {
-        const int r = i / BN, col = i - (i / BN) * BN;
-        const int m = m0 + r;
+#pragma unroll
+    for (int j = 0; j < COLS_PER_THREAD; ++j) {
+        const int col = col_base + j * THREADS;
         const long long n = n0 + col;
-        if (m < M && n < n_total) {
-            const int b = (int)(n / n_pix);
-            const int pix = (int)(n - (long long)b * n_pix);
-            y[((size_t)b * M + m) * n_pix + pix] = Cs[r * LDC + col] + bias[m];
+        if (n >= n_total) continue;
+        const int b = (int)(n / n_pix);
+        const size_t y_off = (size_t)b * M * n_pix + (size_t)(n - (long long)b * n_pix);
+        for (int r = row_start; r < BM; r += ROW_STEP) {
+            const int m = m0 + r;
+            if (m < M) y[y_off + (size_t)m * n_pix] = Cs[r * LDC + col] + bias[m];
         }
     }
 }
