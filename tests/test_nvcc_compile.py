@@ -1,0 +1,87 @@
+"""Every kernel file compiles with nvcc for sm_90: standalone (no -D, the #ifndef defaults) and
+with each set of defines its registry entry says the host code uses. Needs nvcc, not a GPU,
+and never imports CuPy, so it runs on CI. `-cubin` runs the full device compile (front end and
+ptxas) without nvcc's host-side pass, which the NVRTC-loaded kernels never use.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from convolab.gpu.compile import KERNEL_DIR, define_flags
+from convolab.registry import all_impls
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
+
+Job = tuple[str, tuple[str, ...]]  # (kernel file, -D flags)
+
+
+def gpu_jobs() -> dict[str, list[Job]]:
+    """Per registered GPU implementation with a kernel file, the (file, flags) compiles it needs.
+
+    Implementations without one (a dispatcher such as `auto`, library calls such as cuFFT)
+    compile nothing of their own.
+    """
+    jobs: dict[str, list[Job]] = {}
+    for impl in all_impls("gpu"):
+        if not impl.kernel_file:
+            continue
+        variants = impl.compile_variants() or [{}]
+        jobs[impl.name] = [(impl.kernel_file, define_flags(v)) for v in variants]
+    return jobs
+
+
+def standalone_jobs() -> list[Job]:
+    return [(path.name, ()) for path in sorted(KERNEL_DIR.glob("*.cu"))]
+
+
+def nvcc(job: Job) -> str | None:
+    """None on success, else the command and nvcc's complaint."""
+    filename, flags = job
+    cmd = [
+        str(NVCC),
+        "-arch=sm_90",
+        "-std=c++17",
+        "-cubin",  # device code only: what NVRTC builds at run time, twice as fast as -c
+        "-o",
+        "/dev/null",
+        f"-I{KERNEL_DIR}",
+        *flags,
+        str(Path(KERNEL_DIR) / filename),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode == 0:
+        return None
+    return f"{' '.join(cmd)}\n{proc.stderr[-2000:]}"
+
+
+@pytest.fixture(scope="module")
+def compile_results() -> dict[Job, str | None]:
+    """Every distinct compile once, two at a time (CI runners have two cores)."""
+    unique = sorted({job for jobs in gpu_jobs().values() for job in jobs} | set(standalone_jobs()))
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(unique, pool.map(nvcc, unique), strict=True))
+
+
+def test_gpu_implementations_are_registered() -> None:
+    assert gpu_jobs(), "no GPU implementation is registered"
+
+
+@pytest.mark.parametrize("name", sorted(gpu_jobs()))
+def test_registered_variants_compile(name: str, compile_results: dict[Job, str | None]) -> None:
+    errors = [compile_results[job] for job in gpu_jobs()[name] if compile_results[job]]
+    assert not errors, "\n\n".join(e for e in errors if e)
+
+
+@pytest.mark.parametrize("filename", [name for name, _ in standalone_jobs()])
+def test_kernel_file_compiles_standalone(
+    filename: str, compile_results: dict[Job, str | None]
+) -> None:
+    error = compile_results[(filename, ())]
+    assert error is None, error
