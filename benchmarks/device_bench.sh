@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for `convolab bench` and `convolab profile` (run from the repo root, < 420 s):
 #   1. the model's layers at B=10000, 20 reps, with the plot when matplotlib is installed;
-#   2. a smoke run of every shape set (model, seeds, VGG) at a small batch;
+#   2. a smoke run of the VGG16 shape set (its own batches, 5 reps);
 #   3. Nsight Compute metrics at B=100 on a representative subset of rungs;
 #   4. the --network delegation (whole-network forward, convolab.gpu.network).
 # Each step has its own time limit; bench and profile write their JSON after every layer /
@@ -29,10 +29,10 @@ timeout 170 python3 -m convolab bench --batch 10000 --reps 20 \
   --json "$OUT/bench_b10000.json" "${PLOT[@]}" > "$OUT/bench_b10000.log" 2>&1
 echo "rc=$?"; grep -v "^bench: " "$OUT/bench_b10000.log" | tail -n 80
 
-stamp "bench smoke: all shape sets, B=64, 5 reps"
-timeout 80 python3 -m convolab bench --shapes all --batch 64 --reps 5 \
-  --json "$OUT/bench_smoke_b64.json" > "$OUT/bench_smoke_b64.log" 2>&1
-echo "rc=$?"; tail -n 5 "$OUT/bench_smoke_b64.log"
+stamp "bench smoke: VGG16 shapes (B=16/64), 5 reps"
+timeout 80 python3 -m convolab bench --shapes vgg --batch 64 --reps 5 \
+  --json "$OUT/bench_vgg.json" > "$OUT/bench_vgg.log" 2>&1
+echo "rc=$?"; grep -v "^bench: " "$OUT/bench_vgg.log" | tail -n 40
 
 stamp "profile: B=100"
 if command -v ncu >/dev/null || [ -x /usr/local/cuda/bin/ncu ]; then
