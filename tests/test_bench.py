@@ -7,6 +7,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -220,3 +221,102 @@ def test_gpu_bench_small_batch(tmp_path: Path) -> None:
     for r in rows:
         if r["status"] == "ok":
             assert r["op"]["median_ms"] > 0 and r["layer"]["median_ms"] > 0
+
+
+# --------------------------------------------------------------------------- GPU path, faked
+
+
+class _FakeDeviceArray(np.ndarray):
+    """Stands in for cupy.ndarray: a NumPy array with .get()."""
+
+    def get(self) -> np.ndarray:
+        return np.array(self)
+
+
+def _fake_cupy() -> types.SimpleNamespace:
+    """Just enough of CuPy's surface for bench's GPU path to run on the CPU (host timers)."""
+    import time
+
+    def as_device(a: np.ndarray) -> _FakeDeviceArray:
+        return np.array(a, dtype=np.float32).view(_FakeDeviceArray)
+
+    class Event:
+        def record(self) -> None:
+            self.t = time.perf_counter()
+
+        def synchronize(self) -> None:
+            pass
+
+    class Device:
+        attributes = {"L2CacheSize": 1 << 20}
+
+        def synchronize(self) -> None:
+            pass
+
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    runtime = types.SimpleNamespace(
+        memGetInfo=lambda: (8 << 30, 16 << 30), getDevice=lambda: 0,
+        getDeviceProperties=lambda _: {"name": b"Fake GPU"},
+        runtimeGetVersion=lambda: 13000, driverGetVersion=lambda: 13000)
+    rng = np.random.default_rng()
+    return types.SimpleNamespace(
+        __version__="fake", ndarray=_FakeDeviceArray,
+        asarray=as_device,
+        empty=lambda shape, dtype=np.float32: np.empty(shape, dtype).view(_FakeDeviceArray),
+        matmul=lambda a, b: as_device(np.matmul(a, b)),
+        random=types.SimpleNamespace(standard_normal=lambda shape, dtype=np.float32:
+                                     as_device(rng.standard_normal(shape, dtype=dtype))),
+        get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: None),
+        cuda=types.SimpleNamespace(
+            Event=Event, Device=Device, runtime=runtime,
+            get_current_stream=lambda: stream,
+            get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3),
+    )
+
+
+def test_gpu_path_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Op Time, Layer Time, rotation, the cuBLAS anchor and the report, without a GPU."""
+    from convolab import registry, timing
+    from convolab.conv_cpu import conv_reference
+
+    fake = _fake_cupy()
+    for module in (bench, roofline):
+        monkeypatch.setattr(module, "cupy_or_none", lambda: fake)
+    monkeypatch.setattr(bench, "gpu_available", lambda: True)
+    monkeypatch.setattr(timing, "require_cupy", lambda: fake)
+    monkeypatch.setattr(bench, "_torch_contenders", lambda gpu: [])
+    monkeypatch.setitem(sys.modules, "convolab.verify", None)  # its check wants real CuPy
+
+    def prepare(shape: bench.ConvShape, w: Any, b: Any, params: Any) -> Any:
+        def run(x: Any, y: Any) -> None:
+            y[...] = conv_reference(np.asarray(x), np.asarray(w), np.asarray(b), shape.S)
+
+        return run
+
+    registry.all_impls()  # load the real providers first so the fake is not overwritten
+    fake_impl = registry.ConvImpl("fake-gpu", "test double", "gpu", prepare, rung=99)
+    monkeypatch.setitem(registry._REGISTRY, "fake-gpu", fake_impl)
+
+    contenders, _ = bench.select_contenders(["fake-gpu"], gpu=True)
+    contenders.append(bench._cublas_contender())
+    ceilings = {"cpu": roofline.measure_cpu_ceilings(n=128, copy_mb=4),
+                "gpu": roofline.measure_gpu_ceilings()}
+    assert "fallback" in ceilings["gpu"].source["copy_gbps"]  # the fake has no real copy
+    rng = np.random.default_rng()
+    cases = [bench.model_cases("ece408", 3)[1],
+             bench.LayerCase("fc", bench.ConvShape(5, 64, 1, 1, 16, 1))]
+    rows = [r for case in cases
+            for r in bench.bench_case(case, contenders, 4, ceilings, rng, lambda _: None)]
+    by_key = {(r.case, r.impl): r for r in rows}
+    conv = by_key[(cases[0].label, "fake-gpu")]
+    assert conv.status == "ok", conv.detail
+    assert conv.rel_l2 <= 1e-5 and len(conv.op_samples_ms) == 4
+    assert conv.layer is not None and conv.layer["median_ms"] > 0
+    assert by_key[(cases[0].label, "cublas-sgemm")].status == "skipped"  # not a 1x1 GEMM
+    gemm = by_key[("fc", "cublas-sgemm")]
+    assert gemm.status == "ok", gemm.detail
+    assert gemm.rel_l2 <= 1e-5
+    out = tmp_path / "r.json"
+    report = {"rows": [r.__dict__ for r in rows]}
+    bench.write_results(out, report, [bench._csv_row(r) for r in rows])
+    assert len(json.loads(out.read_text())["rows"]) == len(rows)
