@@ -56,22 +56,28 @@ def _device_weights(w: Any, b: Any) -> tuple[Any, Any]:
 
 TREE_FILE = "08_channel_tree.cu"
 TREE_SPACE: dict[str, tuple[int, ...]] = {
-    "PIX": (32, 64, 128),
-    "CSPLIT": (1, 2, 4, 8),
+    "PIX": (64, 128),
+    "CSPLIT": (1, 4, 8),
     "MPT": (2, 4, 8),
+    "PPT": (1, 2, 4),
 }
-TREE_DEFAULTS = {"PIX": 64, "CSPLIT": 4, "MPT": 4}
+TREE_DEFAULTS = {"PIX": 64, "CSPLIT": 4, "MPT": 4, "PPT": 2}
 
 
 def _tree_defines(params: Mapping[str, Any]) -> dict[str, int]:
     pix, csplit, mpt = int(params["PIX"]), int(params["CSPLIT"]), int(params["MPT"])
+    ppt = int(params.get("PPT", 1))
+    if min(pix, mpt, ppt) < 1:
+        raise ValueError(f"channel-tree: PIX, MPT and PPT must be >= 1, got {pix}, {mpt}, {ppt}")
     if csplit < 1 or csplit & (csplit - 1):
         raise ValueError(f"channel-tree: CSPLIT must be a power of two, got {csplit}")
     if pix * csplit > MAX_THREADS:
         raise ValueError(f"channel-tree: PIX*CSPLIT = {pix * csplit} threads > {MAX_THREADS}")
-    if 4 * pix * csplit * mpt > SHARED_LIMIT:
-        raise ValueError("channel-tree: PIX*CSPLIT*MPT partial sums exceed 48 KiB of shared memory")
-    return {"PIX": pix, "CSPLIT": csplit, "MPT": mpt}
+    if 4 * pix * csplit * mpt * ppt > SHARED_LIMIT:
+        raise ValueError(
+            "channel-tree: PIX*CSPLIT*MPT*PPT partial sums exceed 48 KiB of shared memory"
+        )
+    return {"PIX": pix, "CSPLIT": csplit, "MPT": mpt, "PPT": ppt}
 
 
 def _tree_variants() -> list[dict[str, int]]:
@@ -89,7 +95,11 @@ def prepare_channel_tree(shape: ConvShape, w: Any, b: Any, params: Mapping[str, 
     kernel = get_kernel(TREE_FILE, "conv_channel_tree", defines)
     w_d, b_d = _device_weights(w, b)
     pix, csplit, mpt = defines["PIX"], defines["CSPLIT"], defines["MPT"]
-    grid = (ceil_div(shape.H_out * shape.W_out, pix) * ceil_div(shape.M, mpt) * shape.B,)
+    grid = (
+        ceil_div(shape.H_out * shape.W_out, pix * defines["PPT"])
+        * ceil_div(shape.M, mpt)
+        * shape.B,
+    )
     block = (pix, csplit)
     dims = _dims(shape)
 
@@ -105,19 +115,23 @@ def prepare_channel_tree(shape: ConvShape, w: Any, b: Any, params: Mapping[str, 
 
 ATOMIC_FILE = "08b_channel_atomic.cu"
 ATOMIC_SPACE: dict[str, tuple[int, ...]] = {
-    "PIX": (64, 128, 256),
+    "PIX": (128, 256),
     "MPT": (2, 4, 8),
     "CGROUP": (1, 4, 16),
+    "PPT": (1, 2, 4),
 }
-ATOMIC_DEFAULTS = {"PIX": 128, "MPT": 4, "CGROUP": 4}
+ATOMIC_DEFAULTS = {"PIX": 128, "MPT": 4, "CGROUP": 4, "PPT": 2}
 _INIT_BLOCK = 256
 
 
 def _atomic_defines(params: Mapping[str, Any]) -> dict[str, int]:
     pix, mpt, group = int(params["PIX"]), int(params["MPT"]), int(params["CGROUP"])
-    if not (1 <= pix <= MAX_THREADS) or mpt < 1 or group < 1:
-        raise ValueError(f"channel-atomic: bad parameters PIX={pix} MPT={mpt} CGROUP={group}")
-    return {"PIX": pix, "MPT": mpt, "CGROUP": group}
+    ppt = int(params.get("PPT", 1))
+    if not (1 <= pix <= MAX_THREADS) or min(mpt, group, ppt) < 1:
+        raise ValueError(
+            f"channel-atomic: bad parameters PIX={pix} MPT={mpt} CGROUP={group} PPT={ppt}"
+        )
+    return {"PIX": pix, "MPT": mpt, "CGROUP": group, "PPT": ppt}
 
 
 def prepare_channel_atomic(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
@@ -128,7 +142,10 @@ def prepare_channel_atomic(shape: ConvShape, w: Any, b: Any, params: Mapping[str
     pix, mpt, group = defines["PIX"], defines["MPT"], defines["CGROUP"]
     n_pix = shape.H_out * shape.W_out
     total = shape.B * shape.M * n_pix
-    grid = (ceil_div(n_pix, pix) * ceil_div(shape.M, mpt) * shape.B, ceil_div(shape.C, group))
+    grid = (
+        ceil_div(n_pix, pix * defines["PPT"]) * ceil_div(shape.M, mpt) * shape.B,
+        ceil_div(shape.C, group),
+    )
     if grid[1] > 65535:
         raise ValueError("channel-atomic: more than 65535 channel groups; raise CGROUP")
     init_grid = (min(ceil_div(total, _INIT_BLOCK), 65535 * 8),)
@@ -148,11 +165,12 @@ def prepare_channel_atomic(shape: ConvShape, w: Any, b: Any, params: Mapping[str
 
 FP16_FILE = "09_fp16.cu"
 FP16_SPACE: dict[str, tuple[int, ...]] = {
-    "TILE": (8, 16, 32),
+    "TILE": (16, 32),
     "MPAIRS": (1, 2, 4),
     "HALF_ACCUM": (0, 1),
+    "PPT": (1, 2, 4),
 }
-FP16_DEFAULTS = {"TILE": 16, "MPAIRS": 2, "HALF_ACCUM": 1}
+FP16_DEFAULTS = {"TILE": 16, "MPAIRS": 2, "HALF_ACCUM": 1, "PPT": 2}
 
 
 def _fp16_shared_bytes(shape: ConvShape, tile: int, mpairs: int) -> int:
@@ -162,9 +180,25 @@ def _fp16_shared_bytes(shape: ConvShape, tile: int, mpairs: int) -> int:
 
 def _fp16_defines(params: Mapping[str, Any]) -> dict[str, int]:
     tile, mpairs, accum = int(params["TILE"]), int(params["MPAIRS"]), int(params["HALF_ACCUM"])
-    if tile * tile > MAX_THREADS or tile < 1 or mpairs < 1 or accum not in (0, 1):
-        raise ValueError(f"fp16: bad parameters TILE={tile} MPAIRS={mpairs} HALF_ACCUM={accum}")
-    return {"TILE": tile, "MPAIRS": mpairs, "HALF_ACCUM": accum}
+    ppt = int(params.get("PPT", 1))
+    if tile < 1 or mpairs < 1 or accum not in (0, 1) or ppt < 1 or tile % ppt:
+        raise ValueError(
+            f"fp16: bad parameters TILE={tile} MPAIRS={mpairs} HALF_ACCUM={accum} PPT={ppt} "
+            "(TILE must be a multiple of PPT)"
+        )
+    if tile * (tile // ppt) > MAX_THREADS:
+        raise ValueError(f"fp16: TILE*TILE/PPT = {tile * tile // ppt} threads > {MAX_THREADS}")
+    return {"TILE": tile, "MPAIRS": mpairs, "HALF_ACCUM": accum, "PPT": ppt}
+
+
+def _fp16_variants() -> list[dict[str, int]]:
+    out = []
+    for p in _product(FP16_SPACE):
+        try:
+            out.append(_fp16_defines(p))
+        except ValueError:
+            continue
+    return out
 
 
 def _fp16_supports(shape: ConvShape) -> bool:
@@ -195,7 +229,7 @@ def prepare_fp16(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) ->
     dims = _dims(shape)
 
     def run(x: Any, y: Any) -> None:
-        kernel(grid, (tile * tile,), (x, w2, b_d, y, *dims), shared_mem=shared)
+        kernel(grid, (tile * (tile // defines["PPT"]),), (x, w2, b_d, y, *dims), shared_mem=shared)
 
     return run
 
@@ -535,7 +569,7 @@ register(
         space=FP16_SPACE,
         defaults=FP16_DEFAULTS,
         supports=_fp16_supports,
-        compile_variants=lambda: [_fp16_defines(p) for p in _product(FP16_SPACE)],
+        compile_variants=_fp16_variants,
         tolerance=1e-2,
     )
 )

@@ -22,6 +22,10 @@
 // instead, which is the only way to get parallelism when the output is too small to fill
 // the SMs even with CSPLIT threads per pixel (small output, very large C).
 //
+// Each thread also computes PPT pixels (PIX apart, so warp loads stay coalesced) for MPT
+// output channels: a weight loaded once feeds PPT FMAs and an input value feeds MPT,
+// which is what keeps the loop from being bound by load instructions.
+//
 // Grid: x = pixel tiles * M tiles * B (flattened, so no 65535 limit on B).
 
 #ifndef PIX
@@ -33,6 +37,9 @@
 #ifndef MPT
 #define MPT 4  // output channels per thread
 #endif
+#ifndef PPT
+#define PPT 2  // output pixels per thread (PIX apart, so loads stay coalesced)
+#endif
 
 #if (CSPLIT & (CSPLIT - 1)) != 0
 #error "CSPLIT must be a power of two (the tree halves it)"
@@ -42,10 +49,10 @@ extern "C" __global__ void __launch_bounds__(PIX * CSPLIT)
 conv_channel_tree(const float* __restrict__ x, const float* __restrict__ w,
                   const float* __restrict__ bias, float* __restrict__ y,
                   int B, int C, int H, int W, int M, int K, int S, int Ho, int Wo) {
-    __shared__ float partial[CSPLIT][MPT][PIX];
+    __shared__ float partial[CSPLIT][MPT][PPT * PIX];
 
     const int n_pix = Ho * Wo;
-    const int pix_tiles = (n_pix + PIX - 1) / PIX;
+    const int pix_tiles = (n_pix + PIX * PPT - 1) / (PIX * PPT);
     const int m_tiles = (M + MPT - 1) / MPT;
     int block = blockIdx.x;
     const int pix_tile = block % pix_tiles;
@@ -54,35 +61,50 @@ conv_channel_tree(const float* __restrict__ x, const float* __restrict__ w,
     const int b = block / m_tiles;
     (void)B;
 
-    const int pix = pix_tile * PIX + threadIdx.x;
+    const int pix0 = pix_tile * PIX * PPT + threadIdx.x;
     const int m0 = m_tile * MPT;
     const int slice = threadIdx.y;
     const int kk = K * K;
 
-    float acc[MPT];
+    // Each thread owns PPT pixels x MPT output channels: a weight loaded once feeds PPT
+    // FMAs and an input value feeds MPT. Pixels outside the image read offset 0 (in
+    // bounds) and are never written.
+    size_t x_off[PPT];
 #pragma unroll
-    for (int j = 0; j < MPT; ++j) acc[j] = 0.0f;
+    for (int i = 0; i < PPT; ++i) {
+        const int pix = pix0 + i * PIX;
+        const int ho = pix / Wo, wo = pix - (pix / Wo) * Wo;
+        x_off[i] = pix < n_pix ? (size_t)ho * S * W + (size_t)wo * S : 0;
+    }
+    float acc[PPT][MPT];
+#pragma unroll
+    for (int i = 0; i < PPT; ++i)
+#pragma unroll
+        for (int j = 0; j < MPT; ++j) acc[i][j] = 0.0f;
 
-    if (pix < n_pix) {
-        const int ho = pix / Wo;
-        const int wo = pix - ho * Wo;
-        for (int c = slice; c < C; c += CSPLIT) {
-            const float* xc = x + ((size_t)(b * C + c) * H + (size_t)ho * S) * W + (size_t)wo * S;
-            const float* wc = w + ((size_t)m0 * C + c) * kk;
-            for (int p = 0; p < K; ++p) {
-                for (int q = 0; q < K; ++q) {
-                    const float xv = xc[p * W + q];
+    for (int c = slice; c < C; c += CSPLIT) {
+        const float* xc = x + (size_t)(b * C + c) * H * W;
+        const float* wc = w + ((size_t)m0 * C + c) * kk;
+        for (int p = 0; p < K; ++p) {
+            for (int q = 0; q < K; ++q) {
+                float wv[MPT];
 #pragma unroll
-                    for (int j = 0; j < MPT; ++j) {
-                        if (m0 + j < M) acc[j] += xv * wc[(size_t)j * C * kk + p * K + q];
-                    }
+                for (int j = 0; j < MPT; ++j)
+                    wv[j] = (m0 + j < M) ? wc[(size_t)j * C * kk + p * K + q] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) {
+                    const float xv = xc[x_off[i] + p * W + q];
+#pragma unroll
+                    for (int j = 0; j < MPT; ++j) acc[i][j] += xv * wv[j];
                 }
             }
         }
     }
 
 #pragma unroll
-    for (int j = 0; j < MPT; ++j) partial[slice][j][threadIdx.x] = acc[j];
+    for (int i = 0; i < PPT; ++i)
+#pragma unroll
+        for (int j = 0; j < MPT; ++j) partial[slice][j][i * PIX + threadIdx.x] = acc[i][j];
     __syncthreads();
 
 #pragma unroll
@@ -90,16 +112,25 @@ conv_channel_tree(const float* __restrict__ x, const float* __restrict__ w,
         if (slice < half) {
 #pragma unroll
             for (int j = 0; j < MPT; ++j)
-                partial[slice][j][threadIdx.x] += partial[slice + half][j][threadIdx.x];
+#pragma unroll
+                for (int i = 0; i < PPT; ++i)
+                    partial[slice][j][i * PIX + threadIdx.x] +=
+                        partial[slice + half][j][i * PIX + threadIdx.x];
         }
         __syncthreads();
     }
 
-    if (slice == 0 && pix < n_pix) {
+    if (slice == 0) {
 #pragma unroll
-        for (int j = 0; j < MPT; ++j) {
-            if (m0 + j < M)
-                y[((size_t)b * M + m0 + j) * n_pix + pix] = partial[0][j][threadIdx.x] + bias[m0 + j];
+        for (int i = 0; i < PPT; ++i) {
+            const int pix = pix0 + i * PIX;
+            if (pix >= n_pix) continue;
+#pragma unroll
+            for (int j = 0; j < MPT; ++j) {
+                if (m0 + j < M)
+                    y[((size_t)b * M + m0 + j) * n_pix + pix] =
+                        partial[0][j][i * PIX + threadIdx.x] + bias[m0 + j];
+            }
         }
     }
 }

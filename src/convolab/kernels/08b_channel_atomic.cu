@@ -15,12 +15,16 @@
 // the summation order is nondeterministic (results differ in the last bits run to run),
 // and an extra launch. On large outputs with small C (LeNet's layers) the tree/direct
 // form is faster: there is already plenty of parallelism and the atomics are pure cost.
+// Inner loop as in 8a: PPT pixels x MPT output channels per thread, for load reuse.
 
 #ifndef PIX
 #define PIX 128  // output pixels per block
 #endif
 #ifndef MPT
 #define MPT 4  // output channels per thread
+#endif
+#ifndef PPT
+#define PPT 2  // output pixels per thread (PIX apart, so loads stay coalesced)
 #endif
 #ifndef CGROUP
 #define CGROUP 8  // input channels per block
@@ -39,7 +43,7 @@ conv_channel_atomic(const float* __restrict__ x, const float* __restrict__ w,
                     float* __restrict__ y,
                     int B, int C, int H, int W, int M, int K, int S, int Ho, int Wo) {
     const int n_pix = Ho * Wo;
-    const int pix_tiles = (n_pix + PIX - 1) / PIX;
+    const int pix_tiles = (n_pix + PIX * PPT - 1) / (PIX * PPT);
     const int m_tiles = (M + MPT - 1) / MPT;
     int block = blockIdx.x;
     const int pix_tile = block % pix_tiles;
@@ -50,32 +54,49 @@ conv_channel_atomic(const float* __restrict__ x, const float* __restrict__ w,
     const int c_end = min(C, c_begin + CGROUP);
     (void)B;
 
-    const int pix = pix_tile * PIX + threadIdx.x;
-    if (pix >= n_pix) return;
+    const int pix0 = pix_tile * PIX * PPT + threadIdx.x;
+    if (pix0 >= n_pix) return;
     const int m0 = m_tile * MPT;
     const int kk = K * K;
-    const int ho = pix / Wo;
-    const int wo = pix - ho * Wo;
 
-    float acc[MPT];
+    size_t x_off[PPT];
 #pragma unroll
-    for (int j = 0; j < MPT; ++j) acc[j] = 0.0f;
+    for (int i = 0; i < PPT; ++i) {
+        const int pix = pix0 + i * PIX;
+        const int ho = pix / Wo, wo = pix - (pix / Wo) * Wo;
+        x_off[i] = pix < n_pix ? (size_t)ho * S * W + (size_t)wo * S : 0;
+    }
+    float acc[PPT][MPT];
+#pragma unroll
+    for (int i = 0; i < PPT; ++i)
+#pragma unroll
+        for (int j = 0; j < MPT; ++j) acc[i][j] = 0.0f;
 
     for (int c = c_begin; c < c_end; ++c) {
-        const float* xc = x + ((size_t)(b * C + c) * H + (size_t)ho * S) * W + (size_t)wo * S;
+        const float* xc = x + (size_t)(b * C + c) * H * W;
         const float* wc = w + ((size_t)m0 * C + c) * kk;
         for (int p = 0; p < K; ++p) {
             for (int q = 0; q < K; ++q) {
-                const float xv = xc[p * W + q];
+                float wv[MPT];
 #pragma unroll
-                for (int j = 0; j < MPT; ++j) {
-                    if (m0 + j < M) acc[j] += xv * wc[(size_t)j * C * kk + p * K + q];
+                for (int j = 0; j < MPT; ++j)
+                    wv[j] = (m0 + j < M) ? wc[(size_t)j * C * kk + p * K + q] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) {
+                    const float xv = xc[x_off[i] + p * W + q];
+#pragma unroll
+                    for (int j = 0; j < MPT; ++j) acc[i][j] += xv * wv[j];
                 }
             }
         }
     }
 #pragma unroll
-    for (int j = 0; j < MPT; ++j) {
-        if (m0 + j < M) atomicAdd(&y[((size_t)b * M + m0 + j) * n_pix + pix], acc[j]);
+    for (int i = 0; i < PPT; ++i) {
+        const int pix = pix0 + i * PIX;
+        if (pix >= n_pix) continue;
+#pragma unroll
+        for (int j = 0; j < MPT; ++j) {
+            if (m0 + j < M) atomicAdd(&y[((size_t)b * M + m0 + j) * n_pix + pix], acc[i][j]);
+        }
     }
 }

@@ -20,7 +20,8 @@
 // global-memory traffic for x is still 4 bytes per element (the gain is arithmetic and
 // shared-memory footprint, not DRAM bandwidth).
 //
-// Block: TILE x TILE output pixels of one image, MPAIRS*2 output channels per thread.
+// Block: TILE x TILE output pixels of one image with TILE x TILE/PPT threads; a thread
+// computes PPT pixels (rows TILE/PPT apart) for MPAIRS*2 output channels.
 // Dynamic shared memory: the input tile ((TILE-1)*S+K)^2 halves + MPAIRS*K*K half2 weights.
 
 #include <cuda_fp16.h>
@@ -34,9 +35,16 @@
 #ifndef HALF_ACCUM
 #define HALF_ACCUM 1
 #endif
+#ifndef PPT
+#define PPT 2  // output rows per thread: each weight read from shared memory feeds PPT pixels
+#endif
+#if TILE % PPT != 0
+#error "TILE must be a multiple of PPT"
+#endif
+#define ROWS (TILE / PPT)  // thread rows per block
 
 // w2: (M2, C, K, K) half2, M2 = ceil(M / 2); channel pair j holds {w[2j], w[2j+1] or 0}.
-extern "C" __global__ void __launch_bounds__(TILE * TILE)
+extern "C" __global__ void __launch_bounds__(TILE * ROWS)
 conv_fp16(const float* __restrict__ x, const __half2* __restrict__ w2,
           const float* __restrict__ bias, float* __restrict__ y,
           int B, int C, int H, int W, int M, int K, int S, int Ho, int Wo) {
@@ -60,75 +68,95 @@ conv_fp16(const float* __restrict__ x, const __half2* __restrict__ w2,
     (void)B;
 
     const int tx = threadIdx.x % TILE;
-    const int ty = threadIdx.x / TILE;
-    const int ho = th * TILE + ty;
+    const int ty = threadIdx.x / TILE;  // 0 .. ROWS-1; rows ty + i*ROWS
     const int wo = tw * TILE + tx;
     const int h0 = th * TILE * S;
     const int w0 = tw * TILE * S;
     const int pair0 = pg * MPAIRS;
 
-    float2 acc[MPAIRS];
+    float2 acc[PPT][MPAIRS];
 #pragma unroll
-    for (int j = 0; j < MPAIRS; ++j) acc[j] = make_float2(0.0f, 0.0f);
+    for (int i = 0; i < PPT; ++i)
+#pragma unroll
+        for (int j = 0; j < MPAIRS; ++j) acc[i][j] = make_float2(0.0f, 0.0f);
 
     for (int c = 0; c < C; ++c) {
         const float* xc = x + (size_t)(b * C + c) * H * W;
-        for (int i = threadIdx.x; i < in_tile * in_tile; i += TILE * TILE) {
+        for (int i = threadIdx.x; i < in_tile * in_tile; i += TILE * ROWS) {
             const int r = i / in_tile, s = i - (i / in_tile) * in_tile;
             const int h = h0 + r, ww = w0 + s;
             x_s[i] = __float2half_rn((h < H && ww < W) ? xc[(size_t)h * W + ww] : 0.0f);
         }
-        for (int i = threadIdx.x; i < MPAIRS * kk; i += TILE * TILE) {
+        for (int i = threadIdx.x; i < MPAIRS * kk; i += TILE * ROWS) {
             const int j = i / kk, pq = i - (i / kk) * kk;
             w_s[i] = (pair0 + j < M2) ? w2[((size_t)(pair0 + j) * C + c) * kk + pq]
                                       : __floats2half2_rn(0.0f, 0.0f);
         }
         __syncthreads();
 
-        if (ho < Ho && wo < Wo) {
+        // Threads outside the output still run the loop (reading in-bounds shared memory)
+        // so that no barrier is skipped; their results are simply not stored.
 #if HALF_ACCUM
-            __half2 part[MPAIRS];
+        __half2 part[PPT][MPAIRS];
 #pragma unroll
-            for (int j = 0; j < MPAIRS; ++j) part[j] = __floats2half2_rn(0.0f, 0.0f);
-            for (int p = 0; p < K; ++p) {
-                for (int q = 0; q < K; ++q) {
-                    const __half2 xv = __half2half2(x_s[(ty * S + p) * in_tile + tx * S + q]);
+        for (int i = 0; i < PPT; ++i)
 #pragma unroll
-                    for (int j = 0; j < MPAIRS; ++j)
-                        part[j] = __hfma2(xv, w_s[j * kk + p * K + q], part[j]);
+            for (int j = 0; j < MPAIRS; ++j) part[i][j] = __floats2half2_rn(0.0f, 0.0f);
+        for (int p = 0; p < K; ++p) {
+            for (int q = 0; q < K; ++q) {
+                __half2 wv[MPAIRS];
+#pragma unroll
+                for (int j = 0; j < MPAIRS; ++j) wv[j] = w_s[j * kk + p * K + q];
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) {
+                    const __half2 xv =
+                        __half2half2(x_s[((ty + i * ROWS) * S + p) * in_tile + tx * S + q]);
+#pragma unroll
+                    for (int j = 0; j < MPAIRS; ++j) part[i][j] = __hfma2(xv, wv[j], part[i][j]);
                 }
             }
+        }
+#pragma unroll
+        for (int i = 0; i < PPT; ++i)
 #pragma unroll
             for (int j = 0; j < MPAIRS; ++j) {
-                const float2 f = __half22float2(part[j]);
-                acc[j].x += f.x;
-                acc[j].y += f.y;
+                const float2 f = __half22float2(part[i][j]);
+                acc[i][j].x += f.x;
+                acc[i][j].y += f.y;
             }
 #else
-            for (int p = 0; p < K; ++p) {
-                for (int q = 0; q < K; ++q) {
-                    const float xv = __half2float(x_s[(ty * S + p) * in_tile + tx * S + q]);
+        for (int p = 0; p < K; ++p) {
+            for (int q = 0; q < K; ++q) {
+                float2 wv[MPAIRS];
+#pragma unroll
+                for (int j = 0; j < MPAIRS; ++j) wv[j] = __half22float2(w_s[j * kk + p * K + q]);
+#pragma unroll
+                for (int i = 0; i < PPT; ++i) {
+                    const float xv =
+                        __half2float(x_s[((ty + i * ROWS) * S + p) * in_tile + tx * S + q]);
 #pragma unroll
                     for (int j = 0; j < MPAIRS; ++j) {
-                        const float2 wf = __half22float2(w_s[j * kk + p * K + q]);
-                        acc[j].x += xv * wf.x;
-                        acc[j].y += xv * wf.y;
+                        acc[i][j].x += xv * wv[j].x;
+                        acc[i][j].y += xv * wv[j].y;
                     }
                 }
             }
-#endif
         }
+#endif
         __syncthreads();
     }
 
-    if (ho < Ho && wo < Wo) {
-        const size_t n_pix = (size_t)Ho * Wo;
+    const size_t n_pix = (size_t)Ho * Wo;
+#pragma unroll
+    for (int i = 0; i < PPT; ++i) {
+        const int ho = th * TILE + ty + i * ROWS;
+        if (ho >= Ho || wo >= Wo) continue;
 #pragma unroll
         for (int j = 0; j < MPAIRS; ++j) {
             const int m = 2 * (pair0 + j);
-            if (m < M) y[((size_t)b * M + m) * n_pix + (size_t)ho * Wo + wo] = acc[j].x + bias[m];
-            if (m + 1 < M)
-                y[((size_t)b * M + m + 1) * n_pix + (size_t)ho * Wo + wo] = acc[j].y + bias[m + 1];
+            const size_t o = (size_t)ho * Wo + wo;
+            if (m < M) y[((size_t)b * M + m) * n_pix + o] = acc[i][j].x + bias[m];
+            if (m + 1 < M) y[((size_t)b * M + m + 1) * n_pix + o] = acc[i][j].y + bias[m + 1];
         }
     }
 }
