@@ -320,3 +320,37 @@ def test_gpu_path_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     report = {"rows": [r.__dict__ for r in rows]}
     bench.write_results(out, report, [bench._csv_row(r) for r in rows])
     assert len(json.loads(out.read_text())["rows"]) == len(rows)
+
+
+def test_profile_end_to_end_with_a_fake_ncu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """profile.main drives ncu, splits its CSV by layer and writes the JSON (ncu faked)."""
+    gpu_impls = all_impls("gpu")
+    if not gpu_impls:
+        pytest.skip("no GPU implementation registered yet")
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    # Writes, to the --log-file it is given, two layers' worth of records around the markers.
+    fake.write_text(f"""#!{sys.executable}
+import sys
+args = sys.argv[1:]
+assert "--metrics" in args and "--csv" in args, args
+log = args[args.index("--log-file") + 1]
+head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+recs = [(0, "{profile.MARKER_PREFIX}0", "nsecond", "1"), (1, "k1", "usecond", "3"),
+        (2, "{profile.MARKER_PREFIX}1", "nsecond", "1"), (3, "k2", "nsecond", "900")]
+with open(log, "w") as fh:
+    fh.write(head + "\\n")
+    for kid, name, unit, value in recs:
+        fh.write(f'"{{kid}}","{{name}}","gpu__time_duration.sum","{{unit}}","{{value}}"\\n')
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{Path(sys.executable).parent}")
+    out = tmp_path / "profile.json"
+    rows = profile.main(model="ece408", batch=4, names=[gpu_impls[0].name], json_out=out)
+    labels = [c.label for c in bench.model_cases("ece408", 4)]
+    assert [(r["layer"], r["kernel"], r["gpu__time_duration.sum"]) for r in rows] == [
+        (labels[0], "k1", 3000.0), (labels[1], "k2", 900.0)]
+    report = json.loads(out.read_text())
+    assert report["rows"] == rows and report["failures"] == {}
