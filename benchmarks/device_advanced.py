@@ -30,16 +30,19 @@ LENET = {"conv1": ConvShape(1, 1, 86, 86, 4, 7, 1), "conv2": ConvShape(1, 4, 40,
 # (rung, params): defaults, plus the variants whose comparison the report needs.
 CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("channel-tree", {}),
-    ("channel-tree", {"CSPLIT": 1, "MPT": 4, "PIX": 128}),
+    ("channel-tree", {"CSPLIT": 1, "MPT": 4, "PIX": 128, "PPT": 4}),
+    ("channel-tree", {"CSPLIT": 1, "MPT": 8, "PIX": 128, "PPT": 2}),
     ("channel-atomic", {}),
     ("channel-atomic", {"CGROUP": 1}),
     ("fp16", {"HALF_ACCUM": 1}),
     ("fp16", {"HALF_ACCUM": 0}),
+    ("fp16", {"HALF_ACCUM": 1, "MPAIRS": 2, "PPT": 4}),
     ("tensor-core-tf32", {}),
     ("tensor-core-fp16", {}),
     ("tensor-core-bf16", {}),
     ("tensor-core-3xtf32", {}),
     ("tensor-core-3xtf32", {"NFRAG": 4}),
+    ("tensor-core-tf32", {"NFRAG": 4}),
     ("streams", {}),
     ("fft", {}),
     ("fft", {"fft_size": 16}),
@@ -152,7 +155,7 @@ def bench(json_path: str | None, batch: int, reps: int) -> int:
         out["op_time"][layer] = rows
         del xd
         # Layer Time: host x in, host y out. Same kernel (channel-tree, CSPLIT=1) both ways.
-        inner_params = {"CSPLIT": 1, "MPT": 4, "PIX": 128}
+        inner_params = {"CSPLIT": 1, "MPT": 4, "PIX": 128, "PPT": 4}
         lt: dict[str, Any] = {}
         plain = Stats.of(
             time_host_gpu(
