@@ -286,12 +286,20 @@ def test_registry_names_and_pool_field() -> None:
         fused.fused_conv_pool_impl(0)
 
 
-def test_numpy_forward_is_a_distribution(rng: np.random.Generator) -> None:
+def test_numpy_forward_matches_einsum_chain(rng: np.random.Generator) -> None:
     params = random_params(int(rng.integers(1 << 30)))
     assert set(params) == set(PARAM_SHAPES)
-    probs = numpy_forward(params, rng.random((3, 1, 86, 86)).astype(np.float32))
+    x = rng.random((3, 1, 86, 86)).astype(np.float32)
+    probs = numpy_forward(params, x)
     assert probs.shape == (3, 10)
     np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-12)
+    p = {k: v.astype(np.float64) for k, v in params.items()}
+    a = conv_relu_pool_ref(x, p["c1.weight"], p["c1.bias"], 1, 2)
+    a = conv_relu_pool_ref(a, p["c3.weight"], p["c3.bias"], 1, 4)
+    h = np.maximum(a.reshape(3, -1) @ p["f5.weight"].T + p["f5.bias"], 0)
+    z = h @ p["f6.weight"].T + p["f6.bias"]
+    want = np.exp(z - z.max(1, keepdims=True))
+    np.testing.assert_allclose(probs, want / want.sum(1, keepdims=True), rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +325,7 @@ def _random_problem(rng: np.random.Generator, shape: ConvShape):  # noqa: ANN202
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", range(60))
+@pytest.mark.parametrize("case", range(50))
 def test_fused_conv_pool_exact_random_shapes(case: int, rng: np.random.Generator) -> None:
     shape, pool = ECE408[case] if case < len(ECE408) else random_shape(rng)
     x, w, b = _random_problem(rng, shape)
@@ -328,7 +336,7 @@ def test_fused_conv_pool_exact_random_shapes(case: int, rng: np.random.Generator
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
-@pytest.mark.parametrize("case", range(25))
+@pytest.mark.parametrize("case", range(12))
 def test_fused_conv_pool_tc_random_shapes(case: int, precision: str,
                                           rng: np.random.Generator) -> None:
     shape, pool = ECE408[case] if case < len(ECE408) else random_shape(rng, tc=True)
@@ -367,11 +375,12 @@ def test_fused_lenet_exact_matches_fp64(batch: int, rng: np.random.Generator) ->
     # per-layer intermediates too
     net(cp.asarray(x))
     _, _, a1, a3 = net._plan(batch)
+    n = min(batch, 50)
     p64 = {k: v.astype(np.float64) for k, v in params.items()}
-    r1 = conv_relu_pool_ref(x, p64["c1.weight"], p64["c1.bias"], 1, 2)
-    assert rel_l2(a1, r1) <= 1e-5
-    r3 = conv_relu_pool_ref(a1.get(), p64["c3.weight"], p64["c3.bias"], 1, 4)
-    assert rel_l2(a3, r3) <= 1e-5
+    r1 = conv_relu_pool_ref(x[:n], p64["c1.weight"], p64["c1.bias"], 1, 2)
+    assert rel_l2(a1[:n], r1) <= 1e-5
+    r3 = conv_relu_pool_ref(a1[:n].get(), p64["c3.weight"], p64["c3.bias"], 1, 4)
+    assert rel_l2(a3[:n], r3) <= 1e-5
 
 
 @pytest.mark.gpu

@@ -117,7 +117,7 @@ def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactP
     minb = int(params.get("minb") or max(1, min(16, (65536 // 128) // threads)))
     defines = {
         "FCP_K": K, "FCP_S": S, "FCP_P": P, "FCP_MT": mt, "FCP_PW": pw,
-        "FCP_TX": tx, "FCP_TY": ty, "FCP_CC": cc, "FCP_MINB": minb,
+        "FCP_TX": tx, "FCP_TY": ty, "FCP_CC": cc, "FCP_MINB": minb, "FCP_KERNEL": 1,
     }
     return ExactPlan(defines, _ceil_div(wp, tx * pw), _ceil_div(hp, ty), (tx, ty), _ceil_div(M, mt))
 
@@ -137,7 +137,7 @@ def _prepare_exact(pool: int):
         i32 = np.int32
         plan = exact_plan(shape, pool, params)
         if plan is None:
-            kernel = get_kernel(KERNEL_FILE, "fcp_simple")
+            kernel = get_kernel(KERNEL_FILE, "fcp_simple", {"FCP_KERNEL": 2})
             total = shape.B * shape.M * hp * wp
             grid = min(_ceil_div(total, 256), 65535 * 32)
 
@@ -303,7 +303,8 @@ def tc_plan(shape: ConvShape, pool: int, precision: str) -> TcPlan:
             tph //= 2
         warps = _best_warps(_ceil_div(tph * ng, 8))
         defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": 2,
-                   "TC_M": shape.M, "TC_TPH": tph, "TC_TPW": wp, "TC_WARPS": warps}
+                   "TC_M": shape.M, "TC_TPH": tph, "TC_TPW": wp, "TC_WARPS": warps,
+                   "FCP_KERNEL": 3}
         return TcPlan("fcp_mma_toe", defines, 1, _ceil_div(hp, tph), warps)
 
     tph, tpw = min(hp, 8), min(wp, 8)
@@ -321,7 +322,8 @@ def tc_plan(shape: ConvShape, pool: int, precision: str) -> TcPlan:
     units = tph * tpw if pool == 4 else _ceil_div(tph * tpw, 2)
     warps = _best_warps(units)
     defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": pool,
-               "TC_M": 16, "TC_TPH": tph, "TC_TPW": tpw, "TC_WARPS": warps}
+               "TC_M": 16, "TC_TPH": tph, "TC_TPW": tpw, "TC_WARPS": warps,
+               "FCP_KERNEL": 4}
     return TcPlan("fcp_mma_wa", defines, _ceil_div(wp, tpw), _ceil_div(hp, tph), warps)
 
 

@@ -19,6 +19,13 @@
 //   fcp_simple  one thread per pooled output, straight from global memory: the fallback for
 //               pool windows or filters too large to tile in registers (P > 8, K > 15)
 
+// FCP_KERNEL picks the one kernel a host compile needs (NVRTC time is per module):
+// 0 all, 1 fcp_exact, 2 fcp_simple, 3 fcp_mma_toe, 4 fcp_mma_wa.
+#ifndef FCP_KERNEL
+#define FCP_KERNEL 0
+#endif
+#define FCP_WANT(id) (FCP_KERNEL == 0 || FCP_KERNEL == (id))
+
 #ifndef FCP_K
 #define FCP_K 7  // filter size
 #endif
@@ -59,6 +66,7 @@
 #define FCP_IN_TILE (FCP_IN_ROWS * FCP_IN_STRIDE)
 #define FCP_W_TILE (FCP_K * FCP_K * FCP_MT)
 
+#if FCP_WANT(1)
 extern "C" __global__ void __launch_bounds__(FCP_TX * FCP_TY, FCP_MINB)
 fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
           const float* __restrict__ bias, float* __restrict__ y,
@@ -170,7 +178,10 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
   }
 }
 
+#endif
+
 // One thread per pooled output (b, m, ph, pw); every size is a run-time argument.
+#if FCP_WANT(2)
 extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* __restrict__ w,
                                       const float* __restrict__ bias, float* __restrict__ y,
                                       long long total, int C, int H, int W, int M, int K, int S,
@@ -194,6 +205,8 @@ extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* 
     y[i] = fmaxf(mx + bias[m], 0.f);
   }
 }
+
+#endif
 
 // =============================================================================================
 // Tensor-core variants (fused-conv-pool*-tc / -tf32): the same fusion on mma.sync.
@@ -299,6 +312,7 @@ __device__ __forceinline__ unsigned tc_ld32(const T* p) {
 #define TOE_KSTEPS 2
 #endif
 
+#if FCP_WANT(3)
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
 fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
             const float* __restrict__ bias, float* __restrict__ y, int H, int W, int Hp, int Wp,
@@ -364,6 +378,8 @@ fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
   }
 }
 
+#endif
+
 // ---- conv2-style: weights as A (16 output channels), implicit im2col as B ---------------------
 #define WA_IR (TC_TPH * TC_P - 1 + TC_K)
 #define WA_RS (((TC_TPW * TC_P - 1 + 8) + 1) / 2 * 2 + 2)
@@ -390,6 +406,7 @@ __device__ __forceinline__ int wa_row_off(int r) {
   return ((rr / TC_K) * WA_IR + rr % TC_K) * WA_RS;
 }
 
+#if FCP_WANT(4)
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
 fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
            const float* __restrict__ bias, float* __restrict__ y, int M, int H, int W, int Hp,
@@ -469,3 +486,4 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
     }
   }
 }
+#endif
