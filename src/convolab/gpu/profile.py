@@ -50,6 +50,14 @@ METRICS: tuple[str, ...] = (
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
     "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",
 )
+# If this ncu rejects a metric name (they differ between versions and GPUs), these remain.
+CORE_METRICS: tuple[str, ...] = (
+    "gpu__time_duration.sum",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__registers_per_thread",
+)
 # Short column names for the table, in METRICS order.
 COLUMNS: dict[str, str] = {
     "gpu__time_duration.sum": "time us",
@@ -199,19 +207,35 @@ def profile_impl(ncu: str, impl_name: str, model: str, batch: int,
                  labels: Sequence[str]) -> list[dict[str, Any]]:
     """ncu over the child for one implementation; only the marked region if NVTX works."""
     if _nvtx_available():
-        rows = _run_ncu(ncu, impl_name, model, batch, labels, nvtx=True)
+        rows = _run_ncu_metrics(ncu, impl_name, model, batch, labels, nvtx=True)
         if rows:
             return rows
     # No NVTX, or the range filter matched nothing: profile everything, markers still split.
-    return _run_ncu(ncu, impl_name, model, batch, labels, nvtx=False)
+    return _run_ncu_metrics(ncu, impl_name, model, batch, labels, nvtx=False)
+
+
+_metrics_in_use: list[tuple[str, ...]] = [METRICS]
+
+
+def _run_ncu_metrics(ncu: str, impl_name: str, model: str, batch: int, labels: Sequence[str],
+                     nvtx: bool) -> list[dict[str, Any]]:
+    """The full metric set; if this ncu rejects a name, the core set from then on."""
+    try:
+        return _run_ncu(ncu, impl_name, model, batch, labels, nvtx, _metrics_in_use[0])
+    except ConvolabError as err:
+        if _metrics_in_use[0] == CORE_METRICS or "metric" not in str(err).lower():
+            raise
+        print(f"warning: ncu rejected a metric, using the core set: {err}", file=sys.stderr)
+        _metrics_in_use[0] = CORE_METRICS
+        return _run_ncu(ncu, impl_name, model, batch, labels, nvtx, CORE_METRICS)
 
 
 def _run_ncu(ncu: str, impl_name: str, model: str, batch: int, labels: Sequence[str],
-             nvtx: bool) -> list[dict[str, Any]]:
+             nvtx: bool, metrics: Sequence[str]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "ncu.csv"
         cmd = [ncu, "--target-processes", "all", "--csv", "--print-units", "base",
-               "--log-file", str(log), "--metrics", ",".join(METRICS)]
+               "--log-file", str(log), "--metrics", ",".join(metrics)]
         if nvtx:
             cmd += ["--nvtx", "--nvtx-include", f"{NVTX_RANGE}/"]
         cmd += [sys.executable, "-m", "convolab.gpu.profile", "--run", impl_name,
