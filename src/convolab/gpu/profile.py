@@ -339,7 +339,7 @@ def _write_json(json_out: Path, model: str, batch: int, ncu: str, rows: Sequence
 
     report = {"command": "profile", "model": model, "batch": batch,
               "device": gpu_device_name(), "versions": _versions(), "ncu": ncu,
-              "metrics": list(METRICS), "rows": list(rows), "failures": failures}
+              "metrics": list(_metrics_in_use[0]), "rows": list(rows), "failures": failures}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=1, default=str))
 
