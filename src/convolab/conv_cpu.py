@@ -15,6 +15,11 @@ inference: the conv output never reaches memory.
 
 Numba is imported only inside the kernel builders, never at import time: this module is
 imported by the registry on every machine, including GPU hosts where Numba must not load.
+
+The kernels are closures specialised by (K, stride, parallel) and are deliberately NOT
+cached on disk: Numba's cache keys closures by qualified name, and cached closures loaded
+into one process were observed to resolve to the wrong specialisation (wrong results).
+Each process pays the compile once per specialisation (about 1-2 s).
 """
 
 from __future__ import annotations
@@ -160,7 +165,7 @@ def _loops_kernel(parallel: bool) -> Callable:
 
     loop_b = numba.prange if parallel else range
 
-    @numba.njit(cache=True, parallel=parallel)
+    @numba.njit(cache=False, parallel=parallel)
     def conv_loops(x, w, bias, S, y):  # noqa: N803 - the course's names
         B, C = x.shape[0], x.shape[1]
         M, K = w.shape[0], w.shape[2]
@@ -256,7 +261,7 @@ def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]
     """
     import numba
 
-    @numba.njit(cache=True, fastmath={"contract"})
+    @numba.njit(cache=False, fastmath={"contract"})
     def conv_row(x, w, bias, stride, b, h, n_cols, xpad, acc):
         # acc[m, :n_cols] = bias[m] + sum_{c,p,q} w[m,c,p,q] * x[b, c, h*S+p, ow*S+q]
         C, W = x.shape[1], x.shape[3]
@@ -281,7 +286,7 @@ def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]
                             s += wrow[q] * xpad[ow * S + q]
                         arow[ow] = s
 
-    @numba.njit(cache=True, parallel=True)
+    @numba.njit(cache=False, parallel=True)
     def conv_direct(x, w, bias, stride, y):
         B, W = x.shape[0], x.shape[3]
         M, K = w.shape[0], w.shape[2]
@@ -297,7 +302,7 @@ def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]
                     for ow in range(W_out):
                         y[b, m, h, ow] = acc[m, ow]
 
-    @numba.njit(cache=True, parallel=True)
+    @numba.njit(cache=False, parallel=True)
     def conv_relu_pool(x, w, bias, stride, P, y):
         # Each pooled row needs P conv rows: computed one after another into the same
         # buffer and folded into a running max, so the conv output never reaches memory.
