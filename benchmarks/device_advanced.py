@@ -153,6 +153,12 @@ def bench(json_path: str | None, batch: int, reps: int) -> int:
                 flush=True,
             )
         out["op_time"][layer] = rows
+        from convolab.gpu import auto
+
+        for mode in tune.MODES:
+            choice = auto.choose(shape, mode)
+            out.setdefault("auto_choice", {}).setdefault(layer, {})[mode] = choice.__dict__
+            print(f"{layer} auto ({mode}) -> {choice}", flush=True)
         del xd
         # Layer Time: host x in, host y out. Same kernel (channel-tree, CSPLIT=1) both ways.
         inner_params = {"CSPLIT": 1, "MPT": 4, "PIX": 128, "PPT": 4}

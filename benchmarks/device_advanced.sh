@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Device run for GPU rungs 8-12/14: tests, compute-sanitizer, B=10000 timings.
-#   bash benchmarks/device_advanced.sh [tests] [sanitize] [bench] [tune]   (default: first three)
+#   bash benchmarks/device_advanced.sh [tests] [sanitize] [tune] [bench]   (default: all, this order)
 # Writes logs and JSON to $OUT (the device tool brings them back).
 set -u
 export PYTHONPATH=src
 OUT=${OUT:-/tmp/convolab-out}
 mkdir -p "$OUT"
-steps=${*:-tests sanitize bench}
+# The tuner writes its cache here, and the bench's `auto` then reads it.
+export CONVOLAB_CACHE="$OUT"
+steps=${*:-tests sanitize tune bench}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/env.txt" 2>&1
 python3 -c "import cupy; print('cupy', cupy.__version__)" >> "$OUT/env.txt" 2>&1
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -27,8 +29,10 @@ for step in $steps; do
         > "$OUT/bench.log" 2>&1
       echo "bench rc=$?" >> "$OUT/bench.log" ;;
     tune)
-      export CONVOLAB_CACHE="$OUT" CONVOLAB_TUNE_BUDGET_S=${CONVOLAB_TUNE_BUDGET_S:-260}
-      timeout 380 python3 -m convolab tune --batch 10000 > "$OUT/tune.log" 2>&1
+      export CONVOLAB_TUNE_BUDGET_S=${CONVOLAB_TUNE_BUDGET_S:-190}
+      export CONVOLAB_TUNE_MAX_CANDIDATES=${CONVOLAB_TUNE_MAX_CANDIDATES:-12}
+      export CONVOLAB_TUNE_JSON="$OUT/tune_trials.json" COLUMNS=160
+      timeout 290 python3 -m convolab tune --batch 10000 > "$OUT/tune.log" 2>&1
       echo "tune rc=$?" >> "$OUT/tune.log" ;;
   esac
   echo "$step took $(( $(date +%s) - start )) s" >> "$OUT/env.txt"

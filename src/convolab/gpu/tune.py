@@ -416,6 +416,37 @@ def winners(
     return out
 
 
+def precompile(
+    plan: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]], progress: Any
+) -> None:
+    """Compile every candidate's kernels in parallel threads first (NVRTC dominates the
+    sweep otherwise): each is prepared once on a 1-image shape and thrown away; anything
+    that fails here fails again, and is recorded, in its trial."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from convolab.backend import require_cupy
+
+    cp = require_cupy()
+    jobs = [
+        (impl, shape.with_batch(1), params) for _, shape, impl, cands in plan for params in cands
+    ]
+    task = progress.add_task("compiling", total=len(jobs))
+
+    def compile_one(job: tuple[Any, ConvShape, dict[str, Any]]) -> None:
+        impl, shape, params = job
+        try:
+            w = cp.zeros(shape.w_shape, np.float32)
+            impl.prepare(shape, w, cp.zeros(shape.M, np.float32), impl.params_for(params))
+        except Exception:  # noqa: S110 - reported by the trial itself
+            pass
+        progress.advance(task)
+
+    with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2))) as pool:
+        list(pool.map(compile_one, jobs))
+
+
 def main(
     model: str = "ece408", batch: int = 10_000, reps: int = 10, json_out: Path | None = None
 ) -> list[TuneEntry]:
@@ -458,6 +489,7 @@ def main(
         TimeElapsedColumn(),
         console=console,
     ) as progress:
+        precompile(plan, progress)
         task = progress.add_task("tuning", total=total)
         for layer, shape, impl, cands in plan:
             if layer not in data_by_layer:
@@ -511,6 +543,7 @@ def main(
         f"{len(trials) - len(rejected)} candidates passed the check, {len(rejected)} "
         f"rejected; cache written to {path}"
     )
+    json_out = json_out or os.environ.get("CONVOLAB_TUNE_JSON") or None
     if json_out is not None:
         Path(json_out).write_text(
             json.dumps(
