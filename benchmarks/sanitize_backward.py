@@ -1,6 +1,7 @@
 """Run every GPU backward kernel once at small shapes, for compute-sanitizer (memcheck,
-racecheck): strides 1-3, both conv methods (GEMM with a workspace of a few images so several
-chunks run), max-pool with and without the pooled output, subsampling, average pool.
+racecheck): strides 1-3, both conv methods and both direct dW kernels (GEMM with a workspace
+of a few images so several chunks run), max-pool with and without the pooled output,
+subsampling, average pool.
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_backward.py
 """
@@ -22,7 +23,8 @@ def main() -> None:
         return cp.asarray(rng.standard_normal(shape).astype(np.float32))
 
     for stride in (1, 2, 3):
-        for method in backward.METHODS:
+        for method, max_taps_k in (("gemm", 9), ("direct", 9), ("direct", 0)):
+            backward.MAX_TAPS_K = max_taps_k  # 0: the one-block-per-weight dW kernel
             x, w = arr(5, 3, 13, 11), arr(4, 3, 5, 5)
             ho, wo = (13 - 5) // stride + 1, (11 - 5) // stride + 1
             dy = arr(5, 4, ho, wo)

@@ -22,6 +22,34 @@ from typing import Any
 import numpy as np
 
 
+def method_is_correct(method: str) -> bool:
+    """The method's conv backward against a float64 scatter reference (textbook figs. 16.8/16.9)
+    at a small C3-like shape, strides 1 and 2: a method that fails is neither timed nor picked."""
+    import cupy as cp
+
+    from convolab.check import rel_l2
+    from convolab.gpu.backward import conv2d_backward
+
+    rng = np.random.default_rng(2)
+    for stride in (1, 2):
+        x = rng.standard_normal((3, 4, 20, 19))
+        w = rng.standard_normal((5, 4, 7, 7))
+        ho, wo = (20 - 7) // stride + 1, (19 - 7) // stride + 1
+        dy = rng.standard_normal((3, 5, ho, wo))
+        dx_ref, dw_ref = np.zeros_like(x), np.zeros_like(w)
+        for p in range(7):
+            for q in range(7):
+                rows = slice(p, p + stride * (ho - 1) + 1, stride)
+                cols = slice(q, q + stride * (wo - 1) + 1, stride)
+                dx_ref[:, :, rows, cols] += np.einsum("bmhw,mc->bchw", dy, w[:, :, p, q])
+                dw_ref[:, :, p, q] = np.einsum("bmhw,bchw->mc", dy, x[:, :, rows, cols])
+        dx, dw, _ = conv2d_backward(*(cp.asarray(a, dtype=cp.float32) for a in (x, w, dy)),
+                                    stride, method)
+        if rel_l2(dx, dx_ref) > 1e-5 or rel_l2(dw, dw_ref) > 1e-5:
+            return False
+    return True
+
+
 def convolab_step_ms(model: str, batch: int, reps: int, method: str) -> dict[str, Any]:
     import cupy as cp
 
@@ -45,16 +73,37 @@ def convolab_step_ms(model: str, batch: int, reps: int, method: str) -> dict[str
         opt.step()
 
     stats = Stats.of(time_gpu(step, reps=reps, warmup=3))
+
+    # Where a step's device time goes: events between the phases (the loss read-back inside
+    # CrossEntropyLoss synchronises, so "loss" includes waiting for the forward's kernels).
+    names = ("forward", "loss", "backward", "optimizer")
+    phases: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(reps):
+        events = [cp.cuda.Event() for _ in range(len(names) + 1)]
+        events[0].record()
+        logits = net.logits(x)
+        events[1].record()
+        loss, grad = loss_fn(logits, y)
+        events[2].record()
+        net.backward(grad)
+        events[3].record()
+        opt.step()
+        events[4].record()
+        events[4].synchronize()
+        for i, name in enumerate(names):
+            phases[name].append(cp.cuda.get_elapsed_time(events[i], events[i + 1]))
     return {"median_ms": stats.median_ms, "spread_pct": stats.spread_pct,
-            "images_per_s": batch / stats.median_ms * 1e3, "stats": stats.as_dict()}
+            "images_per_s": batch / stats.median_ms * 1e3, "stats": stats.as_dict(),
+            "phases_median_ms": {k: float(np.median(v)) for k, v in phases.items()}}
 
 
-def backward_layers_ms(model: str, batch: int, reps: int) -> list[dict[str, Any]]:
+def backward_layers_ms(model: str, batch: int, reps: int,
+                       methods: list[str]) -> list[dict[str, Any]]:
     """Each conv layer's backward alone (dX skipped for the first layer, as in training)."""
     import cupy as cp
 
     from convolab import models
-    from convolab.gpu.backward import METHODS, conv2d_backward
+    from convolab.gpu.backward import conv2d_backward
     from convolab.layers import Conv2d
     from convolab.timing import Stats, time_gpu
 
@@ -73,7 +122,7 @@ def backward_layers_ms(model: str, batch: int, reps: int) -> list[dict[str, Any]
                                                 dtype=np.float32))
             row: dict[str, Any] = {"layer": layer.name, "x": list(x.shape), "w": list(w.shape),
                                    "need_dx": not first}
-            for method in METHODS:
+            for method in methods:
                 def run(m: str = method, lx: Any = layer_x, dy: Any = dy, w: Any = w,
                         s: int = layer.stride, dx: bool = not first) -> None:
                     conv2d_backward(lx, w, dy, s, m, need_dx=dx)
@@ -160,25 +209,35 @@ def main() -> None:
 
     props = cp.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    correct = {method: method_is_correct(method) for method in METHODS}
+    methods = [m for m in METHODS if correct[m]]
+    print(f"conv backward correct: {correct}", flush=True)
     result: dict[str, Any] = {"model": args.model, "device": name,
                               "date": dt.date.today().isoformat(), "reps": args.reps,
-                              "cupy": cp.__version__, "rows": []}
+                              "cupy": cp.__version__, "methods_correct": correct, "rows": []}
     for batch in args.batches:
         row: dict[str, Any] = {"batch": batch}
-        for method in METHODS:
+        for method in methods:
             row[f"convolab_{method}"] = convolab_step_ms(args.model, batch, args.reps, method)
         row["torch"] = torch_step_ms(args.model, batch, args.reps)
-        row["backward_layers"] = backward_layers_ms(args.model, batch, args.reps)
+        row["backward_layers"] = backward_layers_ms(args.model, batch, args.reps, methods)
         result["rows"].append(row)
         cp.get_default_memory_pool().free_all_blocks()
+        if methods:
+            fastest = min(methods, key=lambda m: row[f"convolab_{m}"]["median_ms"])
+            result.setdefault("fastest_method", {})[str(batch)] = fastest
         line = "  ".join(f"{m} {row[f'convolab_{m}']['images_per_s']:,.0f} img/s "
-                         f"({row[f'convolab_{m}']['median_ms']:.2f} ms)" for m in METHODS)
+                         f"({row[f'convolab_{m}']['median_ms']:.2f} ms)" for m in methods)
         torch_part = (f"torch {row['torch']['images_per_s']:,.0f} img/s "
                       f"({row['torch']['median_ms']:.2f} ms)" if row["torch"] else "torch n/a")
         print(f"batch {batch}: {line}  {torch_part}", flush=True)
+        for m in methods:
+            phases = row[f"convolab_{m}"]["phases_median_ms"]
+            print(f"   {m} phases: " + "  ".join(f"{k} {v:.2f} ms" for k, v in phases.items()),
+                  flush=True)
         for layer in row["backward_layers"]:
             print(f"   backward {layer['layer']} x{tuple(layer['x'])}: "
-                  + "  ".join(f"{m} {layer[f'{m}_ms']:.3f} ms" for m in METHODS), flush=True)
+                  + "  ".join(f"{m} {layer[f'{m}_ms']:.3f} ms" for m in methods), flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -11,6 +11,21 @@ from convolab.check import rel_l2
 pytestmark = pytest.mark.gpu
 
 FP32_TOL = 1e-5  # SPEC section 4: fp32 paths against an fp64 reference
+# The conv backward variants: 'direct' runs the register-tap dW kernel for K <= MAX_TAPS_K,
+# 'direct-per-weight' forces the one-block-per-weight dW kernel used beyond that.
+VARIANTS = ["direct", "direct-per-weight", "gemm"]
+
+
+@pytest.fixture
+def conv_method(request, monkeypatch) -> str:
+    """The `method` argument for a VARIANTS entry (patching the module where needed)."""
+    from convolab.gpu import backward
+
+    variant = request.param
+    if variant == "direct-per-weight":
+        monkeypatch.setattr(backward, "MAX_TAPS_K", 0)
+        return "direct"
+    return variant
 
 
 # ----------------------------------------------------------------- float64 references
@@ -60,11 +75,12 @@ def random_conv_case(rng: np.random.Generator, stride: int):
 # ----------------------------------------------------------------- convolution
 
 
-@pytest.mark.parametrize("method", ["direct", "gemm"])
+@pytest.mark.parametrize("conv_method", VARIANTS, indirect=True)
 @pytest.mark.parametrize("stride", [1, 2, 3])
-def test_conv_backward_matches_fp64_reference(rng, method, stride):
+def test_conv_backward_matches_fp64_reference(rng, conv_method, stride):
     import cupy as cp
 
+    method = conv_method
     from convolab.gpu.backward import conv2d_backward
 
     for _ in range(4):  # several random shapes per (method, stride)
@@ -78,8 +94,8 @@ def test_conv_backward_matches_fp64_reference(rng, method, stride):
         assert rel_l2(db, db_ref) <= FP32_TOL, f"db {method} {shape}"
 
 
-@pytest.mark.parametrize("method", ["direct", "gemm"])
-def test_conv_backward_large_batch_chunks_and_slices(rng, method, monkeypatch):
+@pytest.mark.parametrize("conv_method", VARIANTS, indirect=True)
+def test_conv_backward_large_batch_chunks_and_slices(rng, conv_method, monkeypatch):
     """Enough images that the GEMM path runs several workspace chunks and the direct dW
     kernel several batch slices; the layer shapes of ece408's C3."""
     import cupy as cp
@@ -91,16 +107,16 @@ def test_conv_backward_large_batch_chunks_and_slices(rng, method, monkeypatch):
     w = rng.standard_normal((16, 4, 7, 7)).astype(np.float32)
     dy = rng.standard_normal((10, 16, 34, 34)).astype(np.float32)
     dx, dw, db = backward.conv2d_backward(cp.asarray(x), cp.asarray(w), cp.asarray(dy), 1,
-                                          method=method)
+                                          method=conv_method)
     dx_ref, dw_ref, db_ref = conv_backward_ref(x, w, dy, 1)
     assert rel_l2(dx, dx_ref) <= FP32_TOL
     assert rel_l2(dw, dw_ref) <= FP32_TOL
     assert rel_l2(db, db_ref) <= FP32_TOL
 
 
-@pytest.mark.parametrize("method", ["direct", "gemm"])
+@pytest.mark.parametrize("conv_method", VARIANTS, indirect=True)
 @pytest.mark.parametrize("stride", [1, 2, 3])
-def test_conv_backward_matches_finite_differences(rng, method, stride):
+def test_conv_backward_matches_finite_differences(rng, conv_method, stride):
     """dL/dx and dL/dw for L = <conv(x, w), G> against central differences of the fp64 forward
     at random coordinates (the reference above could share a mistake with the kernels)."""
     import cupy as cp
@@ -108,7 +124,8 @@ def test_conv_backward_matches_finite_differences(rng, method, stride):
     from convolab.gpu.backward import conv2d_backward
 
     x, w, g = random_conv_case(rng, stride)
-    dx, dw, _ = conv2d_backward(cp.asarray(x), cp.asarray(w), cp.asarray(g), stride, method)
+    dx, dw, _ = conv2d_backward(cp.asarray(x), cp.asarray(w), cp.asarray(g), stride,
+                                conv_method)
     dx, dw = dx.get(), dw.get()
     x64, w64, g64 = x.astype(np.float64), w.astype(np.float64), g.astype(np.float64)
 
@@ -305,7 +322,7 @@ def test_backward_is_bit_reproducible(rng):
     x = cp.asarray(rng.standard_normal((64, 4, 40, 40)).astype(np.float32))
     w = cp.asarray(rng.standard_normal((16, 4, 7, 7)).astype(np.float32))
     dy = cp.asarray(rng.standard_normal((64, 16, 34, 34)).astype(np.float32))
-    for method in ("direct", "gemm"):
+    for method in ("direct", "gemm"):  # per-weight dW: same reduction pattern, no atomics
         first = conv2d_backward(x, w, dy, 1, method)
         again = conv2d_backward(x, w, dy, 1, method)
         for a, b in zip(first, again, strict=True):

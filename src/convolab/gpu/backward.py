@@ -30,12 +30,14 @@ Array = Any  # cupy.ndarray
 DIRECT_FILE = "20_conv_backward_direct.cu"
 GEMM_FILE = "21_conv_backward_gemm.cu"
 POOL_FILE = "22_pool_backward.cu"
-# A NULL pointer argument: 8 zero bytes, which every CuPy version passes as-is (older ones
-# turned None into no argument at all).
+# A NULL pointer argument passed as 8 zero bytes (not None, whose handling differs between
+# CuPy versions).
 NULL = np.uint64(0)
 BLOCK = 256  # matches the kernels' *_BLOCK defaults
 METHODS = ("gemm", "direct")
-DEFAULT_METHOD = "direct"  # measured faster on H100 for every zoo layer (docs/training.md)
+DEFAULT_METHOD = "gemm"  # measured faster on the H100 (docs/training.md, benchmarks/results)
+# conv_bwd_dw_taps keeps K*K sums in registers; beyond this K the per-weight kernel is used.
+MAX_TAPS_K = 9
 # The unrolled matrix of one GEMM chunk stays below this many floats (256 MiB): big enough
 # that cuBLAS runs long GEMMs, small enough that batch 4096 does not need gigabytes of scratch.
 GEMM_WORKSPACE_FLOATS = 64 * 1024 * 1024
@@ -47,10 +49,12 @@ def _sm_count(device_id: int) -> int:
     return int(cp.cuda.Device(device_id).attributes["MultiProcessorCount"])
 
 
-def _grid_for(total: int) -> int:
-    """Enough blocks to fill the GPU several times over; the kernels grid-stride past that."""
+def _grid_for(per_image: int, images: int) -> tuple[int, int]:
+    """2-D grid: grid.y walks the images, grid.x covers one image's elements (the kernels
+    grid-stride past both limits, so any size works)."""
     cp = require_cupy()
-    return max(1, min(ceil_div(total, BLOCK), _sm_count(cp.cuda.runtime.getDevice()) * 32))
+    sms = _sm_count(cp.cuda.runtime.getDevice())
+    return max(1, min(ceil_div(per_image, BLOCK), sms * 8)), max(1, min(images, 65535))
 
 
 def _as_f32(a: Array, what: str) -> Array:
@@ -111,7 +115,7 @@ def _conv_dx_direct(dy: Array, w: Array, dims: tuple[int, ...]) -> Array:
     m = w.shape[0]
     dx = cp.empty((b, c, h, wd), dtype=cp.float32)
     kernel = get_kernel(DIRECT_FILE, "conv_bwd_dx_direct")
-    kernel((_grid_for(dx.size),), (BLOCK,),
+    kernel(_grid_for(c * h * wd, b), (BLOCK,),
            (dy, w, dx, np.int32(b), np.int32(m), np.int32(c), np.int32(h), np.int32(wd),
             np.int32(k), np.int32(s), np.int32(h_out), np.int32(w_out)))
     return dx
@@ -122,17 +126,24 @@ def _conv_dw_direct(x: Array, dy: Array, w_shape: tuple[int, ...], dims: tuple[i
     b, c, h, wd, k, s, h_out, w_out = dims
     m = w_shape[0]
     n_weights = m * c * k * k
-    # One block per weight is too few blocks for small layers; split the batch so the grid
-    # holds about 8 blocks per SM, then add the slices' partial sums (a fixed-order reduction).
+    per_tap = k <= MAX_TAPS_K  # one block per (m, c) slice with K*K register sums
+    blocks_x = m * c if per_tap else n_weights
+    # Few filters give too few blocks; split the batch so the grid holds about 8 blocks per
+    # SM, then add the slices' partial sums (a fixed-order reduction).
     target_blocks = 8 * _sm_count(cp.cuda.runtime.getDevice())
-    slices = max(1, min(b, ceil_div(target_blocks, n_weights)))
+    slices = max(1, min(b, ceil_div(target_blocks, blocks_x)))
     per_slice = ceil_div(b, slices)
     slices = ceil_div(b, per_slice)
     partial = cp.empty((slices, n_weights), dtype=cp.float32)
-    kernel = get_kernel(DIRECT_FILE, "conv_bwd_dw_direct")
-    kernel((n_weights, slices), (BLOCK,),
-           (x, dy, partial, np.int32(b), np.int32(m), np.int32(c), np.int32(h), np.int32(wd),
-            np.int32(k), np.int32(s), np.int32(h_out), np.int32(w_out), np.int32(per_slice)))
+    shape_args = (np.int32(b), np.int32(m), np.int32(c), np.int32(h), np.int32(wd))
+    tail = (np.int32(s), np.int32(h_out), np.int32(w_out), np.int32(per_slice))
+    if per_tap:
+        kernel = get_kernel(DIRECT_FILE, "conv_bwd_dw_taps", {"KSIZE": k})
+        kernel((blocks_x, slices), (BLOCK,), (x, dy, partial, *shape_args, *tail))
+    else:
+        kernel = get_kernel(DIRECT_FILE, "conv_bwd_dw_direct")
+        kernel((blocks_x, slices), (BLOCK,),
+               (x, dy, partial, *shape_args, np.int32(k), *tail))
     return partial.sum(axis=0).reshape(w_shape)
 
 
@@ -154,14 +165,14 @@ def _conv_backward_gemm(x: Array, w: Array, dy: Array, dims: tuple[int, ...],
         x_c = x[b0:b1]
         dy_c = dy[b0:b1].reshape(n, m, plane)
         cols = cp.empty((n, plane, taps), dtype=cp.float32)
-        unroll((_grid_for(cols.size),), (BLOCK,),
+        unroll(_grid_for(plane * taps, n), (BLOCK,),
                (x_c, cols, np.int32(n), np.int32(c), np.int32(h), np.int32(wd), np.int32(k),
                 np.int32(s), np.int32(h_out), np.int32(w_out)))
         dw += cp.matmul(dy_c, cols).sum(axis=0)  # (n, M, L) @ (n, L, taps), summed over images
         del cols  # give the workspace back to the pool before dCols takes as much again
         if need_dx:
             dcols = cp.matmul(w_t, dy_c)  # (taps, M) @ (n, M, L) -> (n, taps, L)
-            fold((_grid_for(n * c * h * wd),), (BLOCK,),
+            fold(_grid_for(c * h * wd, n), (BLOCK,),
                  (dcols, dx[b0:b1], np.int32(n), np.int32(c), np.int32(h), np.int32(wd),
                   np.int32(k), np.int32(s), np.int32(h_out), np.int32(w_out)))
     return dx, dw.reshape(w.shape)
@@ -204,10 +215,14 @@ def _check_out(a: Array, dims: tuple[int, ...], what: str) -> None:
         raise ValueError(f"{what} has shape {a.shape}, expected {(b, c, h_out, w_out)}")
 
 
-def _pool_args(dims: tuple[int, ...], with_channels: bool = False) -> tuple[Any, ...]:
-    b, c, h, w, k, s, h_out, w_out = dims
-    head = (np.int64(b * c),) + ((np.int32(c),) if with_channels else ())
-    return head + tuple(np.int32(v) for v in (h, w, k, s, h_out, w_out))
+def _pool_args(dims: tuple[int, ...]) -> tuple[Any, ...]:
+    return tuple(np.int32(v) for v in dims)
+
+
+def _pool_grid(dims: tuple[int, ...], per_input: bool) -> tuple[int, int]:
+    """One thread per input element (per_input) or per output element, images on grid.y."""
+    b, c, h, w, _, _, h_out, w_out = dims
+    return _grid_for(c * h * w if per_input else c * h_out * w_out, b)
 
 
 def maxpool2d_forward(x: Array, kernel: int, stride: int | None = None) -> Array:
@@ -217,7 +232,7 @@ def maxpool2d_forward(x: Array, kernel: int, stride: int | None = None) -> Array
     dims = _pool_dims(x, kernel, stride, "maxpool2d_forward")
     b, c, _, _, _, _, h_out, w_out = dims
     y = cp.empty((b, c, h_out, w_out), dtype=cp.float32)
-    get_kernel(POOL_FILE, "maxpool_forward")((_grid_for(y.size),), (BLOCK,),
+    get_kernel(POOL_FILE, "maxpool_forward")(_pool_grid(dims, False), (BLOCK,),
                                              (x, y, *_pool_args(dims)))
     return y
 
@@ -235,7 +250,7 @@ def maxpool2d_backward(x: Array, y: Array | None, dy: Array, kernel: int,
         _check_out(y, dims, "maxpool2d_backward: y")
     dx = cp.empty(x.shape, dtype=cp.float32)
     get_kernel(POOL_FILE, "maxpool_backward_gather")(
-        (_grid_for(dx.size),), (BLOCK,), (x, NULL if y is None else y, dy, dx, *_pool_args(dims)))
+        _pool_grid(dims, True), (BLOCK,), (x, NULL if y is None else y, dy, dx, *_pool_args(dims)))
     return dx
 
 
@@ -257,7 +272,7 @@ def subsample_forward(x: Array, coef: Array, bias: Array, kernel: int,
     b, c, _, _, _, _, h_out, w_out = dims
     s = cp.empty((b, c, h_out, w_out), dtype=cp.float32)
     get_kernel(POOL_FILE, "subsample_forward")(
-        (_grid_for(s.size),), (BLOCK,), (x, coef, bias, s, *_pool_args(dims, True)))
+        _pool_grid(dims, False), (BLOCK,), (x, coef, bias, s, *_pool_args(dims)))
     return s
 
 
@@ -275,13 +290,13 @@ def subsample_backward(x: Array, s: Array | None, ds: Array, coef: Array, bias: 
         _check_out(s, dims, "subsample_backward: s")
     dz = cp.empty(ds.shape, dtype=cp.float32)
     dz_mean = cp.empty(ds.shape, dtype=cp.float32)
-    args = _pool_args(dims, True)
+    args = _pool_args(dims)
     get_kernel(POOL_FILE, "subsample_dz")(
-        (_grid_for(dz.size),), (BLOCK,),
+        _pool_grid(dims, False), (BLOCK,),
         (x, NULL if s is None else s, ds, coef, bias, dz, dz_mean, *args))
     dx = cp.empty(x.shape, dtype=cp.float32)
     get_kernel(POOL_FILE, "pool_spread_gather")(
-        (_grid_for(dx.size),), (BLOCK,), (dz, coef, dx, *args))
+        _pool_grid(dims, True), (BLOCK,), (dz, coef, dx, *args))
     return dx, dz_mean.sum(axis=(0, 2, 3)), dz.sum(axis=(0, 2, 3))
 
 
@@ -294,7 +309,7 @@ def avgpool2d_backward(dy: Array, x_shape: tuple[int, ...], kernel: int,
     _check_out(dy, dims, "avgpool2d_backward: dy")
     dx = cp.empty(tuple(x_shape), dtype=cp.float32)
     get_kernel(POOL_FILE, "pool_spread_gather")(
-        (_grid_for(dx.size),), (BLOCK,), (dy, NULL, dx, *_pool_args(dims, True)))
+        _pool_grid(dims, True), (BLOCK,), (dy, NULL, dx, *_pool_args(dims)))
     return dx
 
 

@@ -14,17 +14,25 @@
 // p = h % S, h % S + S, ... and skips the rest without testing every p. Each element is written
 // once, in a fixed order, so the result does not depend on scheduling.
 //
-// dW is a reduction over B*H_out*W_out products per weight — huge for a few hundred weights.
-// conv_bwd_dw_direct gives each weight a row of blocks (grid.y splits the batch so the GPU has
-// enough blocks even when there are few weights); every block reduces its slice with a
-// register sum, then warp shuffles, then one shared-memory step, and writes one partial. The host
-// sums the grid.y partials afterwards. No atomics: the summation order is fixed by the launch
-// shape, so the same launch gives the same bits every run.
+// dW is a reduction over B*H_out*W_out products per weight. Two kernels:
+// - conv_bwd_dw_direct: one block per weight (grid.y splits the batch so small layers still
+//   fill the GPU). Simple, any K, but every product costs two loads, one of them of dY, which
+//   all K*K*C blocks of a filter m read again.
+// - conv_bwd_dw_taps (K fixed at compile time, KSIZE): one block per (m, c) filter slice; each
+//   thread keeps all K*K tap sums in registers, so it loads each dY value once and reuses it for
+//   K*K products whose X loads are neighbours (L1 hits). About K*K times fewer dY loads.
+// Both reduce in a fixed order: registers, warp shuffles, one shared-memory step, one partial
+// per block; the host sums the grid.y partials. No atomics: the same launch gives the same bits.
 //
-// Indices that can exceed 2^31 (B*C*H*W at large batch) are 64-bit.
+// Grids are 2-D: grid.y walks the images, grid.x the elements of one image, so the index math
+// is 32-bit (64-bit division costs several times more and dominated the first version). Only
+// the per-image base offsets are 64-bit.
 
 #ifndef DIRECT_BLOCK
-#define DIRECT_BLOCK 256  // threads per block for both kernels (a multiple of 32)
+#define DIRECT_BLOCK 256  // threads per block for every kernel here (a multiple of 32)
+#endif
+#ifndef KSIZE
+#define KSIZE 7  // kernel width of conv_bwd_dw_taps (the host compiles one variant per K)
 #endif
 
 extern "C" __global__ void conv_bwd_dx_direct(const float* __restrict__ dy,
@@ -32,75 +40,118 @@ extern "C" __global__ void conv_bwd_dx_direct(const float* __restrict__ dy,
                                               float* __restrict__ dx,
                                               int B, int M, int C, int H, int W, int K, int S,
                                               int H_out, int W_out) {
-    const long long total = (long long)B * C * H * W;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int col = (int)(i % W);
-        long long rest = i / W;
-        const int row = (int)(rest % H);
-        rest /= H;
-        const int c = (int)(rest % C);
-        const int b = (int)(rest / C);
-
-        float acc = 0.0f;
-        for (int p = row % S; p < K && p <= row; p += S) {
-            const int oh = (row - p) / S;
-            if (oh >= H_out) continue;  // larger p only lowers oh, so later p may still fit
-            for (int q = col % S; q < K && q <= col; q += S) {
-                const int ow = (col - q) / S;
-                if (ow >= W_out) continue;
-                const float* dy_at = dy + (((long long)b * M) * H_out + oh) * W_out + ow;
-                const float* w_at = w + ((long long)c * K + p) * K + q;
-                for (int m = 0; m < M; ++m)
-                    acc += dy_at[(long long)m * H_out * W_out] * w_at[(long long)m * C * K * K];
+    const int image_size = C * H * W;
+    const int plane = H_out * W_out;
+    for (int b = blockIdx.y; b < B; b += gridDim.y) {
+        const float* dy_image = dy + (long long)b * M * plane;
+        float* dx_image = dx + (long long)b * image_size;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < image_size;
+             i += gridDim.x * blockDim.x) {
+            const int col = i % W;
+            const int row = (i / W) % H;
+            const int c = i / (W * H);
+            float acc = 0.0f;
+            for (int p = row % S; p < K && p <= row; p += S) {
+                const int oh = (row - p) / S;
+                if (oh >= H_out) continue;  // larger p lowers oh, so a later p may still fit
+                for (int q = col % S; q < K && q <= col; q += S) {
+                    const int ow = (col - q) / S;
+                    if (ow >= W_out) continue;
+                    const float* dy_at = dy_image + oh * W_out + ow;
+                    const float* w_at = w + (c * K + p) * K + q;
+                    for (int m = 0; m < M; ++m) acc += dy_at[m * plane] * w_at[m * C * K * K];
+                }
             }
+            dx_image[i] = acc;
         }
-        dx[i] = acc;
     }
 }
 
-// grid.x = M*C*K*K (one weight each), grid.y = number of batch slices.
+// Sums `value` over the block in a fixed order; the total is valid in thread 0.
+__device__ __forceinline__ float block_sum(float value, float* scratch) {
+    for (int offset = 16; offset > 0; offset >>= 1)
+        value += __shfl_down_sync(0xffffffffu, value, offset);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    value = 0.0f;
+    if (warp == 0) {
+        value = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0f;
+        for (int offset = 16; offset > 0; offset >>= 1)
+            value += __shfl_down_sync(0xffffffffu, value, offset);
+    }
+    __syncthreads();  // scratch may be reused by the next call
+    return value;
+}
+
+// grid.x = M*C*K*K (one weight each), grid.y = batch slices of batch_per_slice images.
 // partial[slice * M*C*K*K + weight] = sum over the slice's (b, oh, ow) of dY * X.
 extern "C" __global__ void conv_bwd_dw_direct(const float* __restrict__ x,
                                               const float* __restrict__ dy,
                                               float* __restrict__ partial,
                                               int B, int M, int C, int H, int W, int K, int S,
                                               int H_out, int W_out, int batch_per_slice) {
+    __shared__ float scratch[DIRECT_BLOCK / 32];
     const int weight = blockIdx.x;
     const int q = weight % K;
     const int p = (weight / K) % K;
     const int c = (weight / (K * K)) % C;
     const int m = weight / (K * K * C);
-
-    const int b0 = blockIdx.y * batch_per_slice;
-    const int b1 = min(B, b0 + batch_per_slice);
     const int plane = H_out * W_out;
-    const long long count = (long long)(b1 > b0 ? b1 - b0 : 0) * plane;
+    const int b_end = min(B, (blockIdx.y + 1) * batch_per_slice);
 
     float acc = 0.0f;
-    for (long long j = threadIdx.x; j < count; j += blockDim.x) {
-        const int b = b0 + (int)(j / plane);
-        const int pos = (int)(j % plane);
-        const int oh = pos / W_out;
-        const int ow = pos - oh * W_out;
-        const float g = dy[((long long)b * M + m) * plane + pos];
-        const float v = x[(((long long)b * C + c) * H + oh * S + p) * W + ow * S + q];
-        acc += g * v;
+    for (int b = blockIdx.y * batch_per_slice; b < b_end; ++b) {
+        const float* dy_plane = dy + ((long long)b * M + m) * plane;
+        const float* x_plane = x + ((long long)b * C + c) * H * W + p * W + q;
+        for (int pos = threadIdx.x; pos < plane; pos += blockDim.x) {
+            const int oh = pos / W_out;
+            const int ow = pos - oh * W_out;
+            acc += dy_plane[pos] * x_plane[oh * S * W + ow * S];
+        }
+    }
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) partial[(long long)blockIdx.y * gridDim.x + weight] = acc;
+}
+
+// grid.x = M*C (one filter slice (m, c) each), grid.y = batch slices. KSIZE == K.
+// partial[slice * M*C*K*K + (m*C + c)*K*K + p*K + q].
+extern "C" __global__ void conv_bwd_dw_taps(const float* __restrict__ x,
+                                            const float* __restrict__ dy,
+                                            float* __restrict__ partial,
+                                            int B, int M, int C, int H, int W, int S,
+                                            int H_out, int W_out, int batch_per_slice) {
+    __shared__ float scratch[DIRECT_BLOCK / 32];
+    const int c = blockIdx.x % C;
+    const int m = blockIdx.x / C;
+    const int plane = H_out * W_out;
+    const int b_end = min(B, (blockIdx.y + 1) * batch_per_slice);
+
+    float acc[KSIZE * KSIZE];
+#pragma unroll
+    for (int t = 0; t < KSIZE * KSIZE; ++t) acc[t] = 0.0f;
+
+    for (int b = blockIdx.y * batch_per_slice; b < b_end; ++b) {
+        const float* dy_plane = dy + ((long long)b * M + m) * plane;
+        const float* x_plane = x + ((long long)b * C + c) * H * W;
+        for (int pos = threadIdx.x; pos < plane; pos += blockDim.x) {
+            const int oh = pos / W_out;
+            const int ow = pos - oh * W_out;
+            const float g = dy_plane[pos];
+            const float* window = x_plane + oh * S * W + ow * S;
+#pragma unroll
+            for (int p = 0; p < KSIZE; ++p)
+#pragma unroll
+                for (int q = 0; q < KSIZE; ++q) acc[p * KSIZE + q] += g * window[p * W + q];
+        }
     }
 
-    // Block reduction in a fixed order: warps first, then the warp sums in one warp.
-    for (int offset = 16; offset > 0; offset >>= 1)
-        acc += __shfl_down_sync(0xffffffffu, acc, offset);
-    __shared__ float warp_sums[DIRECT_BLOCK / 32];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        const int n_warps = blockDim.x >> 5;
-        acc = lane < n_warps ? warp_sums[lane] : 0.0f;
-        for (int offset = 16; offset > 0; offset >>= 1)
-            acc += __shfl_down_sync(0xffffffffu, acc, offset);
-        if (lane == 0) partial[(long long)blockIdx.y * gridDim.x + weight] = acc;
+    float* out = partial + (long long)blockIdx.y * gridDim.x * KSIZE * KSIZE
+                 + (long long)blockIdx.x * KSIZE * KSIZE;
+#pragma unroll
+    for (int t = 0; t < KSIZE * KSIZE; ++t) {
+        const float total = block_sum(acc[t], scratch);
+        if (threadIdx.x == 0) out[t] = total;
     }
 }

@@ -22,7 +22,8 @@
 // W_mat^T · dY_b product produces.
 //
 // The unrolled matrix is K*K/S^2 times larger than X, so the host runs both kernels on batch
-// chunks with a bounded workspace. Indices are 64-bit: one chunk may hold more than 2^31 floats.
+// chunks with a bounded workspace. Grids are 2-D (grid.y walks the images) so all index math
+// inside an image is 32-bit; only per-image base offsets are 64-bit.
 
 #ifndef GEMM_BLOCK
 #define GEMM_BLOCK 256  // threads per block (the host launches with this)
@@ -33,20 +34,21 @@ extern "C" __global__ void im2col_rows(const float* __restrict__ x, float* __res
                                        int B, int C, int H, int W, int K, int S, int H_out,
                                        int W_out) {
     const int taps = C * K * K;
-    const int plane = H_out * W_out;
-    const long long total = (long long)B * plane * taps;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int tap = (int)(i % taps);
-        const long long rest = i / taps;
-        const int pos = (int)(rest % plane);
-        const int b = (int)(rest / plane);
-        const int q = tap % K;
-        const int p = (tap / K) % K;
-        const int c = tap / (K * K);
-        const int oh = pos / W_out;
-        const int ow = pos - oh * W_out;
-        cols[i] = x[(((long long)b * C + c) * H + oh * S + p) * W + ow * S + q];
+    const int per_image = H_out * W_out * taps;
+    for (int b = blockIdx.y; b < B; b += gridDim.y) {
+        const float* image = x + (long long)b * C * H * W;
+        float* out = cols + (long long)b * per_image;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < per_image;
+             i += gridDim.x * blockDim.x) {
+            const int tap = i % taps;
+            const int pos = i / taps;
+            const int q = tap % K;
+            const int p = (tap / K) % K;
+            const int c = tap / (K * K);
+            const int oh = pos / W_out;
+            const int ow = pos - oh * W_out;
+            out[i] = image[(c * H + oh * S + p) * W + ow * S + q];
+        }
     }
 }
 
@@ -56,27 +58,26 @@ extern "C" __global__ void col2im_gather(const float* __restrict__ dcols, float*
                                          int B, int C, int H, int W, int K, int S, int H_out,
                                          int W_out) {
     const int plane = H_out * W_out;
-    const long long total = (long long)B * C * H * W;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int col = (int)(i % W);
-        long long rest = i / W;
-        const int row = (int)(rest % H);
-        rest /= H;
-        const int c = (int)(rest % C);
-        const int b = (int)(rest / C);
+    const int image_size = C * H * W;
+    for (int b = blockIdx.y; b < B; b += gridDim.y) {
         const float* image = dcols + (long long)b * C * K * K * plane;
-
-        float acc = 0.0f;
-        for (int p = row % S; p < K && p <= row; p += S) {
-            const int oh = (row - p) / S;
-            if (oh >= H_out) continue;
-            for (int q = col % S; q < K && q <= col; q += S) {
-                const int ow = (col - q) / S;
-                if (ow >= W_out) continue;
-                acc += image[(long long)((c * K + p) * K + q) * plane + oh * W_out + ow];
+        float* out = dx + (long long)b * image_size;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < image_size;
+             i += gridDim.x * blockDim.x) {
+            const int col = i % W;
+            const int row = (i / W) % H;
+            const int c = i / (W * H);
+            float acc = 0.0f;
+            for (int p = row % S; p < K && p <= row; p += S) {
+                const int oh = (row - p) / S;
+                if (oh >= H_out) continue;
+                for (int q = col % S; q < K && q <= col; q += S) {
+                    const int ow = (col - q) / S;
+                    if (ow >= W_out) continue;
+                    acc += image[((c * K + p) * K + q) * plane + oh * W_out + ow];
+                }
             }
+            out[i] = acc;
         }
-        dx[i] = acc;
     }
 }

@@ -20,7 +20,8 @@
 // subsample_dz computes dE/dz and dE/dz * mean per output (the host reduces those per channel);
 // pool_spread_gather spreads dE/dz back over the windows, again as a gather.
 //
-// Only 32-bit shape arguments; flat indices are 64-bit.
+// Grids are 2-D: grid.y walks the images, grid.x the elements of one image, so index math is
+// 32-bit (only the per-image base offsets are 64-bit).
 
 #ifndef POOL_BLOCK
 #define POOL_BLOCK 256  // threads per block (the host launches with this)
@@ -35,54 +36,59 @@ __device__ __forceinline__ bool same_value(float a, float b) {
     return a == b || (a != a && b != b);
 }
 
+// The loops every kernel here shares: image b (grid.y) and element i of that image (grid.x).
+#define FOR_EACH_IMAGE_ELEMENT(B, per_image)                                   \
+    for (int b = blockIdx.y; b < (B); b += gridDim.y)                          \
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (per_image);   \
+             i += gridDim.x * blockDim.x)
+
 // One thread per output: y[b,c,oh,ow] = max over the K x K window at (oh*S, ow*S).
 extern "C" __global__ void maxpool_forward(const float* __restrict__ x, float* __restrict__ y,
-                                           long long planes, int H, int W, int K, int S,
+                                           int B, int C, int H, int W, int K, int S,
                                            int H_out, int W_out) {
-    const long long total = planes * H_out * W_out;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int ow = (int)(i % W_out);
-        const int oh = (int)((i / W_out) % H_out);
-        const float* window = x + (i / ((long long)W_out * H_out)) * H * W
-                              + (long long)oh * S * W + ow * S;
+    FOR_EACH_IMAGE_ELEMENT(B, C * H_out * W_out) {
+        const int ow = i % W_out;
+        const int oh = (i / W_out) % H_out;
+        const int c = i / (W_out * H_out);
+        const float* window = x + ((long long)b * C + c) * H * W + oh * S * W + ow * S;
         float best = window[0];
         for (int p = 0; p < K; ++p)
             for (int q = 0; q < K; ++q)
                 if (beats(window[p * W + q], best)) best = window[p * W + q];
-        y[i] = best;
+        y[(long long)b * C * H_out * W_out + i] = best;
     }
+}
+
+// Windows oh with oh*S <= row < oh*S + K, clipped to the output: [*lo, *hi].
+__device__ __forceinline__ void windows_of(int row, int K, int S, int n_out, int* lo, int* hi) {
+    *lo = row >= K ? (row - K) / S + 1 : 0;
+    *hi = min(row / S, n_out - 1);
 }
 
 // dx[b,c,h,w] = sum of dy over the windows whose first maximum is (h, w). y may be NULL.
 extern "C" __global__ void maxpool_backward_gather(const float* __restrict__ x,
                                                    const float* __restrict__ y,
                                                    const float* __restrict__ dy,
-                                                   float* __restrict__ dx, long long planes,
+                                                   float* __restrict__ dx, int B, int C,
                                                    int H, int W, int K, int S, int H_out,
                                                    int W_out) {
-    const long long total = planes * H * W;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int col = (int)(i % W);
-        const int row = (int)((i / W) % H);
-        const long long plane = i / ((long long)W * H);
+    FOR_EACH_IMAGE_ELEMENT(B, C * H * W) {
+        const int col = i % W;
+        const int row = (i / W) % H;
+        const long long plane = (long long)b * C + i / (W * H);
         const float* image = x + plane * H * W;
         const long long out_base = plane * H_out * W_out;
-
-        // Windows oh with oh*S <= row < oh*S + K, clipped to the output.
-        const int oh_lo = row >= K ? (row - K) / S + 1 : 0;
-        const int oh_hi = min(row / S, H_out - 1);
-        const int ow_lo = col >= K ? (col - K) / S + 1 : 0;
-        const int ow_hi = min(col / S, W_out - 1);
+        int oh_lo, oh_hi, ow_lo, ow_hi;
+        windows_of(row, K, S, H_out, &oh_lo, &oh_hi);
+        windows_of(col, K, S, W_out, &ow_lo, &ow_hi);
 
         float acc = 0.0f;
         for (int oh = oh_lo; oh <= oh_hi; ++oh) {
             for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-                const float* window = image + (long long)oh * S * W + ow * S;
+                const float* window = image + oh * S * W + ow * S;
                 int arg_p = 0, arg_q = 0;
                 if (y != nullptr) {
-                    const float target = y[out_base + (long long)oh * W_out + ow];
+                    const float target = y[out_base + oh * W_out + ow];
                     bool found = false;
                     for (int p = 0; p < K && !found; ++p)
                         for (int q = 0; q < K && !found; ++q)
@@ -102,33 +108,35 @@ extern "C" __global__ void maxpool_backward_gather(const float* __restrict__ x,
                             }
                 }
                 if (oh * S + arg_p == row && ow * S + arg_q == col)
-                    acc += dy[out_base + (long long)oh * W_out + ow];
+                    acc += dy[out_base + oh * W_out + ow];
             }
         }
-        dx[i] = acc;
+        dx[(long long)b * C * H * W + i] = acc;
     }
+}
+
+// Mean of the K x K window at (oh*S, ow*S) of one channel plane.
+__device__ __forceinline__ float window_mean(const float* plane, int W, int K, int S, int oh,
+                                             int ow) {
+    const float* window = plane + oh * S * W + ow * S;
+    float sum = 0.0f;
+    for (int p = 0; p < K; ++p)
+        for (int q = 0; q < K; ++q) sum += window[p * W + q];
+    return sum * (1.0f / (float)(K * K));
 }
 
 // One thread per output: s = sigmoid(coef[c] * mean + bias[c]).
 extern "C" __global__ void subsample_forward(const float* __restrict__ x,
                                              const float* __restrict__ coef,
                                              const float* __restrict__ bias,
-                                             float* __restrict__ s, long long planes, int C,
-                                             int H, int W, int K, int S, int H_out, int W_out) {
-    const long long total = planes * H_out * W_out;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    const float inv_area = 1.0f / (float)(K * K);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int ow = (int)(i % W_out);
-        const int oh = (int)((i / W_out) % H_out);
-        const long long plane = i / ((long long)W_out * H_out);
-        const int c = (int)(plane % C);
-        const float* window = x + plane * H * W + (long long)oh * S * W + ow * S;
-        float sum = 0.0f;
-        for (int p = 0; p < K; ++p)
-            for (int q = 0; q < K; ++q) sum += window[p * W + q];
-        const float z = coef[c] * (sum * inv_area) + bias[c];
-        s[i] = 1.0f / (1.0f + expf(-z));
+                                             float* __restrict__ s, int B, int C, int H, int W,
+                                             int K, int S, int H_out, int W_out) {
+    FOR_EACH_IMAGE_ELEMENT(B, C * H_out * W_out) {
+        const int ow = i % W_out;
+        const int oh = (i / W_out) % H_out;
+        const int c = i / (W_out * H_out);
+        const float mean = window_mean(x + ((long long)b * C + c) * H * W, W, K, S, oh, ow);
+        s[(long long)b * C * H_out * W_out + i] = 1.0f / (1.0f + expf(-(coef[c] * mean + bias[c])));
     }
 }
 
@@ -138,25 +146,18 @@ extern "C" __global__ void subsample_dz(const float* __restrict__ x, const float
                                         const float* __restrict__ ds,
                                         const float* __restrict__ coef,
                                         const float* __restrict__ bias, float* __restrict__ dz,
-                                        float* __restrict__ dz_mean, long long planes, int C,
-                                        int H, int W, int K, int S, int H_out, int W_out) {
-    const long long total = planes * H_out * W_out;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    const float inv_area = 1.0f / (float)(K * K);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int ow = (int)(i % W_out);
-        const int oh = (int)((i / W_out) % H_out);
-        const long long plane = i / ((long long)W_out * H_out);
-        const int c = (int)(plane % C);
-        const float* window = x + plane * H * W + (long long)oh * S * W + ow * S;
-        float sum = 0.0f;
-        for (int p = 0; p < K; ++p)
-            for (int q = 0; q < K; ++q) sum += window[p * W + q];
-        const float mean = sum * inv_area;
-        const float out = s != nullptr ? s[i] : 1.0f / (1.0f + expf(-(coef[c] * mean + bias[c])));
-        const float g = ds[i] * out * (1.0f - out);
-        dz[i] = g;
-        dz_mean[i] = g * mean;
+                                        float* __restrict__ dz_mean, int B, int C, int H, int W,
+                                        int K, int S, int H_out, int W_out) {
+    FOR_EACH_IMAGE_ELEMENT(B, C * H_out * W_out) {
+        const int ow = i % W_out;
+        const int oh = (i / W_out) % H_out;
+        const int c = i / (W_out * H_out);
+        const long long at = (long long)b * C * H_out * W_out + i;
+        const float mean = window_mean(x + ((long long)b * C + c) * H * W, W, K, S, oh, ow);
+        const float out = s != nullptr ? s[at] : 1.0f / (1.0f + expf(-(coef[c] * mean + bias[c])));
+        const float g = ds[at] * out * (1.0f - out);
+        dz[at] = g;
+        dz_mean[at] = g * mean;
     }
 }
 
@@ -164,24 +165,20 @@ extern "C" __global__ void subsample_dz(const float* __restrict__ x, const float
 // i.e. the backward of an average pool when scale is NULL and of subsampling otherwise.
 extern "C" __global__ void pool_spread_gather(const float* __restrict__ dz,
                                               const float* __restrict__ scale,
-                                              float* __restrict__ dx, long long planes, int C,
-                                              int H, int W, int K, int S, int H_out, int W_out) {
-    const long long total = planes * H * W;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    const float inv_area = 1.0f / (float)(K * K);
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int col = (int)(i % W);
-        const int row = (int)((i / W) % H);
-        const long long plane = i / ((long long)W * H);
-        const int oh_lo = row >= K ? (row - K) / S + 1 : 0;
-        const int oh_hi = min(row / S, H_out - 1);
-        const int ow_lo = col >= K ? (col - K) / S + 1 : 0;
-        const int ow_hi = min(col / S, W_out - 1);
-        const float* grad = dz + plane * H_out * W_out;
+                                              float* __restrict__ dx, int B, int C, int H, int W,
+                                              int K, int S, int H_out, int W_out) {
+    FOR_EACH_IMAGE_ELEMENT(B, C * H * W) {
+        const int col = i % W;
+        const int row = (i / W) % H;
+        const int c = i / (W * H);
+        const float* grad = dz + ((long long)b * C + c) * H_out * W_out;
+        int oh_lo, oh_hi, ow_lo, ow_hi;
+        windows_of(row, K, S, H_out, &oh_lo, &oh_hi);
+        windows_of(col, K, S, W_out, &ow_lo, &ow_hi);
         float acc = 0.0f;
         for (int oh = oh_lo; oh <= oh_hi; ++oh)
             for (int ow = ow_lo; ow <= ow_hi; ++ow) acc += grad[oh * W_out + ow];
-        const float factor = (scale != nullptr ? scale[(int)(plane % C)] : 1.0f) * inv_area;
-        dx[i] = acc * factor;
+        const float factor = (scale != nullptr ? scale[c] : 1.0f) * (1.0f / (float)(K * K));
+        dx[(long long)b * C * H * W + i] = acc * factor;
     }
 }
