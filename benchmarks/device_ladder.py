@@ -182,11 +182,12 @@ def time_impl(impl, shape, x, w, b, params, reps, y_torch, ref) -> dict[str, Any
 
 SWEEP = {
     "conv1": [
-        {"TN": 4}, {"TN": 2}, {"BY": 1}, {"BY": 4}, {"TN": 4, "BY": 4}, {"TN": 8, "BY": 3},
+        {"TN": 8, "BY": 3}, {"TN": 8, "BY": 1}, {"TN": 4}, {"TN": 4, "BY": 2}, {"TN": 2},
+        {"TN": 8, "CCH": 1, "BX": 40},
     ],
     "conv2": [
-        {"TN": 2}, {"TN": 8}, {"TM": 8}, {"TM": 8, "TN": 4}, {"BY": 5}, {"BY": 7},
-        {"TN": 2, "BY": 6}, {"BY": 9}, {"TM": 4, "TN": 8},
+        {"TN": 2}, {"TN": 2, "BY": 7}, {"TN": 2, "BY": 3}, {"TN": 1}, {"TN": 4, "BY": 5},
+        {"TM": 8, "TN": 4}, {"TM": 8, "TN": 2}, {"TM": 8, "TN": 8}, {"TN": 4, "CCH": 2},
     ],
 }
 

@@ -118,8 +118,10 @@ def run_cases(impl: ConvImpl, cases: list[Case], params: dict | None = None) -> 
         err = rel_l2(y, case.ref)
         if not err <= impl.tolerance:
             failures.append(f"{case.shape}: rel L2 {err:.3g}")
+        # Release this case's workspace / constant-memory slice before preparing the next.
+        del run
         if prepared is not None:
-            prepared[i] = None  # release workspace early
+            prepared[i] = None
     return failures
 
 

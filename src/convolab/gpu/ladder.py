@@ -321,6 +321,20 @@ def register_tiled_config(shape: ConvShape, params: Mapping[str, Any]) -> dict[s
     return {"TM": tm, "TN": tn, "BX": bx, "BY": by, "CCH": cch, "STRIDE": stride_define}
 
 
+def arrange_register_tiled_weights(w: Any, tm: int) -> Any:
+    """(M, C, K, K) -> [ceil(M/TM)][C][q][p][TM], zero-padded past M.
+
+    The layout the kernel stages with straight 16-byte copies: for one (channel group, c, q)
+    the K*TM weights an input strip meets are contiguous, TM channels innermost.
+    """
+    cp = require_cupy()
+    m, c, k, _ = w.shape
+    groups = ceil_div(m, tm)
+    padded = cp.zeros((groups * tm, c, k, k), dtype=cp.float32)
+    padded[:m] = w
+    return cp.ascontiguousarray(padded.reshape(groups, tm, c, k, k).transpose(0, 2, 4, 3, 1))
+
+
 def _prepare_register_tiled(
     shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]
 ) -> Run:
@@ -329,7 +343,7 @@ def _prepare_register_tiled(
     tm, tn, bx, by, cch = cfg["TM"], cfg["TN"], cfg["BX"], cfg["BY"], cfg["CCH"]
     defines = {"KSIZE": s.K, "STRIDE": cfg["STRIDE"], "TM": tm, "TN": tn}
     kernel = get_kernel("07_register_tiled.cu", "conv_register_tiled", defines)
-    w, b = _as_f32(w), _as_f32(b)
+    w, b = arrange_register_tiled_weights(_as_f32(w), tm), _as_f32(b)
     rows = (by * tn - 1) * s.S + s.K
     cols = (bx - 1) * s.S + s.K
     smem = 4 * cch * (s.K * s.K * tm + rows * cols)

@@ -12,6 +12,10 @@
 // 448 FMAs, 38 loads), so the SM runs near its FMA rate instead of its load/store rate.
 // Threads are laid out along output columns, so neighbouring lanes read neighbouring shared-
 // memory words (no bank conflicts at stride 1) and write coalesced rows of y.
+// Staging uses cp.async (global -> shared without passing through registers, zero-fill for
+// the padding): a plain load-then-store loop waits out one DRAM latency per element, which
+// measured 2x slower on conv1. The host pre-arranges the weights as [M/TM][C][q][p][TM] so
+// their staging is a straight 16-byte copy.
 // Compile-time: KSIZE, TM, TN and STRIDE (0 = stride passed at run time: the strip then reads
 // shared memory per tap instead of registers, still correct for any S).
 #include "common.cuh"
@@ -36,8 +40,27 @@
 #error "TM must be a multiple of 4 (weights are read as float4)"
 #endif
 
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 4 bytes global -> shared, or 4 zero bytes when !valid (src is then never read).
+__device__ __forceinline__ void copy_async_4(float* dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)),
+               "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void copy_async_16(float* dst, const float* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
+               "l"(src));
+}
+
+__device__ __forceinline__ void copy_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(MAX_THREADS)
-conv_register_tiled(const float* __restrict__ x, const float* __restrict__ w,
+conv_register_tiled(const float* __restrict__ x, const float* __restrict__ w_arranged,
                     const float* __restrict__ bias, float* __restrict__ y,
                     int B, int C, int H, int W, int M, int stride, int Ho, int Wo,
                     int cch, int tiles_w, int tiles_per_image) {
@@ -67,19 +90,25 @@ conv_register_tiled(const float* __restrict__ x, const float* __restrict__ w,
 
   for (int c0 = 0; c0 < C; c0 += cch) {
     const int nc = min(cch, C - c0);
-    for (int i = tid; i < nc * KK * TM; i += nthreads) {
-      const int mm = i % TM, p = (i / TM) % KSIZE, q = (i / (TM * KSIZE)) % KSIZE;
-      const int cl = i / (TM * KK);
-      const int m = m0 + mm;
-      s_w[i] = m < M ? w[((size_t)m * C + c0 + cl) * KK + p * KSIZE + q] : 0.0f;
-    }
+    // Weights of this chunk: one contiguous, 16-byte aligned run of w_arranged (zero-padded
+    // for channels m >= M by the host).
+    const float* w_src = w_arranged + ((size_t)blockIdx.y * C + c0) * KK * TM;
+    for (int i = tid; i < nc * KK * TM / 4; i += nthreads) copy_async_16(s_w + 4 * i, w_src + 4 * i);
     // Out-of-range input (only the padding rows/columns of edge tiles) is zero so the
     // compute loop needs no bounds checks; those outputs are never stored.
-    for (int i = tid; i < nc * in_rows * in_cols; i += nthreads) {
-      const int col = i % in_cols, row = (i / in_cols) % in_rows, cl = i / (in_cols * in_rows);
-      const int hi = hi0 + row, wi = wi0 + col;
-      s_in[i] = (hi < H && wi < W) ? CONVOLAB_X_AT(x, b, c0 + cl, hi, wi, C, H, W) : 0.0f;
+    for (int cl = 0; cl < nc; ++cl) {
+      const float* x_c = x + ((size_t)b * C + c0 + cl) * H * (size_t)W;
+      float* dst = s_in + cl * in_rows * in_cols;
+      for (int r = ty; r < in_rows; r += by) {
+        const int hi = hi0 + r;
+        for (int col = tx; col < in_cols; col += bx) {
+          const int wi = wi0 + col;
+          const bool valid = hi < H && wi < W;
+          copy_async_4(dst + r * in_cols + col, valid ? x_c + (size_t)hi * W + wi : x, valid);
+        }
+      }
     }
+    copy_async_wait_all();
     __syncthreads();
 
     for (int cl = 0; cl < nc; ++cl) {
@@ -124,11 +153,10 @@ conv_register_tiled(const float* __restrict__ x, const float* __restrict__ w,
 #pragma unroll
   for (int j = 0; j < TN; ++j) {
     const int ho = ho0 + ty * TN + j;
-    if (ho >= Ho) break;
 #pragma unroll
     for (int mm = 0; mm < TM; ++mm) {
       const int m = m0 + mm;
-      if (m < M) CONVOLAB_Y_AT(y, b, m, ho, wo, M, Ho, Wo) = acc[mm][j] + bias[m];
+      if (ho < Ho && m < M) CONVOLAB_Y_AT(y, b, m, ho, wo, M, Ho, Wo) = acc[mm][j] + bias[m];
     }
   }
 }
