@@ -91,11 +91,17 @@ def test_conv_forward_matches_loops(rng: np.random.Generator, stride: int) -> No
     x = rng.standard_normal((2, 3, 11, 10)).astype(np.float32)
     want = conv_loops(x.astype(np.float64), conv.weight.astype(np.float64),
                       conv.bias.astype(np.float64), stride)
-    for training in (True, False):  # own unroll (training) and the registry impl (eval)
+    for training in (True, False):  # the registry impl: per call, and as a cached plan
         conv.train(training)
         got = conv.forward(x)
         assert got.dtype == np.float32 and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    conv.weight, conv.bias = conv.weight.astype(np.float64), conv.bias.astype(np.float64)
+    own = conv.forward(x.astype(np.float64))  # float64: this module's own chunked unroll
+    assert own.dtype == np.float64
+    np.testing.assert_allclose(own, want, rtol=1e-12, atol=1e-12)
+    conv._CPU_CHUNK_BYTES = 1  # one image per chunk: the chunk loop must cover the batch
+    np.testing.assert_allclose(conv.forward(x.astype(np.float64)), want, rtol=1e-12, atol=1e-12)
 
 
 def test_conv_eval_plan_follows_new_weights(rng: np.random.Generator) -> None:
@@ -144,6 +150,9 @@ def test_linear_relu_flatten_softmax_forward(rng: np.random.Generator) -> None:
 @pytest.mark.parametrize("stride", [1, 2, 3])
 def test_conv_backward(rng: np.random.Generator, stride: int) -> None:
     check_layer_grads(Conv2d(2, 3, 3, stride=stride), rng.standard_normal((2, 2, 8, 7)), rng)
+    one_image_chunks = Conv2d(2, 3, 3, stride=stride)
+    one_image_chunks._CPU_CHUNK_BYTES = 1
+    check_layer_grads(one_image_chunks, rng.standard_normal((3, 2, 8, 7)), rng)
 
 
 @pytest.mark.parametrize("k,s", [(2, 2), (3, 2), (2, 1)])

@@ -94,11 +94,12 @@ def col2im(cols: Array, x_shape: tuple[int, ...], k: int, stride: int = 1) -> Ar
 
 class Conv2d(Layer):
     """Valid convolution with stride. The forward comes from the registry (`impl`, default
-    'cpu-im2col' on NumPy; on CuPy the caller names a GPU rung, else cuBLAS im2col here).
+    'cpu-im2col' on NumPy; on CuPy the caller names a GPU rung, else cuBLAS im2col here); this
+    module's own unroll is the fallback (also for float64, which the registry does not take).
 
-    While training on the CPU with the default impl, the forward unrolls the input itself and
-    keeps the unrolled matrix: the backward needs exactly that matrix for dE/dW, so sharing it
-    saves one im2col per step. Prepared plans are cached only in eval mode (weights fixed)."""
+    Training calls `impl.forward` every step and keeps only x: the backward re-unrolls it a few
+    images at a time (cache-sized) rather than holding a batch-sized unrolled matrix. Prepared
+    plans are cached only in eval mode, when the weights are fixed."""
 
     param_names = ("weight", "bias")
 
@@ -144,6 +145,8 @@ class Conv2d(Layer):
         return max(1, self._CPU_CHUNK_BYTES // (s.C * s.K * s.K * s.H_out * s.W_out * 4))
 
     def _own_forward(self, x: Array) -> Array:
+        if self.training:
+            self._x, self._cols = x, None
         xp = xp_of(x)
         s = ConvShape.of(x.shape, self.weight.shape, self.stride)
         w2 = self.weight.reshape(s.M, -1)
@@ -159,13 +162,11 @@ class Conv2d(Layer):
     def forward(self, x: Array) -> Array:
         shape = ConvShape.of(x.shape, self.weight.shape, self.stride)
         impl = None if x.dtype != np.float32 else self._registry_impl(x)
-        own = impl is None or (self.training and xp_of(x) is np and impl.name == "cpu-im2col")
+        if impl is None:
+            return self._own_forward(x)
         if self.training:
             self._x, self._cols = x, None  # the backward re-unrolls x chunk by chunk
-            return self._own_forward(x) if own else impl.forward(x, self.weight, self.bias,
-                                                                 self.stride)
-        if own:
-            return self._own_forward(x)
+            return impl.forward(x, self.weight, self.bias, self.stride)
         xp = xp_of(x)
         bias = self.bias if self.bias is not None else xp.zeros((shape.M,), np.float32)
         key = (shape, impl.name, id(self.weight), id(self.bias))
