@@ -103,7 +103,7 @@ def backward_layers_ms(model: str, batch: int, reps: int,
     import cupy as cp
 
     from convolab import models
-    from convolab.gpu.backward import conv2d_backward
+    from convolab.gpu.backward import _channel_sum, conv2d_backward
     from convolab.layers import Conv2d
     from convolab.timing import Stats, time_gpu
 
@@ -130,6 +130,10 @@ def backward_layers_ms(model: str, batch: int, reps: int,
                 stats = Stats.of(time_gpu(run, reps=reps, warmup=2))
                 row[f"{method}_ms"] = stats.median_ms
                 row[f"{method}_spread_pct"] = stats.spread_pct
+            # The bias gradient alone: CuPy's one-call reduction vs the two-stage one used.
+            one_pass = Stats.of(time_gpu(lambda dy=dy: dy.sum(axis=(0, 2, 3)), reps=reps))
+            two_stage = Stats.of(time_gpu(lambda dy=dy: _channel_sum(dy), reps=reps))
+            row["db_one_pass_ms"], row["db_two_stage_ms"] = one_pass.median_ms, two_stage.median_ms
             rows.append(row)
             first = False
             x = cp.asarray(rng.uniform(0, 1, (batch, w.shape[0], h_out, h_out)).astype(np.float32))
@@ -237,7 +241,9 @@ def main() -> None:
                   flush=True)
         for layer in row["backward_layers"]:
             print(f"   backward {layer['layer']} x{tuple(layer['x'])}: "
-                  + "  ".join(f"{m} {layer[f'{m}_ms']:.3f} ms" for m in methods), flush=True)
+                  + "  ".join(f"{m} {layer[f'{m}_ms']:.3f} ms" for m in methods)
+                  + f"  (db: one-pass sum {layer['db_one_pass_ms']:.3f} ms, two-stage "
+                  f"{layer['db_two_stage_ms']:.3f} ms)", flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -356,3 +356,31 @@ def test_short_gpu_training_run_lowers_the_loss(rng):
         losses.append(float(loss))
     assert np.isfinite(losses).all()
     assert np.mean(losses[-3:]) < 0.5 * losses[0], losses
+
+
+def test_gpu_training_is_bit_reproducible(rng):
+    """Same seed, same batches, same GPU: two short training runs end with identical weights
+    (no atomics anywhere in the step; cuBLAS and CuPy reductions run in a fixed order)."""
+    import cupy as cp
+
+    from convolab import models
+    from convolab.network import CrossEntropyLoss
+    from convolab.optim import Adam
+
+    images = cp.asarray(rng.uniform(0, 1, (64, 1, 86, 86)).astype(np.float32))
+    labels = cp.asarray(rng.integers(0, 10, 64))
+    seed = int(rng.integers(0, 1000))
+
+    def train_briefly() -> dict[str, np.ndarray]:
+        net = models.build("ece408", seed=seed).to("gpu").train()
+        optimizer, loss_fn = Adam(net, lr=1e-3), CrossEntropyLoss()
+        for step in range(6):
+            batch = slice(step % 2 * 32, step % 2 * 32 + 32)
+            _, grad = loss_fn(net.logits(images[batch]), labels[batch])
+            net.backward(grad)
+            optimizer.step()
+        return {k: cp.asnumpy(v) for k, v in net.params().items()}
+
+    first, second = train_briefly(), train_briefly()
+    for name, value in first.items():
+        np.testing.assert_array_equal(second[name], value, err_msg=name)
