@@ -32,10 +32,9 @@ LAYERS = {"conv1": (ConvShape(10000, 1, 86, 86, 4, 7), 2),
           "conv2": (ConvShape(10000, 4, 40, 40, 16, 7), 4)}
 # Exact-kernel tilings tried besides the default plan (the tuner's space, hand-picked).
 SWEEP = {
-    "conv1": [{"pw": 4, "ty": 20}, {"pw": 4, "ty": 16}, {"pw": 2, "ty": 16}, {"pw": 2, "ty": 4},
-              {"pw": 1, "ty": 8}, {"pw": 2, "ty": 8, "minb": 4}, {"mt": 2, "pw": 4, "ty": 8}],
-    "conv2": [{"minb": 4}, {"minb": 6}, {"mt": 8, "minb": 4}, {"mt": 2, "minb": 8},
-              {"mt": 8, "minb": 2}, {"mt": 4, "ty": 4, "minb": 8}],
+    "conv1": [{"rpt": 1}, {"rpt": 2}, {"pw": 4, "ty": 10, "rpt": 4}, {"minb": 4},
+              {"pw": 1, "ty": 8}],
+    "conv2": [{"mg": 1, "minb": 8}, {"mg": 2, "minb": 4}, {"minb": 1}, {"mt": 8, "mg": 2}],
 }
 
 

@@ -54,20 +54,47 @@
 #ifndef FCP_MINB
 #define FCP_MINB 1  // blocks per SM the register allocation must allow (caps registers)
 #endif
+#ifndef FCP_MG
+#define FCP_MG 1  // channel groups per block (threadIdx.z): they share one staged input tile
+#endif
+#ifndef FCP_RPT
+#define FCP_RPT 1  // tile rows of TY pooled rows a block walks through (only when CC >= C)
+#endif
+
+#define FCP_NEG_INF (__int_as_float(0xff800000u))
+#define FCP_THREADS (FCP_TX * FCP_TY * FCP_MG)
+#define FCP_STAGE_UNROLL 8  // global loads each thread keeps in flight while staging
 
 #define FCP_COLS (FCP_PW * FCP_P)                            // conv columns per thread
 #define FCP_SPAN ((FCP_COLS - 1) * FCP_S + FCP_K)            // input columns a thread reads
 #define FCP_SPAN4 ((FCP_SPAN + 3) / 4 * 4)                   // ... rounded up for float4 loads
 #define FCP_ROWS_T ((FCP_P - 1) * FCP_S + FCP_K)             // input rows one thread reads
-#define FCP_IN_ROWS ((FCP_TY * FCP_P - 1) * FCP_S + FCP_K)   // input rows of a block tile
+#define FCP_IN_ROWS ((FCP_TY * FCP_RPT * FCP_P - 1) * FCP_S + FCP_K)  // rows of a block tile
 #define FCP_COL_STEP (FCP_COLS * FCP_S)                      // input columns between threads
 #define FCP_VEC_ROWS ((FCP_COL_STEP % 4) == 0)               // row loads can be float4
 #define FCP_IN_STRIDE ((((FCP_TX - 1) * FCP_COL_STEP + FCP_SPAN4) + 3) / 4 * 4)
 #define FCP_IN_TILE (FCP_IN_ROWS * FCP_IN_STRIDE)
-#define FCP_W_TILE (FCP_K * FCP_K * FCP_MT)
+#define FCP_MB (FCP_MT * FCP_MG)  // output channels of a block
+#define FCP_W_TILE (FCP_K * FCP_K * FCP_MB)
 
 #if FCP_WANT(1)
-extern "C" __global__ void __launch_bounds__(FCP_TX * FCP_TY, FCP_MINB)
+// Copy n floats (index -> value function) into shared memory with FCP_STAGE_UNROLL
+// independent global loads in flight per thread: a plain strided loop waits out one full
+// memory latency per element, which in the first version cost half the kernel's time.
+#define FCP_STAGE(n, tid, DST, VALUE_AT)                                          \
+  for (int base_ = (tid); base_ < (n); base_ += FCP_THREADS * FCP_STAGE_UNROLL) { \
+    float v_[FCP_STAGE_UNROLL];                                                   \
+    _Pragma("unroll") for (int u_ = 0; u_ < FCP_STAGE_UNROLL; ++u_) {             \
+      const int i_ = base_ + u_ * FCP_THREADS;                                    \
+      v_[u_] = i_ < (n) ? VALUE_AT(i_) : 0.f;                                     \
+    }                                                                             \
+    _Pragma("unroll") for (int u_ = 0; u_ < FCP_STAGE_UNROLL; ++u_) {             \
+      const int i_ = base_ + u_ * FCP_THREADS;                                    \
+      if (i_ < (n)) DST[i_] = v_[u_];                                             \
+    }                                                                             \
+  }
+
+extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
 fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
           const float* __restrict__ bias, float* __restrict__ y,
           int C, int H, int W, int M, int Hp, int Wp, int tiles_w, int tiles_per_image) {
@@ -77,107 +104,118 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
   const int tile = blockIdx.x % tiles_per_image;
   const size_t b = blockIdx.x / tiles_per_image;
   const int tile_y = tile / tiles_w, tile_x = tile % tiles_w;
-  const int m0 = blockIdx.y * FCP_MT;
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int tid = ty * FCP_TX + tx;
-  const int ph = tile_y * FCP_TY + ty;
+  const int mb0 = blockIdx.y * FCP_MB;               // first channel of the block
+  const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
+  const int m0 = mb0 + tz * FCP_MT;                  // first channel of this thread
+  const int tid = (tz * FCP_TY + ty) * FCP_TX + tx;
   const int pw0 = (tile_x * FCP_TX + tx) * FCP_PW;
-  const int iy0 = tile_y * FCP_TY * FCP_P * FCP_S;
+  const int iy0 = tile_y * FCP_TY * FCP_RPT * FCP_P * FCP_S;
   const int ix0 = tile_x * FCP_TX * FCP_COL_STEP;
+  const float* xb = x + b * C * (size_t)H * W;
 
-  float acc[FCP_MT][FCP_P][FCP_COLS];
-#pragma unroll
-  for (int m = 0; m < FCP_MT; ++m)
-#pragma unroll
-    for (int dy = 0; dy < FCP_P; ++dy)
-#pragma unroll
-      for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+  auto input_at = [&](int i, int c0) -> float {
+    const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
+    const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
+    const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
+    // zero outside the image: lanes there compute discarded outputs from finite values
+    return (c < C && gy < H && gx < W) ? __ldg(&xb[((size_t)c * H + gy) * W + gx]) : 0.f;
+  };
+  auto weight_at = [&](int i, int c0) -> float {
+    const int cc = i / FCP_W_TILE, rem = i % FCP_W_TILE;
+    const int pq = rem / FCP_MB, m = mb0 + rem % FCP_MB, c = c0 + cc;
+    return (c < C && m < M) ? __ldg(&w[((size_t)m * C + c) * (FCP_K * FCP_K) + pq]) : 0.f;
+  };
 
-  for (int c0 = 0; c0 < C; c0 += FCP_CC) {
-    __syncthreads();  // the previous pass is done reading the tile
-    // Stage CC input channels (zero outside the image: those lanes' outputs are discarded,
-    // but their loads must read finite values from inside the array).
-    for (int i = tid; i < FCP_CC * FCP_IN_TILE; i += FCP_TX * FCP_TY) {
-      const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
-      const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
-      const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
-      float v = 0.f;
-      if (c < C && gy < H && gx < W) v = __ldg(&x[((b * C + c) * H + gy) * (size_t)W + gx]);
-      in_s[i] = v;
-    }
-    for (int i = tid; i < FCP_CC * FCP_W_TILE; i += FCP_TX * FCP_TY) {
-      const int cc = i / FCP_W_TILE, rem = i % FCP_W_TILE;
-      const int pq = rem / FCP_MT, m = m0 + rem % FCP_MT, c = c0 + cc;
-      w_s[i] = (c < C && m < M) ? __ldg(&w[((size_t)m * C + c) * (FCP_K * FCP_K) + pq]) : 0.f;
-    }
-    __syncthreads();
-
-    const int cc_n = min(FCP_CC, C - c0);
-    for (int cc = 0; cc < cc_n; ++cc) {
-      const float* in_t = in_s + cc * FCP_IN_TILE + (ty * FCP_P * FCP_S) * FCP_IN_STRIDE +
-                          tx * FCP_COL_STEP;
-      const float* w_c = w_s + cc * FCP_W_TILE;
+  const bool one_chunk = C <= FCP_CC;  // then the tile is staged once for all RPT rows
+  for (int rr = 0; rr < FCP_RPT; ++rr) {
+    const int ty_in_tile = rr * FCP_TY + ty;  // pooled row within the block tile
+    const int ph = tile_y * FCP_TY * FCP_RPT + ty_in_tile;
+    float acc[FCP_MT][FCP_P][FCP_COLS];
 #pragma unroll
-      for (int r = 0; r < FCP_ROWS_T; ++r) {
-        float row[FCP_SPAN4];
+    for (int m = 0; m < FCP_MT; ++m)
+#pragma unroll
+      for (int dy = 0; dy < FCP_P; ++dy)
+#pragma unroll
+        for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+
+    for (int c0 = 0; c0 < C; c0 += FCP_CC) {
+      if (rr == 0 || !one_chunk) {
+        __syncthreads();  // the previous pass is done reading the tile
+#define FCP_IN_AT(i) input_at(i, c0)
+#define FCP_W_AT(i) weight_at(i, c0)
+        FCP_STAGE(FCP_CC * FCP_IN_TILE, tid, in_s, FCP_IN_AT)
+        FCP_STAGE(FCP_CC * FCP_W_TILE, tid, w_s, FCP_W_AT)
+#undef FCP_IN_AT
+#undef FCP_W_AT
+        __syncthreads();
+      }
+      const int cc_n = min(FCP_CC, C - c0);
+      for (int cc = 0; cc < cc_n; ++cc) {
+        const float* in_t = in_s + cc * FCP_IN_TILE +
+                            (ty_in_tile * FCP_P * FCP_S) * FCP_IN_STRIDE + tx * FCP_COL_STEP;
+        const float* w_c = w_s + cc * FCP_W_TILE + tz * FCP_MT;
+#pragma unroll
+        for (int r = 0; r < FCP_ROWS_T; ++r) {
+          float row[FCP_SPAN4];
 #if FCP_VEC_ROWS
 #pragma unroll
-        for (int v = 0; v < FCP_SPAN4 / 4; ++v) {
-          const float4 f = *reinterpret_cast<const float4*>(in_t + r * FCP_IN_STRIDE + 4 * v);
-          row[4 * v] = f.x; row[4 * v + 1] = f.y; row[4 * v + 2] = f.z; row[4 * v + 3] = f.w;
-        }
+          for (int v = 0; v < FCP_SPAN4 / 4; ++v) {
+            const float4 f = *reinterpret_cast<const float4*>(in_t + r * FCP_IN_STRIDE + 4 * v);
+            row[4 * v] = f.x; row[4 * v + 1] = f.y; row[4 * v + 2] = f.z; row[4 * v + 3] = f.w;
+          }
 #else
 #pragma unroll
-        for (int v = 0; v < FCP_SPAN; ++v) row[v] = in_t[r * FCP_IN_STRIDE + v];
+          for (int v = 0; v < FCP_SPAN; ++v) row[v] = in_t[r * FCP_IN_STRIDE + v];
 #endif
 #pragma unroll
-        for (int dy = 0; dy < FCP_P; ++dy) {
-          const int p = r - dy * FCP_S;  // kernel row linking input row r to pool row dy
-          if (p < 0 || p >= FCP_K) continue;
+          for (int dy = 0; dy < FCP_P; ++dy) {
+            const int p = r - dy * FCP_S;  // kernel row linking input row r to pool row dy
+            if (p < 0 || p >= FCP_K) continue;
 #pragma unroll
-          for (int q = 0; q < FCP_K; ++q) {
-            float wv[FCP_MT];
+            for (int q = 0; q < FCP_K; ++q) {
+              float wv[FCP_MT];
 #if (FCP_MT % 4) == 0
 #pragma unroll
-            for (int v = 0; v < FCP_MT / 4; ++v) {
-              const float4 f =
-                  *reinterpret_cast<const float4*>(w_c + (p * FCP_K + q) * FCP_MT + 4 * v);
-              wv[4 * v] = f.x; wv[4 * v + 1] = f.y; wv[4 * v + 2] = f.z; wv[4 * v + 3] = f.w;
-            }
+              for (int v = 0; v < FCP_MT / 4; ++v) {
+                const float4 f =
+                    *reinterpret_cast<const float4*>(w_c + (p * FCP_K + q) * FCP_MB + 4 * v);
+                wv[4 * v] = f.x; wv[4 * v + 1] = f.y; wv[4 * v + 2] = f.z; wv[4 * v + 3] = f.w;
+              }
 #else
 #pragma unroll
-            for (int m = 0; m < FCP_MT; ++m) wv[m] = w_c[(p * FCP_K + q) * FCP_MT + m];
+              for (int m = 0; m < FCP_MT; ++m) wv[m] = w_c[(p * FCP_K + q) * FCP_MB + m];
 #endif
 #pragma unroll
-            for (int j = 0; j < FCP_COLS; ++j)
+              for (int j = 0; j < FCP_COLS; ++j)
 #pragma unroll
-              for (int m = 0; m < FCP_MT; ++m)
-                acc[m][dy][j] = fmaf(row[j * FCP_S + q], wv[m], acc[m][dy][j]);
+                for (int m = 0; m < FCP_MT; ++m)
+                  acc[m][dy][j] = fmaf(row[j * FCP_S + q], wv[m], acc[m][dy][j]);
+            }
           }
         }
       }
     }
-  }
 
-  // max(acc) + b == max(acc + b) exactly (rounding is monotonic), and ReLU commutes with max.
-  if (ph >= Hp) return;
+    // max(acc) + b == max(acc + b) exactly (rounding is monotonic); ReLU commutes with max.
+    if (ph < Hp) {
 #pragma unroll
-  for (int m = 0; m < FCP_MT; ++m) {
-    if (m0 + m >= M) break;
-    const float bm = __ldg(&bias[m0 + m]);
+      for (int m = 0; m < FCP_MT; ++m) {
+        if (m0 + m >= M) break;
+        const float bm = __ldg(&bias[m0 + m]);
 #pragma unroll
-    for (int k = 0; k < FCP_PW; ++k) {
-      if (pw0 + k >= Wp) break;
-      float mx = acc[m][0][k * FCP_P];
+        for (int k = 0; k < FCP_PW; ++k) {
+          if (pw0 + k >= Wp) break;
+          float mx = acc[m][0][k * FCP_P];
 #pragma unroll
-      for (int dy = 0; dy < FCP_P; ++dy)
+          for (int dy = 0; dy < FCP_P; ++dy)
 #pragma unroll
-        for (int dx = 0; dx < FCP_P; ++dx) mx = fmaxf(mx, acc[m][dy][k * FCP_P + dx]);
-      y[((b * M + m0 + m) * Hp + ph) * (size_t)Wp + pw0 + k] = fmaxf(mx + bm, 0.f);
+            for (int dx = 0; dx < FCP_P; ++dx) mx = fmaxf(mx, acc[m][dy][k * FCP_P + dx]);
+          y[((b * M + m0 + m) * Hp + ph) * (size_t)Wp + pw0 + k] = fmaxf(mx + bm, 0.f);
+        }
+      }
     }
   }
 }
-
 #endif
 
 // One thread per pooled output (b, m, ph, pw); every size is a run-time argument.
@@ -190,7 +228,7 @@ extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* 
        i += (long long)gridDim.x * blockDim.x) {
     const int pw = i % Wp, ph = (i / Wp) % Hp, m = (i / ((long long)Wp * Hp)) % M;
     const size_t b = i / ((long long)Wp * Hp * M);
-    float mx = -INFINITY;
+    float mx = FCP_NEG_INF;
     for (int dy = 0; dy < P; ++dy)
       for (int dx = 0; dx < P; ++dx) {
         const int oh = ph * P + dy, ow = pw * P + dx;
@@ -260,6 +298,9 @@ extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* 
 #define TC_MINB 1
 #endif
 
+#define TC_THREADS (TC_WARPS * 32)
+#define TC_STAGE_UNROLL 8
+
 #if TC_PREC == 0
 typedef __half tc_elem;
 #else
@@ -321,12 +362,23 @@ fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
   const size_t b = blockIdx.x / tiles_h;
   const int tile_y = blockIdx.x % tiles_h;
   const int iy0 = tile_y * TC_TPH * 2;
-  for (int i = threadIdx.x; i < TC_C * TOE_IR * TOE_RS; i += TC_WARPS * 32) {
-    const int c = i / (TOE_IR * TOE_RS), rem = i % (TOE_IR * TOE_RS);
-    const int r = rem / TOE_RS, col = rem % TOE_RS, gy = iy0 + r;
-    float v = 0.f;
-    if (gy < H && col < W) v = __ldg(&x[((b * TC_C + c) * H + gy) * (size_t)W + col]);
-    in_s[i] = tc_convert(v);
+  // Stage the tile with TC_STAGE_UNROLL independent loads in flight per thread.
+  constexpr int n_in = TC_C * TOE_IR * TOE_RS;
+  for (int base = threadIdx.x; base < n_in; base += TC_THREADS * TC_STAGE_UNROLL) {
+    float v[TC_STAGE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+      const int i = base + u * TC_THREADS;
+      const int c = i / (TOE_IR * TOE_RS), rem = i % (TOE_IR * TOE_RS);
+      const int r = rem / TOE_RS, col = rem % TOE_RS, gy = iy0 + r;
+      v[u] = (i < n_in && gy < H && col < W)
+                 ? __ldg(&x[((b * TC_C + c) * H + gy) * (size_t)W + col]) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+      const int i = base + u * TC_THREADS;
+      if (i < n_in) in_s[i] = tc_convert(v[u]);
+    }
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -416,15 +468,27 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
   const size_t b = blockIdx.x / tiles_per_image;
   const int tile_y = tile / tiles_w, tile_x = tile % tiles_w;
   const int iy0 = tile_y * TC_TPH * TC_P, ix0 = tile_x * TC_TPW * TC_P;
-  for (int i = threadIdx.x; i < WA_TILE; i += TC_WARPS * 32) {
-    const int c = i / (WA_IR * WA_RS), rem = i % (WA_IR * WA_RS);
-    const int r = rem / WA_RS, col = rem % WA_RS, gy = iy0 + r, gx = ix0 + col;
-    const float* src = x + ((b * TC_C + c) * H + gy) * (size_t)W + gx;
-    const bool row_ok = gy < H;
-    in_s[i] = tc_convert(row_ok && gx < W ? __ldg(src) : 0.f);
+  for (int base = threadIdx.x; base < WA_TILE; base += TC_THREADS * TC_STAGE_UNROLL) {
+    float v0[TC_STAGE_UNROLL], v1[TC_STAGE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+      const int i = base + u * TC_THREADS;
+      const int c = i / (WA_IR * WA_RS), rem = i % (WA_IR * WA_RS);
+      const int r = rem / WA_RS, col = rem % WA_RS, gy = iy0 + r, gx = ix0 + col;
+      const float* src = x + ((b * TC_C + c) * H + gy) * (size_t)W + gx;
+      const bool row_ok = i < WA_TILE && gy < H;
+      v0[u] = row_ok && gx < W ? __ldg(src) : 0.f;
+      v1[u] = row_ok && gx + 1 < W ? __ldg(src + 1) : 0.f;  // for the shifted copy
+    }
+#pragma unroll
+    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+      const int i = base + u * TC_THREADS;
+      if (i >= WA_TILE) break;
+      in_s[i] = tc_convert(v0[u]);
 #if WA_COPIES == 2
-    in_s[WA_TILE + i] = tc_convert(row_ok && gx + 1 < W ? __ldg(src + 1) : 0.f);  // shifted copy
+      in_s[WA_TILE + i] = tc_convert(v1[u]);
 #endif
+    }
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -436,7 +500,7 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
   __syncthreads();
 
   for (int u = warp; u < WA_UNITS; u += TC_WARPS) {
-    float vmax_lo = -INFINITY, vmax_hi = -INFINITY;
+    float vmax_lo = FCP_NEG_INF, vmax_hi = FCP_NEG_INF;
 #pragma unroll
     for (int j = 0; j < WA_NJ; ++j) {
       // This lane's B column n = g: which position of which window it gathers.

@@ -54,7 +54,7 @@ lenet_head(const float* __restrict__ feat, const float* __restrict__ w5t,
 
   if (lane < HEAD_IMGS && img0 + lane < B) {
     float logits[HEAD_OUT];
-    float mx = -INFINITY;
+    float mx = __int_as_float(0xff800000u);  // -inf (NVRTC has no INFINITY)
 #pragma unroll
     for (int o = 0; o < HEAD_OUT; ++o) {
       float s = __ldg(&b6[o]);
