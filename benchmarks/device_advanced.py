@@ -2,6 +2,7 @@
 
     python benchmarks/device_advanced.py sanitize          # each rung once, B=4 LeNet shapes
     python benchmarks/device_advanced.py bench --json F    # Op Time / Layer Time at B=10000
+    python benchmarks/device_advanced.py collect --from OUTDIR --json RESULTS.json
 
 A benchmark, not a test: it prints and records, and fails only if a kernel is wrong.
 Every timed configuration is first checked against the fp64 reference (first images of the
@@ -221,15 +222,61 @@ def bench(json_path: str | None, batch: int, reps: int) -> int:
     return 1 if bad else 0
 
 
+def collect(folder: str, json_path: str) -> int:
+    """Merge one device run's files (bench JSON, tune cache + trials, test and sanitizer
+    logs) into the committed results file."""
+    from pathlib import Path
+
+    src = Path(folder)
+    result: dict[str, Any] = {}
+    bench_file = src / "advanced_bench.json"
+    if bench_file.exists():
+        result.update(json.loads(bench_file.read_text()))
+    for name in ("tune.json", "tune_trials.json"):
+        if (src / name).exists():
+            result[name.removesuffix(".json")] = json.loads((src / name).read_text())
+    for name in ("tests.log", "sanitizer.log", "env.txt"):
+        if (src / name).exists():
+            lines = (src / name).read_text().splitlines()
+            keep = [
+                ln
+                for ln in lines
+                if any(
+                    k in ln
+                    for k in (
+                        "worst",
+                        "passed",
+                        "failed",
+                        "FAILED",
+                        "rc=",
+                        "ERROR SUMMARY",
+                        "took",
+                        "NVIDIA",
+                        "cupy",
+                        "rel_l2",
+                    )
+                )
+            ]
+            result[name.replace(".", "_")] = keep[-60:]
+    Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"wrote {json_path}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=["sanitize", "bench"])
+    parser.add_argument("what", choices=["sanitize", "bench", "collect"])
     parser.add_argument("--json")
+    parser.add_argument("--from", dest="folder", help="collect: the device run's $OUT copy")
     parser.add_argument("--batch", type=int, default=10_000)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args(argv)
     if args.what == "sanitize":
         return sanitize()
+    if args.what == "collect":
+        if not args.folder or not args.json:
+            parser.error("collect needs --from FOLDER and --json FILE")
+        return collect(args.folder, args.json)
     return bench(args.json, args.batch, args.reps)
 
 
