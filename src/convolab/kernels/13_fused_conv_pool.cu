@@ -63,7 +63,9 @@
 
 #define FCP_NEG_INF (__int_as_float(0xff800000u))
 #define FCP_THREADS (FCP_TX * FCP_TY * FCP_MG)
+#ifndef FCP_STAGE_UNROLL
 #define FCP_STAGE_UNROLL 8  // global loads each thread keeps in flight while staging
+#endif
 
 #define FCP_COLS (FCP_PW * FCP_P)                            // conv columns per thread
 #define FCP_SPAN ((FCP_COLS - 1) * FCP_S + FCP_K)            // input columns a thread reads
