@@ -164,6 +164,12 @@ def test_every_search_space_value(
     assert not failures, f"{name} {param}={value}: " + "\n".join(failures)
 
 
+def test_register_tiled_pipelined_random_shapes(random_cases: list[Case]) -> None:
+    """The persistent, double-buffered variant walks many tiles and channel chunks per block."""
+    failures = run_cases(ladder.REGISTER_TILED, random_cases, {"PIPE": 1})
+    assert not failures, "register-tiled PIPE=1:\n" + "\n".join(failures)
+
+
 def test_unroll_gemm_multiple_chunks(monkeypatch: pytest.MonkeyPatch, rng) -> None:
     """A workspace smaller than the batch forces several passes, the last one short."""
     shape = ConvShape(B=7, C=3, H=23, W=19, M=5, K=5, S=2)

@@ -279,7 +279,8 @@ def register_tiled_config(shape: ConvShape, params: Mapping[str, Any]) -> dict[s
     """
     s = shape
     tm = int(params.get("TM", 0)) or (4 if s.M <= 4 else 8 if s.M <= 8 else 16)
-    tn = int(params.get("TN", 0)) or (8 if tm <= 8 else 4)
+    # Measured on H100 (conv1, conv2 at B=10000): 8 rows for TM=4, 2 for TM=8 and 16.
+    tn = int(params.get("TN", 0)) or (8 if tm == 4 else 2)
     if tm not in (4, 8, 16) or tn not in (1, 2, 4, 8):
         raise ValueError(
             f"register-tiled: TM must be 4, 8 or 16 and TN 1, 2, 4 or 8 (got {tm}, {tn})"
@@ -302,23 +303,33 @@ def register_tiled_config(shape: ConvShape, params: Mapping[str, Any]) -> dict[s
             f"register-tiled: BX*BY = {bx * by} threads exceeds {REGISTER_TILED_MAX_THREADS}"
         )
 
+    pipe, q_unroll = int(params.get("PIPE", 0)), int(params.get("QU", 0))
+    if pipe not in (0, 1) or q_unroll not in (0, 1):
+        raise ValueError(f"register-tiled: PIPE and QU must be 0 or 1, got {pipe}, {q_unroll}")
+    copies = 2 if pipe else 1  # the pipelined kernel double-buffers its shared memory
+    limit_bytes = SHARED_LIMIT_BYTES // copies - 16
+
     def channel_bytes(by_: int, bx_: int) -> int:
         rows = (by_ * tn - 1) * s.S + s.K
         cols = (bx_ - 1) * s.S + s.K
         return 4 * (s.K * s.K * tm + rows * cols)
 
     # Large strides blow up the staged patch: give up rows, then columns, until one fits.
-    while channel_bytes(by, bx) > SHARED_LIMIT_BYTES and by > 1:
+    while channel_bytes(by, bx) > limit_bytes and by > 1:
         by = max(1, by // 2)
-    while channel_bytes(by, bx) > SHARED_LIMIT_BYTES and bx > 1:
+    while channel_bytes(by, bx) > limit_bytes and bx > 1:
         bx = ceil_div(bx, 2)
-    cch = int(params.get("CCH", 0)) or max(1, REGISTER_TILED_SMEM_BUDGET // channel_bytes(by, bx))
+    budget = REGISTER_TILED_SMEM_BUDGET // copies
+    cch = int(params.get("CCH", 0)) or max(1, budget // channel_bytes(by, bx))
     cch = min(cch, s.C)
-    while cch > 1 and cch * channel_bytes(by, bx) > SHARED_LIMIT_BYTES:
+    while cch > 1 and cch * channel_bytes(by, bx) > limit_bytes:
         cch -= 1
-    if channel_bytes(by, bx) > SHARED_LIMIT_BYTES:
+    if channel_bytes(by, bx) > limit_bytes:
         raise ValueError(f"register-tiled: no tile of shape {s} fits in shared memory")
-    return {"TM": tm, "TN": tn, "BX": bx, "BY": by, "CCH": cch, "STRIDE": stride_define}
+    return {
+        "TM": tm, "TN": tn, "BX": bx, "BY": by, "CCH": cch, "STRIDE": stride_define,
+        "PIPE": pipe, "QU": q_unroll,
+    }
 
 
 def arrange_register_tiled_weights(w: Any, tm: int) -> Any:
@@ -342,22 +353,56 @@ def _prepare_register_tiled(
     cfg = register_tiled_config(s, params)
     tm, tn, bx, by, cch = cfg["TM"], cfg["TN"], cfg["BX"], cfg["BY"], cfg["CCH"]
     defines = {"KSIZE": s.K, "STRIDE": cfg["STRIDE"], "TM": tm, "TN": tn}
-    kernel = get_kernel("07_register_tiled.cu", "conv_register_tiled", defines)
+    if cfg["QU"]:  # only then, so the default keeps the define set CI compiles
+        defines["QUNROLL"] = 1
+    name = "conv_register_tiled_pipelined" if cfg["PIPE"] else "conv_register_tiled"
+    kernel = get_kernel("07_register_tiled.cu", name, defines)
     w, b = arrange_register_tiled_weights(_as_f32(w), tm), _as_f32(b)
     rows = (by * tn - 1) * s.S + s.K
     cols = (bx - 1) * s.S + s.K
-    smem = 4 * cch * (s.K * s.K * tm + rows * cols)
+    buffer_floats = 4 * ceil_div(cch * (s.K * s.K * tm + rows * cols), 4)
     tiles_w, tiles_h = ceil_div(s.W_out, bx), ceil_div(s.H_out, by * tn)
-    grid = (s.B * tiles_w * tiles_h, ceil_div(s.M, tm))
+    total_tiles = s.B * tiles_w * tiles_h
     args = tuple(
         _i32(v)
         for v in (s.B, s.C, s.H, s.W, s.M, s.S, s.H_out, s.W_out, cch, tiles_w, tiles_w * tiles_h)
     )
+    if cfg["PIPE"]:
+        smem = 2 * 4 * buffer_floats
+        resident = _resident_blocks(kernel, bx * by, smem)
+        grid = (min(total_tiles, resident), ceil_div(s.M, tm))
+        args += (_i32(buffer_floats),)
+    else:
+        smem = 4 * buffer_floats
+        grid = (total_tiles, ceil_div(s.M, tm))
 
     def run(x: Any, y: Any) -> None:
         kernel(grid, (bx, by), (x, w, b, y, *args), shared_mem=smem)
 
     return run
+
+
+def _resident_blocks(kernel: Any, threads: int, smem: int) -> int:
+    """Blocks the whole GPU holds at once (registers, shared memory, threads): the persistent
+    kernel's grid, so every block starts at once and each walks an equal share of tiles."""
+    cp = require_cupy()
+    props = {  # H100 values where this CuPy's property dict lacks a field
+        "maxThreadsPerMultiProcessor": 2048, "regsPerMultiprocessor": 65536,
+        "sharedMemPerMultiprocessor": 228 * 1024, "multiProcessorCount": 132,
+        **cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice()),
+    }
+    try:
+        regs = int(kernel.num_regs)
+    except Exception:  # attribute missing in this CuPy: assume the launch-bound maximum
+        regs = 65536 // REGISTER_TILED_MAX_THREADS
+    warps = ceil_div(threads, 32)
+    per_sm = min(
+        props["maxThreadsPerMultiProcessor"] // (warps * 32),
+        props["regsPerMultiprocessor"] // max(1, warps * 32 * regs),
+        props["sharedMemPerMultiprocessor"] // (smem + 1024),
+        32,
+    )
+    return max(1, per_sm) * props["multiProcessorCount"]
 
 
 def _register_tiled_supports(shape: ConvShape) -> bool:
@@ -374,14 +419,17 @@ def _register_tiled_supports(shape: ConvShape) -> bool:
 def _register_tiled_variants() -> list[dict[str, int]]:
     """The auto config for every K at stride 1, each auto TM/TN pair at the models' K, and the
     run-time-stride path (kept short: every entry is one nvcc run in CI)."""
-    auto_pairs = ((4, 8), (8, 8), (16, 4))
-    variants = [{"KSIZE": k, "STRIDE": 1, "TM": 16, "TN": 4} for k in KSIZES]
+    auto_pairs = ((4, 8), (8, 2), (16, 2))
+    variants = [{"KSIZE": k, "STRIDE": 1, "TM": 16, "TN": 2} for k in KSIZES]
     variants += [
         {"KSIZE": k, "STRIDE": 1, "TM": tm, "TN": tn}
         for k, (tm, tn) in itertools.product((3, 5, 7), auto_pairs[:2])
     ]
-    variants += [{"KSIZE": k, "STRIDE": 0, "TM": 16, "TN": 4} for k in (3, 7)]
+    variants += [{"KSIZE": k, "STRIDE": 0, "TM": 16, "TN": 2} for k in (3, 7)]
     variants += [{"KSIZE": 7, "STRIDE": 0, "TM": 4, "TN": 8}]
+    variants += [
+        {"KSIZE": 7, "STRIDE": 1, "TM": tm, "TN": tn, "QUNROLL": 1} for tm, tn in auto_pairs
+    ]
     return variants
 
 
@@ -491,8 +539,11 @@ REGISTER_TILED = register(
         prepare=_prepare_register_tiled,
         supports=_register_tiled_supports,
         # 0 = chosen from the shape by register_tiled_config.
-        space={"TM": (0, 4, 8, 16), "TN": (0, 2, 4, 8), "BY": (0, 1, 2, 4, 8)},
-        defaults={"TM": 0, "TN": 0, "BX": 0, "BY": 0, "CCH": 0},
+        space={
+            "TM": (0, 4, 8, 16), "TN": (0, 2, 4, 8), "BY": (0, 1, 2, 4), "PIPE": (0, 1),
+            "QU": (0, 1),
+        },
+        defaults={"TM": 0, "TN": 0, "BX": 0, "BY": 0, "CCH": 0, "PIPE": 0, "QU": 0},
         compile_variants=_register_tiled_variants,
     )
 )

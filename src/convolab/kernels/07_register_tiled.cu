@@ -16,7 +16,11 @@
 // the padding): a plain load-then-store loop waits out one DRAM latency per element, which
 // measured 2x slower on conv1. The host pre-arranges the weights as [M/TM][C][q][p][TM] so
 // their staging is a straight 16-byte copy.
-// Compile-time: KSIZE, TM, TN and STRIDE (0 = stride passed at run time: the strip then reads
+// conv_register_tiled_pipelined (PIPE=1 on the host) is the same computation in persistent
+// blocks that walk many tiles with two shared-memory buffers: the cp.async copies for the
+// next tile are in flight while the current one is computed, so a block never sits idle
+// waiting for DRAM (the one-shot kernel relies on other resident blocks to cover that wait).
+// Compile-time: KSIZE, TM, TN, QUNROLL and STRIDE (0 = stride passed at run time: the strip then reads
 // shared memory per tap instead of registers, still correct for any S).
 #include "common.cuh"
 
@@ -31,6 +35,9 @@
 #endif
 #ifndef TN
 #define TN 8
+#endif
+#ifndef QUNROLL
+#define QUNROLL 0  // 1: unroll the q loop too (next strip's loads overlap this one's FMAs)
 #endif
 #ifndef MAX_THREADS
 #define MAX_THREADS 256
@@ -59,104 +66,200 @@ __device__ __forceinline__ void copy_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Wait for every committed group but the most recent one (the prefetch of the next stage).
+__device__ __forceinline__ void copy_async_wait_all_but_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+struct Tile {
+  int b, ho0, wo0;
+};
+
+__device__ __forceinline__ Tile tile_at(long long t, int tiles_w, int tiles_per_image, int by) {
+  const int b = (int)(t / tiles_per_image), tile = (int)(t % tiles_per_image);
+  return Tile{b, (tile / tiles_w) * by * TN, (tile % tiles_w) * (int)blockDim.x};
+}
+
+// Issue the cp.async copies of one channel chunk [c0, c0+nc) of a tile into s_w / s_in.
+// Out-of-range input (only the padding rows/columns of edge tiles) becomes zero so the
+// compute loop needs no bounds checks; those outputs are never stored.
+__device__ __forceinline__ void stage_chunk(const float* __restrict__ x,
+                                            const float* __restrict__ w_arranged, float* s_w,
+                                            float* s_in, Tile t, int c0, int nc, int C, int H,
+                                            int W, int S, int in_rows, int in_cols) {
+  constexpr int KK = KSIZE * KSIZE;
+  const int bx = blockDim.x, by = blockDim.y, tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * bx + tx, nthreads = bx * by;
+  // Weights of this chunk: one contiguous, 16-byte aligned run of w_arranged (zero-padded
+  // for channels m >= M by the host).
+  const float* w_src = w_arranged + ((size_t)blockIdx.y * C + c0) * KK * TM;
+  for (int i = tid; i < nc * KK * TM / 4; i += nthreads) copy_async_16(s_w + 4 * i, w_src + 4 * i);
+  const int hi0 = t.ho0 * S, wi0 = t.wo0 * S;
+  for (int cl = 0; cl < nc; ++cl) {
+    const float* x_c = x + ((size_t)t.b * C + c0 + cl) * H * (size_t)W;
+    float* dst = s_in + cl * in_rows * in_cols;
+    for (int r = ty; r < in_rows; r += by) {
+      const int hi = hi0 + r;
+      for (int col = tx; col < in_cols; col += bx) {
+        const int wi = wi0 + col;
+        const bool valid = hi < H && wi < W;
+        copy_async_4(dst + r * in_cols + col, valid ? x_c + (size_t)hi * W + wi : x, valid);
+      }
+    }
+  }
+}
+
+// acc[m][j] += sum over the staged channels, p, q of input * weight (see the header).
+__device__ __forceinline__ void accumulate_chunk(const float* s_w, const float* s_in, int nc,
+                                                 int S, int in_rows, int in_cols,
+                                                 float (&acc)[TM][TN]) {
+  constexpr int KK = KSIZE * KSIZE;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  for (int cl = 0; cl < nc; ++cl) {
+    const float* in_c = s_in + ((size_t)cl * in_rows + ty * TN * S) * in_cols + tx * S;
+    const float4* w_c = reinterpret_cast<const float4*>(s_w + cl * KK * TM);
+#if QUNROLL
+#pragma unroll
+#else
+#pragma unroll 1
+#endif
+    for (int q = 0; q < KSIZE; ++q) {
+#if STRIDE > 0
+      float strip[(TN - 1) * STRIDE + KSIZE];
+#pragma unroll
+      for (int i = 0; i < (TN - 1) * STRIDE + KSIZE; ++i) strip[i] = in_c[i * in_cols + q];
+#define CONVOLAB_TAP(j, p) strip[(j) * STRIDE + (p)]
+#else
+#define CONVOLAB_TAP(j, p) in_c[((j) * S + (p)) * in_cols + q]
+#endif
+#pragma unroll
+      for (int p = 0; p < KSIZE; ++p) {
+        float wv[TM];
+#pragma unroll
+        for (int v = 0; v < TM / 4; ++v) {
+          const float4 f = w_c[(q * KSIZE + p) * (TM / 4) + v];
+          wv[4 * v] = f.x;
+          wv[4 * v + 1] = f.y;
+          wv[4 * v + 2] = f.z;
+          wv[4 * v + 3] = f.w;
+        }
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+          const float in = CONVOLAB_TAP(j, p);
+#pragma unroll
+          for (int mm = 0; mm < TM; ++mm) acc[mm][j] = fmaf(in, wv[mm], acc[mm][j]);
+        }
+      }
+#undef CONVOLAB_TAP
+    }
+  }
+}
+
+__device__ __forceinline__ void store_tile(float* __restrict__ y, const float* __restrict__ bias,
+                                           const float (&acc)[TM][TN], Tile t, int M, int Ho,
+                                           int Wo) {
+  const int wo = t.wo0 + threadIdx.x, m0 = blockIdx.y * TM;
+  if (wo >= Wo) return;
+#pragma unroll
+  for (int j = 0; j < TN; ++j) {
+    const int ho = t.ho0 + threadIdx.y * TN + j;
+#pragma unroll
+    for (int mm = 0; mm < TM; ++mm) {
+      const int m = m0 + mm;
+      if (ho < Ho && m < M) CONVOLAB_Y_AT(y, t.b, m, ho, wo, M, Ho, Wo) = acc[mm][j] + bias[m];
+    }
+  }
+}
+
+__device__ __forceinline__ void zero(float (&acc)[TM][TN]) {
+#pragma unroll
+  for (int i = 0; i < TM; ++i)
+#pragma unroll
+    for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+}
+
+// One block per (tile, channel group): grid (B * tiles_per_image, ceil(M / TM)).
 extern "C" __global__ void __launch_bounds__(MAX_THREADS)
 conv_register_tiled(const float* __restrict__ x, const float* __restrict__ w_arranged,
                     const float* __restrict__ bias, float* __restrict__ y,
                     int B, int C, int H, int W, int M, int stride, int Ho, int Wo,
                     int cch, int tiles_w, int tiles_per_image) {
   extern __shared__ float4 smem4[];
-  constexpr int KK = KSIZE * KSIZE;
   const int S = STRIDE > 0 ? STRIDE : stride;
-  const int bx = blockDim.x, by = blockDim.y;
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int tid = ty * bx + tx, nthreads = bx * by;
-  const int in_rows = (by * TN - 1) * S + KSIZE;
-  const int in_cols = (bx - 1) * S + KSIZE;
+  const int in_rows = ((int)blockDim.y * TN - 1) * S + KSIZE;
+  const int in_cols = ((int)blockDim.x - 1) * S + KSIZE;
   // [cch][q][p][TM]: for a fixed (c, q) the K*TM weights a strip needs are contiguous float4s.
   float* s_w = reinterpret_cast<float*>(smem4);
-  float* s_in = s_w + cch * KK * TM;  // [cch][in_rows][in_cols]
-
-  const int b = blockIdx.x / tiles_per_image;
-  const int tile = blockIdx.x % tiles_per_image;
-  const int m0 = blockIdx.y * TM;
-  const int ho0 = (tile / tiles_w) * by * TN, wo0 = (tile % tiles_w) * bx;
-  const int hi0 = ho0 * S, wi0 = wo0 * S;
+  float* s_in = s_w + cch * KSIZE * KSIZE * TM;  // [cch][in_rows][in_cols]
+  const Tile t = tile_at(blockIdx.x, tiles_w, tiles_per_image, blockDim.y);
 
   float acc[TM][TN];
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
-
+  zero(acc);
   for (int c0 = 0; c0 < C; c0 += cch) {
     const int nc = min(cch, C - c0);
-    // Weights of this chunk: one contiguous, 16-byte aligned run of w_arranged (zero-padded
-    // for channels m >= M by the host).
-    const float* w_src = w_arranged + ((size_t)blockIdx.y * C + c0) * KK * TM;
-    for (int i = tid; i < nc * KK * TM / 4; i += nthreads) copy_async_16(s_w + 4 * i, w_src + 4 * i);
-    // Out-of-range input (only the padding rows/columns of edge tiles) is zero so the
-    // compute loop needs no bounds checks; those outputs are never stored.
-    for (int cl = 0; cl < nc; ++cl) {
-      const float* x_c = x + ((size_t)b * C + c0 + cl) * H * (size_t)W;
-      float* dst = s_in + cl * in_rows * in_cols;
-      for (int r = ty; r < in_rows; r += by) {
-        const int hi = hi0 + r;
-        for (int col = tx; col < in_cols; col += bx) {
-          const int wi = wi0 + col;
-          const bool valid = hi < H && wi < W;
-          copy_async_4(dst + r * in_cols + col, valid ? x_c + (size_t)hi * W + wi : x, valid);
-        }
-      }
-    }
+    stage_chunk(x, w_arranged, s_w, s_in, t, c0, nc, C, H, W, S, in_rows, in_cols);
     copy_async_wait_all();
     __syncthreads();
-
-    for (int cl = 0; cl < nc; ++cl) {
-      const float* in_c = s_in + ((size_t)cl * in_rows + ty * TN * S) * in_cols + tx * S;
-      const float4* w_c = reinterpret_cast<const float4*>(s_w + cl * KK * TM);
-#pragma unroll 1
-      for (int q = 0; q < KSIZE; ++q) {
-#if STRIDE > 0
-        float strip[(TN - 1) * STRIDE + KSIZE];
-#pragma unroll
-        for (int i = 0; i < (TN - 1) * STRIDE + KSIZE; ++i) strip[i] = in_c[i * in_cols + q];
-#define CONVOLAB_TAP(j, p) strip[(j) * STRIDE + (p)]
-#else
-#define CONVOLAB_TAP(j, p) in_c[((j) * S + (p)) * in_cols + q]
-#endif
-#pragma unroll
-        for (int p = 0; p < KSIZE; ++p) {
-          float wv[TM];
-#pragma unroll
-          for (int v = 0; v < TM / 4; ++v) {
-            const float4 f = w_c[(q * KSIZE + p) * (TM / 4) + v];
-            wv[4 * v] = f.x;
-            wv[4 * v + 1] = f.y;
-            wv[4 * v + 2] = f.z;
-            wv[4 * v + 3] = f.w;
-          }
-#pragma unroll
-          for (int j = 0; j < TN; ++j) {
-            const float in = CONVOLAB_TAP(j, p);
-#pragma unroll
-            for (int mm = 0; mm < TM; ++mm) acc[mm][j] = fmaf(in, wv[mm], acc[mm][j]);
-          }
-        }
-#undef CONVOLAB_TAP
-      }
-    }
+    accumulate_chunk(s_w, s_in, nc, S, in_rows, in_cols, acc);
     __syncthreads();
   }
+  store_tile(y, bias, acc, t, M, Ho, Wo);
+}
 
-  const int wo = wo0 + tx;
-  if (wo >= Wo) return;
-#pragma unroll
-  for (int j = 0; j < TN; ++j) {
-    const int ho = ho0 + ty * TN + j;
-#pragma unroll
-    for (int mm = 0; mm < TM; ++mm) {
-      const int m = m0 + mm;
-      if (ho < Ho && m < M) CONVOLAB_Y_AT(y, b, m, ho, wo, M, Ho, Wo) = acc[mm][j] + bias[m];
+// Persistent blocks: grid (a few waves of resident blocks, ceil(M / TM)); block i takes tiles
+// i, i + gridDim.x, ... Work is a flat list of stages (tile, channel chunk); stage s+1 is
+// copied into the other buffer while stage s is computed. buffer_floats (a multiple of 4, so
+// both buffers stay 16-byte aligned) = cch * (K*K*TM + in_rows*in_cols) rounded up.
+extern "C" __global__ void __launch_bounds__(MAX_THREADS)
+conv_register_tiled_pipelined(const float* __restrict__ x, const float* __restrict__ w_arranged,
+                              const float* __restrict__ bias, float* __restrict__ y,
+                              int B, int C, int H, int W, int M, int stride, int Ho, int Wo,
+                              int cch, int tiles_w, int tiles_per_image, int buffer_floats) {
+  extern __shared__ float4 smem4[];
+  const int S = STRIDE > 0 ? STRIDE : stride;
+  const int in_rows = ((int)blockDim.y * TN - 1) * S + KSIZE;
+  const int in_cols = ((int)blockDim.x - 1) * S + KSIZE;
+  float* buffers = reinterpret_cast<float*>(smem4);
+  const int w_floats = cch * KSIZE * KSIZE * TM;
+  const int n_chunks = (C + cch - 1) / cch;
+  const long long total_tiles = (long long)B * tiles_per_image;
+  if ((long long)blockIdx.x >= total_tiles) return;  // whole block: no barrier is skipped
+  const long long my_tiles = (total_tiles - 1 - blockIdx.x) / gridDim.x + 1;
+  const long long n_stages = my_tiles * n_chunks;
+
+  auto stage = [&](long long s) {
+    float* buf = buffers + (s & 1) * buffer_floats;
+    const long long t_index = blockIdx.x + (s / n_chunks) * (long long)gridDim.x;
+    const int c0 = (int)(s % n_chunks) * cch;
+    stage_chunk(x, w_arranged, buf, buf + w_floats,
+                tile_at(t_index, tiles_w, tiles_per_image, blockDim.y), c0, min(cch, C - c0),
+                C, H, W, S, in_rows, in_cols);
+    copy_async_commit();
+  };
+
+  float acc[TM][TN];
+  zero(acc);
+  stage(0);
+  for (long long s = 0; s < n_stages; ++s) {
+    if (s + 1 < n_stages) {
+      stage(s + 1);  // its buffer was released by the barrier that ended stage s - 1
+      copy_async_wait_all_but_one();
+    } else {
+      copy_async_wait_all();
     }
+    __syncthreads();
+    const float* buf = buffers + (s & 1) * buffer_floats;
+    const int chunk = (int)(s % n_chunks), c0 = chunk * cch;
+    accumulate_chunk(buf, buf + w_floats, min(cch, C - c0), S, in_rows, in_cols, acc);
+    if (chunk == n_chunks - 1) {
+      const long long t_index = blockIdx.x + (s / n_chunks) * (long long)gridDim.x;
+      store_tile(y, bias, acc, tile_at(t_index, tiles_w, tiles_per_image, blockDim.y), M, Ho, Wo);
+      zero(acc);
+    }
+    __syncthreads();
   }
 }
