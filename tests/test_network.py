@@ -171,3 +171,17 @@ def test_shipped_weights_have_their_accuracy() -> None:
         sidecar = json.loads(file.with_suffix(".json").read_text())
         assert sidecar["model"] == name and sidecar["test_accuracy"] >= 0.88
         assert net.name == name
+
+
+def test_shipped_ece408_beats_the_course_on_1000_test_images() -> None:
+    from convolab import data
+    from convolab.errors import DataError
+
+    if not models.weights_path("ece408").is_file():
+        pytest.skip("no shipped ece408 weights yet")
+    try:
+        x, y = data.load_images("test", n=1000)
+    except DataError as err:
+        pytest.skip(f"Fashion-MNIST not available here: {err}")
+    accuracy = float((models.load("ece408").predict(x) == y).mean())
+    assert accuracy >= 0.886, accuracy  # the course's reference on the first 1000 images
