@@ -40,6 +40,7 @@ CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("fp16", {"HALF_ACCUM": 1, "MPAIRS": 2, "PPT": 4}),
     ("tensor-core-tf32", {}),
     ("tensor-core-fp16", {}),
+    ("tensor-core-fp16", {"PREFETCH": 0}),
     ("tensor-core-bf16", {}),
     ("tensor-core-3xtf32", {}),
     ("tensor-core-3xtf32", {"NFRAG": 4}),

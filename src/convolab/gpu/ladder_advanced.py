@@ -240,13 +240,19 @@ def prepare_fp16(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) ->
 
 TC_FILE = "10_tensor_core.cu"
 TC_MODES = {"tf32": 0, "fp16": 1, "bf16": 2, "3xtf32": 3}
-TC_SPACE: dict[str, tuple[int, ...]] = {"NFRAG": (1, 2, 4), "WARPS": (2, 4), "BK": (16, 32)}
-TC_DEFAULTS = {"NFRAG": 2, "WARPS": 4, "BK": 32}
+TC_SPACE: dict[str, tuple[int, ...]] = {
+    "NFRAG": (1, 2, 4),
+    "WARPS": (4,),
+    "BK": (16, 32),
+    "PREFETCH": (0, 1),
+}
+TC_DEFAULTS = {"NFRAG": 2, "WARPS": 4, "BK": 32, "PREFETCH": 1}
 TC_TOLERANCE = {"tf32": 5e-4, "fp16": 1e-2, "bf16": 1e-2, "3xtf32": 1e-5}
 
 
 def _tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
     nfrag, warps, bk = int(params["NFRAG"]), int(params["WARPS"]), int(params["BK"])
+    prefetch = int(params.get("PREFETCH", 1))
     if nfrag not in (1, 2, 4) or warps not in (1, 2, 4, 8) or bk % 16 or bk <= 0:
         raise ValueError(f"tensor-core: bad parameters NFRAG={nfrag} WARPS={warps} BK={bk}")
     elem = 4 if mode in ("tf32", "3xtf32") else 2
@@ -254,7 +260,15 @@ def _tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
     shared = 16 * (bk + 8) * elem + 128 + bk * (bn + 8) * elem
     if shared > SHARED_LIMIT or 16 * (bn + 4) * 4 > SHARED_LIMIT:
         raise ValueError(f"tensor-core: block tile {bn} x {bk} exceeds 48 KiB of shared memory")
-    return {"TC_MODE": TC_MODES[mode], "NFRAG": nfrag, "WARPS": warps, "BK": bk}
+    if prefetch not in (0, 1):
+        raise ValueError(f"tensor-core: PREFETCH must be 0 or 1, got {prefetch}")
+    return {
+        "TC_MODE": TC_MODES[mode],
+        "NFRAG": nfrag,
+        "WARPS": warps,
+        "BK": bk,
+        "PREFETCH": prefetch,
+    }
 
 
 def _tc_variants(mode: str) -> Callable[[], list[dict[str, int]]]:

@@ -27,9 +27,11 @@
 // costs little since the layer is bound by memory, not by the tensor cores). The GEMM
 // k-dimension C*K*K is padded to BK with zeros (conv2: 196 -> 208 or 224).
 // Index arithmetic is kept out of the per-element path: each thread decodes its columns
-// (b, ho, wo) once, and the input offset of each GEMM row k = (c, p, q) is tabulated in
-// shared memory once per k-slice (two integer divisions per element were the first
-// version's bottleneck). Epilogue: accumulators go through shared memory so that the bias
+// (b, ho, wo) once, and steps the input offset of its GEMM rows k = (c, p, q) incrementally
+// (two integer divisions per element were the first version's bottleneck). With PREFETCH,
+// the next k-slice is loaded into registers while the tensor cores work on the current
+// one (software pipelining: global-load latency hidden behind MMAs). Epilogue:
+// accumulators go through shared memory so that the bias
 // add and the scatter to NCHW y are coalesced along wo.
 
 #include <mma.h>
@@ -47,6 +49,9 @@
 #endif
 #ifndef BK
 #define BK 32  // k-slice per shared-memory stage; a multiple of 16
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1  // load the next k-slice into registers during the current one's MMAs
 #endif
 
 using namespace nvcuda;
@@ -128,10 +133,6 @@ conv_tensor_core(const float* __restrict__ x, const float* __restrict__ w,
         col_off[j] = ((size_t)b * C * H + (size_t)ho * S) * W + (size_t)wo * S;
     }
 
-    // Input offset of each GEMM row k = (c, p, q) of the current k-slice, -1 past C*K*K:
-    // computed by BK threads once per slice instead of two integer divisions per element.
-    __shared__ int k_offset[BK];
-
     frag_acc acc[NFRAG];
 #pragma unroll
     for (int f = 0; f < NFRAG; ++f) wmma::fill_fragment(acc[f], 0.0f);
@@ -144,36 +145,64 @@ conv_tensor_core(const float* __restrict__ x, const float* __restrict__ w,
     for (int f = 0; f < NFRAG; ++f) wmma::fill_fragment(total[f], 0.0f);
 #endif
 
-    for (int k0 = 0; k0 < ckk; k0 += BK) {
-        if (tid < BK) {
-            const int k = k0 + tid;
-            int off = -1;
-            if (k < ckk) {
-                const int c = k / kk_size;
-                const int pq = k - c * kk_size;
-                const int p = pq / K;
-                off = (c * H + p) * W + (pq - p * K);
+    // The GEMM rows this thread gathers are k = row_start, row_start + ROW_STEP, ... across
+    // all k-slices, so their input offsets (c*H + p)*W + q are stepped incrementally: no
+    // integer division in the loop and no shared table to synchronise on.
+    int k_next = row_start;
+    int q_next = row_start % K, p_next = (row_start / K) % K;
+    int off_next = ((row_start / kk_size) * H + p_next) * W + q_next;
+    // Values of the next k-slice, loaded before the current slice's MMAs so that the
+    // global-load latency overlaps tensor-core work (PREFETCH=1), or loaded just in time.
+    float staged[BK / ROW_STEP][COLS_PER_THREAD];
+
+    auto gather_slice = [&]() {
+#pragma unroll
+        for (int i = 0; i < BK / ROW_STEP; ++i) {
+            const bool k_ok = k_next < ckk;
+#pragma unroll
+            for (int j = 0; j < COLS_PER_THREAD; ++j)
+                staged[i][j] = (k_ok && col_ok[j]) ? x[col_off[j] + off_next] : 0.0f;
+#pragma unroll
+            for (int step = 0; step < ROW_STEP; ++step) {
+                ++k_next;
+                ++q_next;
+                ++off_next;
+                if (q_next == K) {
+                    q_next = 0;
+                    off_next += W - K;
+                    if (++p_next == K) {
+                        p_next = 0;
+                        off_next += (H - K) * W;
+                    }
+                }
             }
-            k_offset[tid] = off;
         }
-        __syncthreads();
+    };
+
+#if PREFETCH
+    gather_slice();
+#endif
+    for (int k0 = 0; k0 < ckk; k0 += BK) {
+#if !PREFETCH
+        gather_slice();
+#endif
         // A tile: BM x BK weights, zero beyond M and C*K*K.
         for (int i = tid; i < BM * BK; i += THREADS) {
             const int r = i / BK, kcol = i - (i / BK) * BK;
             const int m = m0 + r, k = k0 + kcol;
             As[r * LDA + kcol] = to_elem((m < M && k < ckk) ? w[(size_t)m * ckk + k] : 0.0f);
         }
-        // B tile: BK x BN gathered from x (implicit im2col).
-        for (int r = row_start; r < BK; r += ROW_STEP) {
-            const int k_off = k_offset[r];
-            const bool k_ok = k_off >= 0;
+        // B tile: the staged BK x BN slice of the implicit im2col matrix.
 #pragma unroll
-            for (int j = 0; j < COLS_PER_THREAD; ++j) {
-                const float v = (k_ok && col_ok[j]) ? x[col_off[j] + k_off] : 0.0f;
-                Bs[r * LDB + col_base + j * THREADS] = to_elem(v);
-            }
-        }
+        for (int i = 0; i < BK / ROW_STEP; ++i)
+#pragma unroll
+            for (int j = 0; j < COLS_PER_THREAD; ++j)
+                Bs[(row_start + i * ROW_STEP) * LDB + col_base + j * THREADS] =
+                    to_elem(staged[i][j]);
         __syncthreads();
+#if PREFETCH
+        if (k0 + BK < ckk) gather_slice();
+#endif
 
 #pragma unroll
         for (int ks = 0; ks < BK; ks += WK) {
