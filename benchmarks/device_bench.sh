@@ -5,9 +5,12 @@
 #   3. Nsight Compute metrics at B=100 on a representative subset of rungs;
 #   4. the --network delegation (whole-network forward, convolab.gpu.network).
 # Each step has its own time limit; bench and profile write their JSON after every layer /
-# implementation, so a step cut short still leaves its partial results in $OUT.
+# implementation, so a step cut short still leaves its partial results. The device tool
+# returns only a few files, so everything is written under $OUT/work and packed at the end
+# into $OUT/results.tar.gz (plus the B=10000 JSON and plot, the ones looked at first).
 set -u
-OUT=${OUT:-/tmp/convolab-device}
+FINAL=${OUT:-/tmp/convolab-device}
+OUT="$FINAL/work"
 mkdir -p "$OUT"
 export PYTHONPATH=src CONVOLAB_DATA=.data
 stamp() { echo "== $(date +%T) $*"; }
@@ -49,3 +52,7 @@ timeout 45 python3 -m convolab bench --network --batch 10000 --reps 20 \
   --json "$OUT/bench_network_b10000.json" > "$OUT/bench_network.log" 2>&1
 echo "rc=$?"; tail -n 20 "$OUT/bench_network.log"
 stamp done
+tar -C "$OUT" -czf "$FINAL/results.tar.gz" .
+cp "$OUT/bench_b10000.json" "$FINAL/" 2>/dev/null
+cp "$OUT/bench_b10000.png" "$FINAL/" 2>/dev/null
+rm -rf "$OUT"

@@ -524,6 +524,9 @@ def bench_case(case: LayerCase, contenders: Sequence[Contender], reps: int,
             supported = False
             row.detail = f"supports() raised {type(err).__name__}: {err}"[:300]
         if not supported:
+            if c.anchor and not row.detail:  # e.g. the GEMM anchor on a real conv: no row
+                rows.pop()
+                continue
             row.status, row.detail = "skipped", row.detail or "shape not supported"
             continue
         if c.device == "gpu" and not _fits_gpu(shape, c.pool):
@@ -604,8 +607,9 @@ def print_tables(cases: Sequence[LayerCase], rows: Sequence[Row], console: Any) 
             table.add_column(col, justify="left" if col == "impl" else "right")
         for r in (r for r in rows if r.case == case.label):
             if r.status != "ok":
+                short = r.detail.splitlines()[0][:24] if r.detail else ""
                 table.add_row(r.impl, _fmt(r.rung, "d"), str(r.batch),
-                              f"[red]{r.status}[/red]", r.detail[:60], *[""] * 5,
+                              f"[red]{r.status}[/red]", short, *[""] * 5,
                               _fmt(r.rel_l2, ".1e"))
                 continue
             table.add_row(
@@ -616,6 +620,8 @@ def print_tables(cases: Sequence[LayerCase], rows: Sequence[Row], console: Any) 
                 _fmt(r.speedup_vs_anchor, ".2f"), _fmt(r.rel_l2, ".1e"),
             )
         console.print(table)
+        for r in (r for r in rows if r.case == case.label and r.status in ("error", "wrong")):
+            console.print(f"  {r.impl}: {r.status}: {r.detail}", markup=False, highlight=False)
     console.print(
         "Op ms: median of CUDA-event (GPU) or wall-clock (CPU) times; spread: (p90-p10)/median; "
         "% roof: roofline floor max(flops/peak, bytes/bandwidth) over Op ms (weights that stay "
@@ -668,38 +674,44 @@ def _require_matplotlib() -> Any:
 
 
 def plot_rows(path: Path, cases: Sequence[LayerCase], rows: Sequence[Row]) -> None:
-    """Grouped bars of Op Time per implementation per layer (log scale), anchor as a line."""
+    """One panel per layer: horizontal bars of Op Time per implementation (log scale), in
+    ladder order, the cuDNN fp32 (or torch-CPU) time as a dashed line to beat."""
     plt = _require_matplotlib()
+    from matplotlib.ticker import NullFormatter
+
     timed = [r for r in rows if r.op]
     device = "gpu" if any(r.device == "gpu" for r in timed) else "cpu"
     timed = [r for r in timed if r.device == device]
     labels = [c.label for c in cases if any(r.case == c.label for r in timed)]
-    impls = list(dict.fromkeys(r.impl for r in timed if not r.anchor or "tf32" in r.impl))
+    if not labels:
+        raise ConvolabError("--plot: no timed rows to plot")
     anchor = "torch-cudnn-fp32" if device == "gpu" else "torch-cpu"
-    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(labels) * max(1, len(impls)) / 4), 6))
-    width = 0.8 / max(1, len(impls))
-    cmap = plt.get_cmap("tab20")
-    for j, impl in enumerate(impls):
-        xs, ys = [], []
-        for i, label in enumerate(labels):
-            r = next((r for r in timed if r.case == label and r.impl == impl), None)
-            if r is not None:
-                xs.append(i - 0.4 + (j + 0.5) * width)
-                ys.append(r.op["median_ms"])
-        ax.bar(xs, ys, width=width, label=impl, color=cmap(j % 20))
-    for i, label in enumerate(labels):
-        r = next((r for r in timed if r.case == label and r.impl == anchor), None)
-        if r is not None:
-            ax.hlines(r.op["median_ms"], i - 0.45, i + 0.45, colors="black", linestyles="--",
-                      label=anchor if i == 0 else None)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
-    ax.set_ylabel("Op Time (ms, median, log scale)")
-    ax.set_title(f"convolab bench: Op Time per implementation ({device})")
-    ax.legend(fontsize="small", ncol=2)
+    most = max(sum(r.case == label for r in timed) for label in labels)
+    fig, axes = plt.subplots(1, len(labels), figsize=(5.5 * len(labels), 1.0 + 0.28 * most),
+                             squeeze=False)
+    for ax, label in zip(axes[0], labels, strict=True):
+        mine = [r for r in timed if r.case == label]
+        names = [r.impl for r in mine]
+        times = [r.op["median_ms"] for r in mine]
+        colors = ["0.55" if r.anchor else "tab:orange" if (r.tolerance or 0) > 1e-5 else "tab:blue"
+                  for r in mine]
+        ax.barh(range(len(mine)), times, color=colors)
+        ax.set_yticks(range(len(mine)), names, fontsize="small")
+        ax.invert_yaxis()  # ladder order reads top to bottom
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short spans
+        ax.set_xlabel("Op Time, ms (median, log scale)")
+        ax.set_title(f"{label}  B={mine[0].batch}", fontsize="medium")
+        ref = next((r for r in mine if r.impl == anchor), None)
+        if ref is not None:
+            ax.axvline(ref.op["median_ms"], color="black", linestyle="--", linewidth=1,
+                       label=f"{anchor} {ref.op['median_ms']:.2f} ms")
+            ax.legend(fontsize="small", loc="lower right")
+    fig.suptitle(f"convolab bench ({device}): blue fp32-accurate, orange TF32/FP16 accuracy, "
+                 "grey anchors")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
