@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device run for GPU rungs 8-12/14: tests, compute-sanitizer, B=10000 timings.
-#   bash benchmarks/device_advanced.sh [tests] [sanitize] [tune] [bench]   (default: all, this order)
+#   bash benchmarks/device_advanced.sh [tests] [sanitize] [tune] [bench] [accuracy]
+#   (default: the first four, in this order)
 # Writes logs and JSON to $OUT (the device tool brings them back).
 set -u
 export PYTHONPATH=src
@@ -24,6 +25,14 @@ for step in $steps; do
         echo "== racecheck"; timeout 60 "$SAN" --tool racecheck --error-exitcode 9 \
           python3 benchmarks/device_advanced.py sanitize; echo "racecheck rc=$?"; } \
         > "$OUT/sanitizer.log" 2>&1 ;;
+    accuracy)
+      # LeNet (shipped ece408 weights) on all 10,000 test images through each new rung.
+      for impl in channel-tree channel-atomic fp16 tensor-core-tf32 tensor-core-fp16 \
+                  tensor-core-bf16 tensor-core-3xtf32 fft auto; do
+        echo "== $impl"
+        CONVOLAB_DATA=.data timeout 60 python3 -m convolab classify --impl "$impl" \
+          --batch 10000 --per-layer 2>&1 | grep -E "Op Time|Layer Time|Accuracy|rror" | tail -8
+      done > "$OUT/accuracy.log" 2>&1 ;;
     bench)
       timeout 140 python3 benchmarks/device_advanced.py bench --json "$OUT/advanced_bench.json" \
         > "$OUT/bench.log" 2>&1

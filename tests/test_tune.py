@@ -203,3 +203,57 @@ def test_auto_eligibility_filters_by_mode() -> None:
     assert "tensor-core-tf32" not in fp32 and "fp16" not in fp32
     assert "channel-tree" in fp32 and fp32 <= fp16 and "fp16" in fp16
     assert "auto" not in fp16 and "streams" not in fp16
+
+
+# ---- the search -----------------------------------------------------------------------
+
+BIG_SPACE = {"A": (1, 2, 3, 4), "B": (1, 2, 3, 4), "C": (1, 2, 3, 4), "D": (1, 2)}
+BIG_DEFAULTS = {"A": 1, "B": 1, "C": 1, "D": 1, "fixed": "x"}
+
+
+def test_coordinate_descent_finds_separable_optimum_within_budget() -> None:
+    target = {"A": 3, "B": 4, "C": 2, "D": 2}
+    calls: list[dict] = []
+
+    def measure(p: dict) -> float:
+        calls.append(p)
+        assert p["fixed"] == "x"
+        return 1.0 + sum((p[k] - target[k]) ** 2 for k in target)
+
+    best, value = tune.coordinate_descent(BIG_SPACE, BIG_DEFAULTS, measure, max_trials=16)
+    assert {k: best[k] for k in target} == target and value == 1.0
+    assert len(calls) <= 16
+    assert len({tune._key(c) for c in calls}) == len(calls)  # nothing measured twice
+
+
+def test_coordinate_descent_respects_max_trials_and_rejections() -> None:
+    calls = []
+
+    def measure(p: dict) -> float:
+        calls.append(p)
+        return float("inf") if p["A"] == 1 else float(p["A"] + p["B"])
+
+    best, value = tune.coordinate_descent(BIG_SPACE, BIG_DEFAULTS, measure, max_trials=5)
+    assert len(calls) == 5 and best["A"] != 1 and value < float("inf")
+    best, _ = tune.coordinate_descent(BIG_SPACE, BIG_DEFAULTS, measure, max_trials=1)
+    assert best == BIG_DEFAULTS
+
+
+def test_small_space_is_swept_exhaustively() -> None:
+    space = {"A": (1, 2, 3), "B": (5, 6)}
+    seen = []
+
+    def measure(p: dict) -> float:
+        seen.append((p["A"], p["B"]))
+        return 10.0 - p["A"] * p["B"]
+
+    best, value = tune.coordinate_descent(space, {"A": 1, "B": 5}, measure, max_trials=6)
+    assert sorted(seen) == [(a, b) for a in (1, 2, 3) for b in (5, 6)]
+    assert (best["A"], best["B"]) == (3, 6) and value == -8.0
+
+
+def test_first_round_is_whole_space_or_one_parameter_moves() -> None:
+    assert len(tune.first_round({"A": (1, 2), "B": (3, 4)}, {"A": 1, "B": 3}, 8)) == 4
+    moves = tune.first_round(BIG_SPACE, BIG_DEFAULTS, 100)
+    assert moves[0] == BIG_DEFAULTS and len(moves) == 1 + 3 + 3 + 3 + 1
+    assert all(sum(m[k] != BIG_DEFAULTS[k] for k in BIG_SPACE) == 1 for m in moves[1:])

@@ -28,7 +28,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ MODE_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "tf32": 5e-4, "fp16": 1e-2}
 # Rungs the tuner does not race: `auto` delegates to the others, and `streams` is about
 # Layer Time (copies), not the Op Time the tuner measures.
 NOT_TUNED: frozenset[str] = frozenset({"auto", "streams"})
-DEFAULT_MAX_CANDIDATES = 8
+DEFAULT_MAX_CANDIDATES = 16
 CHECK_BATCH = 4
 
 
@@ -241,6 +241,71 @@ def candidates(
         rest = [rest[int(i * step)] for i in range(cap - 1)]
     out.extend(rest)
     return out[:cap]
+
+
+def _key(params: Mapping[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def space_size(space: Mapping[str, Sequence[Any]]) -> int:
+    return math.prod(len(v) for v in space.values()) if space else 1
+
+
+def first_round(
+    space: Mapping[str, Sequence[Any]], defaults: Mapping[str, Any], cap: int
+) -> list[dict[str, Any]]:
+    """What a search will try first: the whole space if it fits in `cap`, else the defaults
+    and every one-parameter change of them (coordinate descent's first round)."""
+    if space_size(space) <= cap:
+        return candidates(space, defaults, cap)
+    out = [dict(defaults)]
+    for name in sorted(space):
+        out += [dict(defaults, **{name: v}) for v in space[name] if v != defaults.get(name)]
+    return out[:cap]
+
+
+def coordinate_descent(
+    space: Mapping[str, Sequence[Any]],
+    defaults: Mapping[str, Any],
+    measure: Callable[[dict[str, Any]], float],
+    max_trials: int,
+    rounds: int = 3,
+) -> tuple[dict[str, Any], float]:
+    """Search `space` one parameter at a time from the defaults, keeping every improvement,
+    until a round improves nothing, `rounds` are done or `max_trials` were measured.
+    Small spaces (<= max_trials points) are swept exhaustively instead. `measure` returns
+    the time, or inf for a rejected candidate; each point is measured once."""
+    if max_trials < 1:
+        raise ValueError(f"max_trials must be >= 1, got {max_trials}")
+    tried: dict[str, float] = {}
+
+    def once(params: dict[str, Any]) -> float:
+        key = _key(params)
+        if key not in tried:
+            tried[key] = measure(params)
+        return tried[key]
+
+    if space_size(space) <= max_trials:
+        results = [(once(p), p) for p in candidates(space, defaults, max_trials)]
+        value, best = min(results, key=lambda r: r[0])
+        return best, value
+    best = dict(defaults)
+    best_value = once(best)
+    for _ in range(rounds):
+        improved = False
+        for name in sorted(space):
+            for value in space[name]:
+                cand = dict(best, **{name: value})
+                if _key(cand) in tried:
+                    continue
+                if len(tried) >= max_trials:
+                    return best, best_value
+                v = once(cand)
+                if v < best_value:
+                    best, best_value, improved = cand, v, True
+        if not improved:
+            break
+    return best, best_value
 
 
 # --------------------------------------------------------------------------------------
@@ -471,12 +536,13 @@ def main(
         for layer, shape in layers
         for impl in impls
         if impl.supports(shape)
-        for cands in [candidates(impl.space, impl.defaults, cap)]
+        for cands in [first_round(impl.space, impl.defaults, cap)]
     ]
-    total = sum(len(c) for *_, c in plan)
+    total = len(plan) * cap
     console.print(
         f"tuning {model} at B={batch} on {gpu}: {len(plan)} (layer, rung) pairs, "
-        f"{total} candidates, {reps} reps each"
+        f"at most {cap} candidates each (whole space if it fits, else coordinate descent), "
+        f"{reps} reps each"
     )
     rng = np.random.default_rng()
     trials: list[Trial] = []
@@ -491,7 +557,7 @@ def main(
     ) as progress:
         precompile(plan, progress)
         task = progress.add_task("tuning", total=total)
-        for layer, shape, impl, cands in plan:
+        for layer, shape, impl, _first in plan:
             if layer not in data_by_layer:
                 data_by_layer.clear()  # free the previous layer's full-batch input
                 x = rng.random(shape.x_shape, dtype=np.float32)
@@ -510,13 +576,26 @@ def main(
                 }
             data = data_by_layer[layer]
             over_budget = time.perf_counter() - started > budget_s
-            for i, params in enumerate(cands):
-                progress.update(task, description=f"{layer} {impl.name:<20}")
-                if over_budget and i > 0:  # out of time: defaults only from here on
-                    progress.advance(task)
-                    continue
-                trials.append(_trial(impl, layer, shape, params, data, reps))
+            progress.update(task, description=f"{layer} {impl.name:<20}")
+            done = 0
+
+            def measure(
+                params: dict[str, Any],
+                impl: Any = impl,
+                layer: str = layer,
+                shape: ConvShape = shape,
+                data: dict[str, Any] = data,
+            ) -> float:
+                nonlocal done
+                trial = _trial(impl, layer, shape, params, data, reps)
+                trials.append(trial)
+                done += 1
                 progress.advance(task)
+                return trial.median_ms if trial.ok else math.inf
+
+            # Out of time: defaults only from here on.
+            coordinate_descent(impl.space, impl.defaults, measure, 1 if over_budget else cap)
+            progress.advance(task, cap - done)
     date = _dt.date.today().isoformat()
     found = winners(trials, gpu, dict(layers), date)
     path = save_cache(merge(load_cache(), found))
