@@ -257,3 +257,45 @@ def test_first_round_is_whole_space_or_one_parameter_moves() -> None:
     moves = tune.first_round(BIG_SPACE, BIG_DEFAULTS, 100)
     assert moves[0] == BIG_DEFAULTS and len(moves) == 1 + 3 + 3 + 3 + 1
     assert all(sum(m[k] != BIG_DEFAULTS[k] for k in BIG_SPACE) == 1 for m in moves[1:])
+
+
+def test_main_flow_without_gpu(cache_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's bookkeeping (search, budget, winners, cache, table) with a fake GPU:
+    trials are synthetic, everything else is the real code."""
+    import types
+
+    import numpy as np
+
+    from convolab import backend
+    from convolab.registry import ConvImpl
+
+    def fake_impl(name: str, tol: float) -> ConvImpl:
+        return ConvImpl(
+            name=name,
+            demonstrates="",
+            device="gpu",
+            prepare=lambda *a: None,
+            space={"T": (1, 2, 3, 4, 5), "U": (1, 2, 3, 4)},
+            defaults={"T": 1, "U": 1},
+            tolerance=tol,
+        )
+
+    impls = [fake_impl("exact", 1e-5), fake_impl("half", 1e-2)]
+
+    def fake_trial(impl, layer, shape, params, data, reps):  # noqa: ANN001, ANN202
+        speed = (1.0 if impl.name == "exact" else 0.5) + abs(params["T"] - 4) + params["U"]
+        return tune.Trial(layer, impl.name, tune.mode_of(impl.tolerance), params, True, 1e-7, speed)
+
+    fake_cp = types.SimpleNamespace(asarray=np.asarray, zeros=np.zeros)
+    monkeypatch.setattr(backend, "require_cupy", lambda: fake_cp)
+    monkeypatch.setattr(tune, "gpu_name", lambda: GPU)
+    monkeypatch.setattr(tune, "tunable_impls", lambda: impls)
+    monkeypatch.setattr(tune, "_trial", fake_trial)
+    monkeypatch.setattr(tune, "reference_conv", lambda *a: None)
+    monkeypatch.setattr(tune, "precompile", lambda plan, progress: None)
+    monkeypatch.setenv("CONVOLAB_TUNE_MAX_CANDIDATES", "12")
+    found = tune.main("ece408", batch=2, reps=1)
+    best = {(e.shape.C, e.mode): (e.impl, e.params) for e in found}
+    assert best[(1, "fp32")] == ("exact", {"T": 4, "U": 1})
+    assert best[(4, "fp16")] == ("half", {"T": 4, "U": 1})
+    assert tune.load_cache() == found
