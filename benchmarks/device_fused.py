@@ -32,10 +32,8 @@ LAYERS = {"conv1": (ConvShape(10000, 1, 86, 86, 4, 7), 2),
           "conv2": (ConvShape(10000, 4, 40, 40, 16, 7), 4)}
 # Exact-kernel tilings tried besides the default plan (the tuner's space, hand-picked).
 SWEEP = {
-    "conv1": [{"rpt": 1}, {"rpt": 2}, {"pw": 4, "ty": 10, "rpt": 4}, {"minb": 4},
-              {"pw": 1, "ty": 8}],
-    "conv2": [{"mg": 1, "minb": 8}, {"mg": 2, "minb": 3}, {"mg": 2, "minb": 4}, {"minb": 1},
-              {"mt": 8, "mg": 2, "minb": 1}],
+    "conv1": [{"rpt": 1}, {"rpt": 2}, {"minb": 4}, {"pw": 4, "ty": 10, "rpt": 4}],
+    "conv2": [{"minb": 2}, {"mg": 2, "minb": 3}, {"mg": 2, "minb": 2}, {"mg": 1, "minb": 6}],
 }
 
 

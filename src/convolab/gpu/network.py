@@ -36,7 +36,7 @@ PARAM_SHAPES: dict[str, tuple[int, ...]] = {
 }
 IMAGE_SHAPE = (1, 86, 86)
 HEAD_KERNEL_FILE = "15_lenet_fused.cu"
-_HEAD_IMAGES_PER_BLOCK = 32  # HEAD_WARPS * HEAD_IMGS in the kernel
+_HEAD_IMAGES_PER_BLOCK = 32  # HEAD_IMGS in the kernel
 _PRECISION_OF_MODE = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
 
 
@@ -155,7 +155,7 @@ class FusedLeNet:
         c3(a1, a3)
         p = self.params
         grid = (-(-batch // _HEAD_IMAGES_PER_BLOCK),)
-        self._head(grid, (128,), (a3, self._w5t, p["f5.bias"], p["f6.weight"], p["f6.bias"],
+        self._head(grid, (256,), (a3, self._w5t, p["f5.bias"], p["f6.weight"], p["f6.bias"],
                                   probs, np.int32(batch)))
 
     def __call__(self, x: Any) -> Any:

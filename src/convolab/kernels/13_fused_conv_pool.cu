@@ -96,6 +96,15 @@
     }                                                                             \
   }
 
+// 4-byte asynchronous copy global -> shared; src_bytes 0 writes a zero (outside the image:
+// lanes there compute discarded outputs, but from finite values).
+__device__ __forceinline__ void fcp_cp_async4(float* dst, const float* src, bool valid) {
+  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(saddr), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
 fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
           const float* __restrict__ bias, float* __restrict__ y,
@@ -115,13 +124,6 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
   const int ix0 = tile_x * FCP_TX * FCP_COL_STEP;
   const float* xb = x + b * C * (size_t)H * W;
 
-  auto input_at = [&](int i, int c0) -> float {
-    const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
-    const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
-    const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
-    // zero outside the image: lanes there compute discarded outputs from finite values
-    return (c < C && gy < H && gx < W) ? __ldg(&xb[((size_t)c * H + gy) * W + gx]) : 0.f;
-  };
   auto weight_at = [&](int i, int c0) -> float {
     const int cc = i / FCP_W_TILE, rem = i % FCP_W_TILE;
     const int pq = rem / FCP_MB, m = mb0 + rem % FCP_MB, c = c0 + cc;
@@ -143,12 +145,19 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
     for (int c0 = 0; c0 < C; c0 += FCP_CC) {
       if (rr == 0 || !one_chunk) {
         __syncthreads();  // the previous pass is done reading the tile
-#define FCP_IN_AT(i) input_at(i, c0)
+        // The input tile goes global -> shared with cp.async (no register round trip, every
+        // copy of the thread in flight at once; out-of-image elements are zero-filled).
+        for (int i = tid; i < FCP_CC * FCP_IN_TILE; i += FCP_THREADS) {
+          const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
+          const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
+          const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
+          const bool inside = c < C && gy < H && gx < W;
+          fcp_cp_async4(&in_s[i], inside ? &xb[((size_t)c * H + gy) * W + gx] : xb, inside);
+        }
 #define FCP_W_AT(i) weight_at(i, c0)
-        FCP_STAGE(FCP_CC * FCP_IN_TILE, tid, in_s, FCP_IN_AT)
         FCP_STAGE(FCP_CC * FCP_W_TILE, tid, w_s, FCP_W_AT)
-#undef FCP_IN_AT
 #undef FCP_W_AT
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
         __syncthreads();
       }
       const int cc_n = min(FCP_CC, C - c0);
@@ -301,7 +310,9 @@ extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* 
 #endif
 
 #define TC_THREADS (TC_WARPS * 32)
-#define TC_STAGE_UNROLL 8
+#ifndef TC_STAGE_UNROLL
+#define TC_STAGE_UNROLL 16  // global loads in flight per thread while staging
+#endif
 
 #if TC_PREC == 0
 typedef __half tc_elem;
@@ -364,6 +375,20 @@ fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
   const size_t b = blockIdx.x / tiles_h;
   const int tile_y = blockIdx.x % tiles_h;
   const int iy0 = tile_y * TC_TPH * 2;
+  // Weight fragments first: their loads overlap the staging below.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  uint2 bf[TC_R][TOE_KSTEPS][TC_M];
+#pragma unroll
+  for (int r = 0; r < TC_R; ++r)
+#pragma unroll
+    for (int h = 0; h < TOE_KSTEPS; ++h)
+#pragma unroll
+      for (int n = 0; n < TC_M; ++n)
+        bf[r][h][n] = __ldg(&bfrag[((r * TOE_KSTEPS + h) * TC_M + n) * 32 + lane]);
+  float bm[TC_M];
+#pragma unroll
+  for (int n = 0; n < TC_M; ++n) bm[n] = __ldg(&bias[n]);
   // Stage the tile with TC_STAGE_UNROLL independent loads in flight per thread.
   constexpr int n_in = TC_C * TOE_IR * TOE_RS;
   for (int base = threadIdx.x; base < n_in; base += TC_THREADS * TC_STAGE_UNROLL) {
@@ -382,19 +407,6 @@ fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
       if (i < n_in) in_s[i] = tc_convert(v[u]);
     }
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  uint2 bf[TC_R][TOE_KSTEPS][TC_M];
-#pragma unroll
-  for (int r = 0; r < TC_R; ++r)
-#pragma unroll
-    for (int h = 0; h < TOE_KSTEPS; ++h)
-#pragma unroll
-      for (int n = 0; n < TC_M; ++n)
-        bf[r][h][n] = __ldg(&bfrag[((r * TOE_KSTEPS + h) * TC_M + n) * 32 + lane]);
-  float bm[TC_M];
-#pragma unroll
-  for (int n = 0; n < TC_M; ++n) bm[n] = __ldg(&bias[n]);
   __syncthreads();
 
   for (int mt = warp; mt < TOE_MTILES; mt += TC_WARPS) {
@@ -470,6 +482,14 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
   const size_t b = blockIdx.x / tiles_per_image;
   const int tile_y = tile / tiles_w, tile_x = tile % tiles_w;
   const int iy0 = tile_y * TC_TPH * TC_P, ix0 = tile_x * TC_TPW * TC_P;
+  // Weight fragments first: their loads overlap the staging below.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  uint4 af[WA_STEPS];
+#pragma unroll
+  for (int s = 0; s < WA_STEPS; ++s) af[s] = __ldg(&afrag[s * 32 + lane]);
+  const float b_lo = g < M ? __ldg(&bias[g]) : 0.f;
+  const float b_hi = g + 8 < M ? __ldg(&bias[g + 8]) : 0.f;
   for (int base = threadIdx.x; base < WA_TILE; base += TC_THREADS * TC_STAGE_UNROLL) {
     float v0[TC_STAGE_UNROLL], v1[TC_STAGE_UNROLL];
 #pragma unroll
@@ -492,13 +512,6 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
 #endif
     }
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  uint4 af[WA_STEPS];
-#pragma unroll
-  for (int s = 0; s < WA_STEPS; ++s) af[s] = __ldg(&afrag[s * 32 + lane]);
-  const float b_lo = g < M ? __ldg(&bias[g]) : 0.f;
-  const float b_hi = g + 8 < M ? __ldg(&bias[g + 8]) : 0.f;
   __syncthreads();
 
   for (int u = warp; u < WA_UNITS; u += TC_WARPS) {
