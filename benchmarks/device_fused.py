@@ -36,6 +36,11 @@ SWEEP = {
     "conv2": [{"minb": 2}, {"mg": 2, "minb": 3}, {"mg": 2, "minb": 2}, {"mg": 1, "minb": 6}],
 }
 
+TC_SWEEP = {
+    "conv1": [{"warps": 5, "minb": 3}, {"warps": 2}, {"warps": 4}],
+    "conv2": [{"warps": 8}, {"warps": 4, "minb": 4}, {"warps": 8, "minb": 2}, {"warps": 2}],
+}
+
 
 def ref_pooled(x: np.ndarray, w: np.ndarray, b: np.ndarray, pool: int) -> np.ndarray:
     from numpy.lib.stride_tricks import sliding_window_view
@@ -122,8 +127,8 @@ def bench(out: Path, reps: int) -> None:
         w = (rng.standard_normal(shape.w_shape) * 0.2).astype(np.float32)
         b = (rng.standard_normal(shape.M) * 0.1).astype(np.float32)
         rows = []
-        configs = [("fp32", {})] + [("fp32", p) for p in SWEEP[layer]] + [
-            ("fp16", {}), ("tf32", {})]
+        configs = ([("fp32", {})] + [("fp32", p) for p in SWEEP[layer]]
+                   + [("fp16", {}), ("tf32", {})] + [("fp16", p) for p in TC_SWEEP[layer]])
         for prec, params in configs:
             impl = fused.fused_conv_pool_impl(pool, prec)
             try:

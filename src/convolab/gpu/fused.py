@@ -303,7 +303,10 @@ class TcPlan:
     warps: int
 
 
-def tc_plan(shape: ConvShape, pool: int, precision: str) -> TcPlan:
+def tc_plan(shape: ConvShape, pool: int, precision: str,
+            params: Mapping[str, Any] | None = None) -> TcPlan:
+    """params may fix warps (per block) and minb (blocks per SM the registers must allow)."""
+    params = params or {}
     kind = tc_kind(shape, pool)
     if kind is None:
         raise ValueError(
@@ -321,10 +324,10 @@ def tc_plan(shape: ConvShape, pool: int, precision: str) -> TcPlan:
 
         while tph > 1 and toe_smem(tph) > _SMEM_LIMIT:
             tph //= 2
-        warps = _best_warps(_ceil_div(tph * ng, 8))
+        warps = int(params.get("warps") or _best_warps(_ceil_div(tph * ng, 8)))
         defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": 2,
                    "TC_M": shape.M, "TC_TPH": tph, "TC_TPW": wp, "TC_WARPS": warps,
-                   "FCP_KERNEL": 3}
+                   "TC_MINB": int(params.get("minb") or 1), "FCP_KERNEL": 3}
         return TcPlan("fcp_mma_toe", defines, 1, _ceil_div(hp, tph), warps)
 
     tph, tpw = min(hp, 8), min(wp, 8)
@@ -340,10 +343,10 @@ def tc_plan(shape: ConvShape, pool: int, precision: str) -> TcPlan:
         else:
             tpw = max(1, tpw // 2)
     units = tph * tpw if pool == 4 else _ceil_div(tph * tpw, 2)
-    warps = _best_warps(units)
+    warps = int(params.get("warps") or _best_warps(units))
     defines = {"TC_PREC": prec, "TC_C": shape.C, "TC_K": shape.K, "TC_P": pool,
                "TC_M": 16, "TC_TPH": tph, "TC_TPW": tpw, "TC_WARPS": warps,
-               "FCP_KERNEL": 4}
+               "TC_MINB": int(params.get("minb") or 1), "FCP_KERNEL": 4}
     return TcPlan("fcp_mma_wa", defines, _ceil_div(wp, tpw), _ceil_div(hp, tph), warps)
 
 
@@ -353,7 +356,7 @@ def _prepare_tc(pool: int, precision: str):
         from convolab.gpu.compile import get_kernel
 
         cp = require_cupy()
-        plan = tc_plan(shape, pool, precision)
+        plan = tc_plan(shape, pool, precision, params)
         w_h = np.asarray(to_numpy(w), np.float32)
         b_d = _as_device_f32(cp, b)
         hp, wp = pooled_hw(shape, pool)
@@ -436,6 +439,8 @@ def fused_conv_pool_impl(pool: int, precision: str = "fp32") -> ConvImpl:
         device="gpu",
         prepare=_prepare_tc(pool, precision),
         supports=lambda s: tc_kind(s, pool) is not None,
+        space={"warps": [2, 4, 5, 8], "minb": [1, 2, 3, 4]},
+        defaults={"warps": 0, "minb": 0},
         tolerance=TC_TOLERANCE[precision],
         rung=13,
         kernel_file=KERNEL_FILE,
