@@ -35,7 +35,10 @@ POOL_FILE = "22_pool_backward.cu"
 NULL = np.uint64(0)
 BLOCK = 256  # matches the kernels' *_BLOCK defaults
 METHODS = ("gemm", "direct")
-DEFAULT_METHOD = "gemm"  # measured faster on the H100 (docs/training.md, benchmarks/results)
+# Measured on the H100 (benchmarks/results/train_h100_2026-11-23.json): direct is faster for
+# every zoo conv layer, e.g. ece408 C1 backward at batch 4096 1.7 ms vs 11.9 ms (the GEMM
+# method writes and reads a 5 GB unrolled input), C3 14.3 vs 14.7 ms.
+DEFAULT_METHOD = "direct"
 # conv_bwd_dw_taps keeps K*K sums in registers; beyond this K the per-weight kernel is used.
 MAX_TAPS_K = 9
 # The unrolled matrix of one GEMM chunk stays below this many floats (256 MiB): big enough
