@@ -32,13 +32,12 @@ LAYERS = {"conv1": (ConvShape(10000, 1, 86, 86, 4, 7), 2),
           "conv2": (ConvShape(10000, 4, 40, 40, 16, 7), 4)}
 # Exact-kernel tilings tried besides the default plan (the tuner's space, hand-picked).
 SWEEP = {
-    "conv1": [{"rpt": 1}, {"rpt": 2}, {"minb": 4}, {"pw": 4, "ty": 10, "rpt": 4}],
-    "conv2": [{"minb": 2}, {"mg": 2, "minb": 3}, {"mg": 2, "minb": 2}, {"mg": 1, "minb": 6}],
+    "conv1": [{"minb": 4}, {"rpt": 1}, {"pw": 4, "ty": 10, "rpt": 4}],
+    "conv2": [{"minb": 2}, {"mg": 2, "minb": 2}],
 }
-
 TC_SWEEP = {
-    "conv1": [{"warps": 5, "minb": 3}, {"warps": 2}, {"warps": 4}],
-    "conv2": [{"warps": 8}, {"warps": 4, "minb": 4}, {"warps": 8, "minb": 2}, {"warps": 2}],
+    "conv1": [{"warps": 4}, {"warps": 5}, {"warps": 1}],
+    "conv2": [{"warps": 4, "minb": 1}, {"warps": 2, "minb": 8}, {"warps": 8, "minb": 2}],
 }
 
 

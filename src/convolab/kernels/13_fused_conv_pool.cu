@@ -105,6 +105,13 @@ __device__ __forceinline__ void fcp_cp_async4(float* dst, const float* src, bool
                : "memory");
 }
 
+__device__ __forceinline__ void fcp_cp_async8(float* dst, const float* src, bool valid) {
+  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(saddr), "l"(src),
+               "r"(valid ? 8 : 0)
+               : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
 fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
           const float* __restrict__ bias, float* __restrict__ y,
@@ -131,6 +138,8 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
   };
 
   const bool one_chunk = C <= FCP_CC;  // then the tile is staged once for all RPT rows
+  // Rows start on 8-byte boundaries when W and the tile origin are even (conv1, conv2).
+  const bool pairs = (W % 2 == 0) && (ix0 % 2 == 0);
   for (int rr = 0; rr < FCP_RPT; ++rr) {
     const int ty_in_tile = rr * FCP_TY + ty;  // pooled row within the block tile
     const int ph = tile_y * FCP_TY * FCP_RPT + ty_in_tile;
@@ -147,12 +156,24 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
         __syncthreads();  // the previous pass is done reading the tile
         // The input tile goes global -> shared with cp.async (no register round trip, every
         // copy of the thread in flight at once; out-of-image elements are zero-filled).
-        for (int i = tid; i < FCP_CC * FCP_IN_TILE; i += FCP_THREADS) {
-          const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
-          const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
-          const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
-          const bool inside = c < C && gy < H && gx < W;
-          fcp_cp_async4(&in_s[i], inside ? &xb[((size_t)c * H + gy) * W + gx] : xb, inside);
+        if (pairs) {  // 8-byte copies: half the copies and half the index arithmetic
+          constexpr int HS = FCP_IN_STRIDE / 2, NP = FCP_CC * FCP_IN_ROWS * HS;
+          for (int i = tid; i < NP; i += FCP_THREADS) {
+            const int row = i / HS, p2 = i - row * HS;
+            const int cc = FCP_CC == 1 ? 0 : row / FCP_IN_ROWS, r = row - cc * FCP_IN_ROWS;
+            const int c = c0 + cc, gy = iy0 + r, gx = ix0 + 2 * p2;
+            const bool inside = c < C && gy < H && gx < W;  // W even: gx + 1 < W too
+            fcp_cp_async8(&in_s[row * FCP_IN_STRIDE + 2 * p2],
+                          inside ? &xb[((size_t)c * H + gy) * W + gx] : x, inside);
+          }
+        } else {
+          for (int i = tid; i < FCP_CC * FCP_IN_TILE; i += FCP_THREADS) {
+            const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
+            const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
+            const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
+            const bool inside = c < C && gy < H && gx < W;
+            fcp_cp_async4(&in_s[i], inside ? &xb[((size_t)c * H + gy) * W + gx] : x, inside);
+          }
         }
 #define FCP_W_AT(i) weight_at(i, c0)
         FCP_STAGE(FCP_CC * FCP_W_TILE, tid, w_s, FCP_W_AT)
@@ -349,6 +370,27 @@ __device__ __forceinline__ tc_elem tc_convert(float v) {
 #endif
 }
 
+// Two adjacent input values -> shared memory in the kernel's element type (4/8-byte store).
+__device__ __forceinline__ void tc_store2(tc_elem* dst, float a, float b) {
+#if TC_PREC == 0
+  *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+#else
+  *reinterpret_cast<float2*>(dst) = make_float2(tc_convert(a), tc_convert(b));
+#endif
+}
+
+// x[gx], x[gx+1] of one input row (zero past W); one 8-byte load when the row allows it.
+__device__ __forceinline__ float2 tc_load2(const float* row, int gx, int W, bool vec) {
+  float2 v = make_float2(0.f, 0.f);
+  if (vec) {
+    if (gx < W) v = __ldg(reinterpret_cast<const float2*>(row + gx));  // W even
+  } else {
+    if (gx < W) v.x = __ldg(row + gx);
+    if (gx + 1 < W) v.y = __ldg(row + gx + 1);
+  }
+  return v;
+}
+
 template <typename T>
 __device__ __forceinline__ unsigned tc_ld32(const T* p) {
   return *reinterpret_cast<const unsigned*>(p);
@@ -389,22 +431,26 @@ fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
   float bm[TC_M];
 #pragma unroll
   for (int n = 0; n < TC_M; ++n) bm[n] = __ldg(&bias[n]);
-  // Stage the tile with TC_STAGE_UNROLL independent loads in flight per thread.
-  constexpr int n_in = TC_C * TOE_IR * TOE_RS;
-  for (int base = threadIdx.x; base < n_in; base += TC_THREADS * TC_STAGE_UNROLL) {
-    float v[TC_STAGE_UNROLL];
+  // Stage the tile in pixel pairs with TC_STAGE_UNROLL loads in flight per thread.
+  {
+    constexpr int HS = TOE_RS / 2, NP = TC_C * TOE_IR * HS;
+    const bool vec = W % 2 == 0;
+    for (int base = threadIdx.x; base < NP; base += TC_THREADS * TC_STAGE_UNROLL) {
+      float2 v[TC_STAGE_UNROLL];
 #pragma unroll
-    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
-      const int i = base + u * TC_THREADS;
-      const int c = i / (TOE_IR * TOE_RS), rem = i % (TOE_IR * TOE_RS);
-      const int r = rem / TOE_RS, col = rem % TOE_RS, gy = iy0 + r;
-      v[u] = (i < n_in && gy < H && col < W)
-                 ? __ldg(&x[((b * TC_C + c) * H + gy) * (size_t)W + col]) : 0.f;
-    }
+      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+        const int i = base + u * TC_THREADS;
+        const int row = i / HS, p2 = i - row * HS;
+        const int c = TC_C == 1 ? 0 : row / TOE_IR, r = row - c * TOE_IR, gy = iy0 + r;
+        v[u] = make_float2(0.f, 0.f);
+        if (i < NP && gy < H)
+          v[u] = tc_load2(x + ((b * TC_C + c) * H + gy) * (size_t)W, 2 * p2, W, vec);
+      }
 #pragma unroll
-    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
-      const int i = base + u * TC_THREADS;
-      if (i < n_in) in_s[i] = tc_convert(v[u]);
+      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+        const int i = base + u * TC_THREADS;
+        if (i < NP) tc_store2(in_s + 2 * i, v[u].x, v[u].y);  // row * RS + 2 p2 == 2 i
+      }
     }
   }
   __syncthreads();
@@ -490,26 +536,37 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
   for (int s = 0; s < WA_STEPS; ++s) af[s] = __ldg(&afrag[s * 32 + lane]);
   const float b_lo = g < M ? __ldg(&bias[g]) : 0.f;
   const float b_hi = g + 8 < M ? __ldg(&bias[g + 8]) : 0.f;
-  for (int base = threadIdx.x; base < WA_TILE; base += TC_THREADS * TC_STAGE_UNROLL) {
-    float v0[TC_STAGE_UNROLL], v1[TC_STAGE_UNROLL];
+  // Stage the tile in pixel pairs; the shifted copy's pair (x[gx+1], x[gx+2]) reuses the
+  // pair's second value and one more (L1-resident) load.
+  {
+    constexpr int HS = WA_RS / 2, NP = TC_C * WA_IR * HS;
+    const bool vec = W % 2 == 0;  // ix0 is even (pool 2 or 4), so pairs are 8-byte aligned
+    for (int base = threadIdx.x; base < NP; base += TC_THREADS * TC_STAGE_UNROLL) {
+      float2 v[TC_STAGE_UNROLL];
+      float e[TC_STAGE_UNROLL];
 #pragma unroll
-    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
-      const int i = base + u * TC_THREADS;
-      const int c = i / (WA_IR * WA_RS), rem = i % (WA_IR * WA_RS);
-      const int r = rem / WA_RS, col = rem % WA_RS, gy = iy0 + r, gx = ix0 + col;
-      const float* src = x + ((b * TC_C + c) * H + gy) * (size_t)W + gx;
-      const bool row_ok = i < WA_TILE && gy < H;
-      v0[u] = row_ok && gx < W ? __ldg(src) : 0.f;
-      v1[u] = row_ok && gx + 1 < W ? __ldg(src + 1) : 0.f;  // for the shifted copy
-    }
+      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+        const int i = base + u * TC_THREADS;
+        const int row = i / HS, p2 = i - row * HS;
+        const int c = TC_C == 1 ? 0 : row / WA_IR, r = row - c * WA_IR;
+        const int gy = iy0 + r, gx = ix0 + 2 * p2;
+        v[u] = make_float2(0.f, 0.f);
+        e[u] = 0.f;
+        if (i < NP && gy < H) {
+          const float* src_row = x + ((b * TC_C + c) * H + gy) * (size_t)W;
+          v[u] = tc_load2(src_row, gx, W, vec);
+          if (gx + 2 < W) e[u] = __ldg(src_row + gx + 2);
+        }
+      }
 #pragma unroll
-    for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
-      const int i = base + u * TC_THREADS;
-      if (i >= WA_TILE) break;
-      in_s[i] = tc_convert(v0[u]);
+      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+        const int i = base + u * TC_THREADS;
+        if (i >= NP) break;
+        tc_store2(in_s + 2 * i, v[u].x, v[u].y);
 #if WA_COPIES == 2
-      in_s[WA_TILE + i] = tc_convert(v1[u]);
+        tc_store2(in_s + WA_TILE + 2 * i, v[u].y, e[u]);
 #endif
+      }
     }
   }
   __syncthreads();
