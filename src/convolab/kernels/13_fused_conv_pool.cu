@@ -555,7 +555,9 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
         if (i < NP && gy < H) {
           const float* src_row = x + ((b * TC_C + c) * H + gy) * (size_t)W;
           v[u] = tc_load2(src_row, gx, W, vec);
+#if WA_COPIES == 2
           if (gx + 2 < W) e[u] = __ldg(src_row + gx + 2);
+#endif
         }
       }
 #pragma unroll
@@ -565,6 +567,8 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
         tc_store2(in_s + 2 * i, v[u].x, v[u].y);
 #if WA_COPIES == 2
         tc_store2(in_s + WA_TILE + 2 * i, v[u].y, e[u]);
+#else
+        (void)e[u];
 #endif
       }
     }
