@@ -24,7 +24,8 @@ unroll_input(const float* __restrict__ x, float* __restrict__ x_unroll, int b0, 
   const long long col = idx % cols;
   const int row = (int)(idx / cols);
   const int q = row % K, p = (row / K) % K, c = row / (K * K);
-  const int wo = (int)(col % Wo), ho = (int)((col / Wo) % Ho), b = b0 + (int)(col / ((long long)Ho * Wo));
+  const int wo = (int)(col % Wo), ho = (int)((col / Wo) % Ho);
+  const int b = b0 + (int)(col / ((long long)Ho * Wo));
   x_unroll[idx] = CONVOLAB_X_AT(x, b, c, ho * S + p, wo * S + q, C, H, W);
 }
 

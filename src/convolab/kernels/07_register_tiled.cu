@@ -8,20 +8,24 @@
 // = CCH*K*K), the block stages the input patch + halo and the weights in shared memory; then
 // for each (c, q) a thread loads one input column strip of (TN-1)*S+K values into registers
 // and reuses each value for up to K*TM FMAs, while the weights for all TM channels arrive as
-// float4 broadcasts. Per strip that is K*TN*TM FMAs against (TN-1)*S+K + K*TM/4 loads (conv2:
-// 448 FMAs, 38 loads), so the SM runs near its FMA rate instead of its load/store rate.
+// float4 broadcasts. Per strip that is K*TN*TM FMAs against (TN-1)*S+K + K*TM/4 loads, so the
+// SM runs near its FMA rate instead of its load/store rate. conv2 (TM=16, TN=2): 224 FMAs per
+// 36 loads. conv1 (C=1, M=4: TM=4, TN=8): 224 FMAs per 21 loads; with a single channel every
+// block is one short load-compute-store burst and 1.3 GB must cross DRAM, so conv1 is bound by
+// memory latency/bandwidth more than by FMAs (H100: 1.17 ms = 1.1 TB/s and 21 TFLOP/s).
 // Threads are laid out along output columns, so neighbouring lanes read neighbouring shared-
 // memory words (no bank conflicts at stride 1) and write coalesced rows of y.
 // Staging uses cp.async (global -> shared without passing through registers, zero-fill for
 // the padding): a plain load-then-store loop waits out one DRAM latency per element, which
-// measured 2x slower on conv1. The host pre-arranges the weights as [M/TM][C][q][p][TM] so
-// their staging is a straight 16-byte copy.
+// cost 1.35x on both ece408 layers (H100). The host pre-arranges the weights as
+// [M/TM][C][q][p][TM] so their staging is a straight 16-byte copy.
 // conv_register_tiled_pipelined (PIPE=1 on the host) is the same computation in persistent
-// blocks that walk many tiles with two shared-memory buffers: the cp.async copies for the
-// next tile are in flight while the current one is computed, so a block never sits idle
-// waiting for DRAM (the one-shot kernel relies on other resident blocks to cover that wait).
-// Compile-time: KSIZE, TM, TN, QUNROLL and STRIDE (0 = stride passed at run time: the strip then reads
-// shared memory per tap instead of registers, still correct for any S).
+// blocks that walk many tiles with two shared-memory buffers, copying the next tile while
+// computing this one. Measured, it loses (conv1 1.28 vs 1.17 ms, conv2 3.31 vs 2.73 ms on
+// H100): the one-shot kernel already hides DRAM latency with 5-6 resident blocks per SM, and
+// the second buffer halves the channels staged per pass. It stays as a tuner option.
+// Compile-time: KSIZE, TM, TN, QUNROLL and STRIDE (0 = stride passed at run time: the strip
+// then reads shared memory per tap instead of registers, still correct for any S).
 #include "common.cuh"
 
 #ifndef KSIZE
