@@ -27,7 +27,8 @@ def _version(dist: str) -> str:
 
 def print_registry() -> None:
     table = Table(title="convolab implementations (ladder order)")
-    for col in ("name", "device", "rung", "tolerance", "demonstrates", "tunable parameters"):
+    table.add_column("name", no_wrap=True)
+    for col in ("device", "rung", "tolerance", "demonstrates", "tunable parameters"):
         table.add_column(col, overflow="fold")
     for impl in all_impls():
         space = ", ".join(f"{k}∈{list(v)}" for k, v in impl.space.items()) or "-"
