@@ -22,9 +22,15 @@ app = typer.Typer(
 
 MAX_TEST_IMAGES = 10_000
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="zoo model: ece408, ece408-mxnet, eecs498")]
-DeviceOpt = Annotated[str, typer.Option("--device", "-d", help="cpu or gpu (default: gpu if usable)")]
-DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="folder with the four IDX .gz files")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="zoo model: ece408, ece408-mxnet, eecs498")
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", "-d", help="cpu or gpu (default: gpu if usable)")
+]
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="folder with the four IDX .gz files")
+]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the results as JSON here")]
 
 
@@ -54,33 +60,56 @@ def check_batch(batch: int, limit: int = MAX_TEST_IMAGES) -> None:
 def classify(
     model: ModelOpt = "ece408",
     batch: Annotated[int | None, typer.Option("--batch", "-b", help="first N test images")] = None,
-    impl: Annotated[str | None, typer.Option("--impl", "-i", help="conv implementation or 'auto'")] = None,
+    impl: Annotated[
+        str | None, typer.Option("--impl", "-i", help="conv implementation or 'auto'")
+    ] = None,
     device: DeviceOpt = None,
     weights: Annotated[Path | None, typer.Option("--weights", help="safetensors file")] = None,
     data_dir: DataDirOpt = None,
-    per_layer: Annotated[bool, typer.Option("--per-layer", help="GPU: layer by layer, not the fused network")] = False,
-    mode: Annotated[str, typer.Option("--mode", help="GPU fused network: exact or tensor-core")] = "exact",
-    throughput: Annotated[int | None, typer.Option("--throughput", help="stream N images (any N) and report images/s")] = None,
-    no_self_test: Annotated[bool, typer.Option("--no-self-test", help="skip the course self-tests")] = False,
+    per_layer: Annotated[
+        bool, typer.Option("--per-layer", help="GPU: layer by layer, not the fused network")
+    ] = False,
+    mode: Annotated[
+        str,
+        typer.Option("--mode", help="GPU fused network: exact, tensor-core (=fp16), fp16 or tf32"),
+    ] = "exact",
+    throughput: Annotated[
+        int | None, typer.Option("--throughput", help="stream N images (any N) and report images/s")
+    ] = None,
+    no_self_test: Annotated[
+        bool, typer.Option("--no-self-test", help="skip the course self-tests")
+    ] = False,
     json_out: JsonOpt = None,
 ) -> None:
-    """Run the model on the first N test images: per-layer Op Time and Layer Time, then Test Accuracy."""
+    """Run the first N test images: per conv layer Op Time and Layer Time, then Test Accuracy."""
     from convolab import classify as run
 
     dev = resolve_device(device)
     n = batch if batch is not None else (10_000 if dev == "gpu" else 1000)
     check_batch(n)
     run.main(
-        model=model, batch=n, impl=impl, device=dev, weights=weights, data_dir=data_dir,
-        per_layer=per_layer, mode=mode, throughput=throughput, self_test=not no_self_test,
+        model=model,
+        batch=n,
+        impl=impl,
+        device=dev,
+        weights=weights,
+        data_dir=data_dir,
+        per_layer=per_layer,
+        mode=mode,
+        throughput=throughput,
+        self_test=not no_self_test,
         json_out=json_out,
     )
 
 
 @app.command()
 def verify(
-    device: Annotated[str | None, typer.Option("--device", "-d", help="cpu, gpu or both (default)")] = None,
-    impl: Annotated[list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", "-d", help="cpu, gpu or both (default)")
+    ] = None,
+    impl: Annotated[
+        list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")
+    ] = None,
 ) -> None:
     """The course self-test cases against the fp64 reference, for every implementation here."""
     from convolab import verify as run
@@ -117,7 +146,9 @@ def train(
     seed: Annotated[int, typer.Option(help="random seed (deterministic on the CPU)")] = 0,
     device: DeviceOpt = "cpu",
     limit: Annotated[int | None, typer.Option(help="use only the first N training images")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="safetensors file to write")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="safetensors file to write")
+    ] = None,
     data_dir: DataDirOpt = None,
 ) -> None:
     """Train a zoo model with convolab's own forward and backward."""
@@ -133,8 +164,16 @@ def train(
     if optimizer not in ("adam", "sgd"):
         fail(f"--optimizer must be 'adam' or 'sgd', not {optimizer!r}")
     run.main(
-        model=model, epochs=epochs, batch=batch, lr=lr, optimizer=optimizer, seed=seed,
-        device=dev, limit=limit, out=out, data_dir=data_dir,
+        model=model,
+        epochs=epochs,
+        batch=batch,
+        lr=lr,
+        optimizer=optimizer,
+        seed=seed,
+        device=dev,
+        limit=limit,
+        out=out,
+        data_dir=data_dir,
     )
 
 
@@ -142,9 +181,15 @@ def train(
 def bench(
     model: ModelOpt = "ece408",
     batch: Annotated[int, typer.Option("--batch", "-b")] = 10_000,
-    impl: Annotated[list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")] = None,
-    reps: Annotated[int, typer.Option(help="timed repetitions (>= 20 for a median worth quoting)")] = 20,
-    network: Annotated[bool, typer.Option("--network", help="whole-network forward instead of per layer")] = False,
+    impl: Annotated[
+        list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")
+    ] = None,
+    reps: Annotated[
+        int, typer.Option(help="timed repetitions (>= 20 for a median worth quoting)")
+    ] = 20,
+    network: Annotated[
+        bool, typer.Option("--network", help="whole-network forward instead of per layer")
+    ] = False,
     shapes: Annotated[str, typer.Option(help="model, seeds, vgg or all")] = "model",
     json_out: JsonOpt = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG plot here")] = None,
@@ -155,8 +200,16 @@ def bench(
     check_batch(batch, limit=1_000_000)
     if reps < 1:
         fail(f"--reps must be positive, got {reps}")
-    run.main(model=model, batch=batch, names=impl or None, reps=reps, network=network,
-             shapes=shapes, json_out=json_out, plot=plot)
+    run.main(
+        model=model,
+        batch=batch,
+        names=impl or None,
+        reps=reps,
+        network=network,
+        shapes=shapes,
+        json_out=json_out,
+        plot=plot,
+    )
 
 
 @app.command()
