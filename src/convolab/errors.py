@@ -1,4 +1,4 @@
-"""The one exception type a user should ever see from convolab, with a message naming the problem."""
+"""The one exception type users should see from convolab, with a message naming the problem."""
 
 
 class ConvolabError(Exception):
