@@ -8,7 +8,7 @@ mkdir -p "$OUT/final"
 export PYTHONPATH=src CONVOLAB_DATA=${CONVOLAB_DATA:-.data} PYTHONUNBUFFERED=1
 stamp() { echo "== $(date +%T) $*"; }
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests verify classify bench network)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests verify classify zoo bench network)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/final/gpu.txt"
 for stage in "${STAGES[@]}"; do
   stamp "$stage"
@@ -19,6 +19,13 @@ for stage in "${STAGES[@]}"; do
               echo "rc=$?"; grep -cE "PASS" "$OUT/final/verify.txt"; grep -E "FAIL|ERROR" "$OUT/final/verify.txt" | head ;;
     classify) timeout 150 python3 benchmarks/classify_all.py --batch 10000 \
                 --out "$OUT/final/classify_all.json" 2>&1 | tee "$OUT/final/classify_all.txt" | tail -n 40 ;;
+    zoo)      for m in ece408-mxnet eecs498; do
+                timeout 40 python3 -m convolab classify --model "$m" --device gpu --batch 10000 \
+                  > "$OUT/final/classify_$m.txt" 2>&1; echo "$m rc=$?"; cat "$OUT/final/classify_$m.txt"
+              done
+              timeout 60 python3 -m convolab bench --shapes seeds --batch 10000 --reps 20 \
+                -i auto -i register-tiled -i tensor-core-tf32 --json "$OUT/final/bench_seeds.json" \
+                > "$OUT/final/bench_seeds.txt" 2>&1; echo "seeds rc=$?" ;;
     bench)    timeout 150 python3 -m convolab bench --batch 10000 --reps 20 \
                 --json "$OUT/final/bench.json" > "$OUT/final/bench.txt" 2>&1; echo "rc=$?" ;;
     network)  timeout 90 python3 -m convolab bench --network --batch 10000 --reps 20 \
