@@ -299,3 +299,17 @@ def test_main_flow_without_gpu(cache_file: Path, monkeypatch: pytest.MonkeyPatch
     assert best[(1, "fp32")] == ("exact", {"T": 4, "U": 1})
     assert best[(4, "fp16")] == ("half", {"T": 4, "U": 1})
     assert tune.load_cache() == found
+
+
+def test_advanced_rung_defaults_are_valid_and_tree_split_adapts() -> None:
+    from convolab.gpu import ladder_advanced as adv
+
+    assert [adv.tree_split(c) for c in (1, 4, 15, 16, 31, 32, 512)] == [1, 1, 1, 4, 4, 8, 8]
+    for c in (1, 16, 64):
+        adv._tree_defines(dict(adv.TREE_DEFAULTS, CSPLIT=adv.tree_split(c)))
+    adv._atomic_defines(adv.ATOMIC_DEFAULTS)
+    adv._fp16_defines(adv.FP16_DEFAULTS)
+    for mode in adv.TC_MODES:
+        adv._tc_defines(mode, adv.TC_DEFAULTS)
+    with pytest.raises(ValueError, match="power of two"):
+        adv._tree_defines(dict(adv.TREE_DEFAULTS, CSPLIT=3))

@@ -12,7 +12,8 @@
 // thread runs a long serial chain of dependent adds. Splitting C gives CSPLIT times more
 // threads and CSPLIT shorter chains, at the cost of one shared-memory reduction per block.
 // When C is small (LeNet's C=1 and C=4) the slices are empty or one channel long and the
-// tree is pure overhead: then CSPLIT=1 (the tuner finds that) and this rung degenerates to
+// tree is pure overhead: then CSPLIT=1 (the host default picks CSPLIT from C; the tuner
+// confirms it: 1.9 ms vs 10 ms with CSPLIT=4 on conv1) and this rung degenerates to
 // a direct kernel with MPT-way output-channel coarsening (each input value loaded once is
 // used for MPT output channels).
 //

@@ -16,6 +16,14 @@
 // and an extra launch. On large outputs with small C (LeNet's layers) the tree/direct
 // form is faster: there is already plenty of parallelism and the atomics are pure cost.
 // Inner loop as in 8a: PPT pixels x MPT output channels per thread, for load reuse.
+//
+// Measured (H100, 2026-11-23, best parameters of each rung, Op Time):
+//   B=1  C=1024  9x9  M=256 K=3 : atomic 0.128 ms, tree 0.207 ms  (tiny output: atomic wins)
+//   B=1  C=512  14x14 M=512 K=3 : atomic 0.191 ms, tree 0.198 ms  (about even)
+//   B=4  C=256  16x16 M=128 K=3 : tree 0.101 ms, atomic 0.110 ms
+//   B=32 and 256, C=64 32x32    : tree ahead by 2-6%
+//   LeNet B=10000 conv1 / conv2 : tree 1.94 / 5.12 ms, atomic 2.89 / 7.08 ms
+// Rule of thumb: atomic when B*Ho*Wo is below ~100 and C in the hundreds or more.
 
 #ifndef PIX
 #define PIX 128  // output pixels per block
