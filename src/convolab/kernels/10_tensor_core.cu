@@ -21,6 +21,10 @@
 //              costs ~4e-5 (measured); so each BK-slice is accumulated from zero and added
 //              into a separate fp32 fragment with ordinary round-to-nearest adds.
 //
+// Measured rel. L2 error vs fp64 on LeNet conv2 (random data): tf32 1.3e-4, fp16 1.3e-4,
+// bf16 1.35e-3, 3xtf32 2.2e-7. Op Time at B=10000 (H100, tuned): conv2 bf16 2.27 ms,
+// fp16 2.36, tf32 2.89, 3xtf32 4.26; conv1 (M=4, 3/4 of each MMA is padding) 4.2-7.6 ms.
+//
 // Block: WARPS warps side by side along n, each owning a 16 x (16*NFRAG) output tile; the
 // block covers BM=16 output channels x BN = 16*NFRAG*WARPS output pixels. M is padded to
 // 16 with zero weights (conv1 has M=4: three quarters of the MMA work is padding, which
@@ -30,7 +34,9 @@
 // (b, ho, wo) once, and steps the input offset of its GEMM rows k = (c, p, q) incrementally
 // (two integer divisions per element were the first version's bottleneck). With PREFETCH,
 // the next k-slice is loaded into registers while the tensor cores work on the current
-// one (software pipelining: global-load latency hidden behind MMAs). Epilogue:
+// one (software pipelining: global-load latency hidden behind MMAs); measured on H100 it
+// gains nothing here (2.83 vs 2.84 ms, conv2 fp16), the L1-resident gather being bound by
+// instruction throughput rather than latency, so the tuner leaves it off. Epilogue:
 // accumulators go through shared memory so that the bias
 // add and the scatter to NCHW y are coalesced along wo.
 

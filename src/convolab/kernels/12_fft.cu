@@ -22,7 +22,9 @@
 // that make several round trips through DRAM, so on LeNet's layers, where C*M is 4 or 64
 // and the direct kernels are memory-bound already, FFT is several times slower. It wins
 // for large K (the arithmetic saving grows with K^2) and large C*M (the transforms are
-// amortised over the channel sum), i.e. for layers unlike these.
+// amortised over the channel sum), i.e. for layers unlike these. Measured (H100, B=10000):
+// conv1 15.6 ms and conv2 15.3 ms (best FFT size 64) against 1.9 and 5.1 ms for the direct
+// channel-tree rung; the error stays fp32-like (rel. L2 ~1e-7).
 
 
 #ifndef MPT
