@@ -344,8 +344,32 @@ def test_fused_conv_pool_tc_random_shapes(case: int, precision: str,
     x = np.abs(x)  # mixed signs at unit scale: relative error stays meaningful after ReLU
     impl = fused.fused_conv_pool_impl(pool, precision)
     y = _run_impl(impl, shape, x, w, b)
+    # The kernel's own arithmetic: exact (fp32 accumulation) on the inputs it rounds itself.
+    rounded = conv_relu_pool_ref(round_like_tc(x, precision), round_like_tc(w, precision), b, 1,
+                                 pool)
+    err_kernel = rel_l2(y, rounded)
+    assert err_kernel <= 1e-5, f"{shape} pool {pool} {precision}: kernel err {err_kernel}"
+    # The promise against the true result holds on the layers it exists for. On small random
+    # shapes the input rounding alone exceeds it on some draws (tf32: 0.7 % of draws above 1e-3,
+    # worst 1.7e-3 over 300 emulated draws; seen once on the device, 2026-11-23).
     err = rel_l2(y, conv_relu_pool_ref(x, w, b, 1, pool))
-    assert err <= impl.tolerance, f"{shape} pool {pool} {precision}: rel err {err}"
+    bound = impl.tolerance if case < len(ECE408) else 4 * impl.tolerance
+    assert err <= bound, f"{shape} pool {pool} {precision}: rel err {err}"
+
+
+def round_like_tc(a: np.ndarray, precision: str) -> np.ndarray:
+    """What the tensor-core kernels feed the MMA: fp16 round-to-nearest-even, or tf32 rounded
+    to nearest with ties away from zero (cvt.rna.tf32.f32: 10 mantissa bits)."""
+    if precision == "fp16":
+        return a.astype(np.float16).astype(np.float32)
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+
+
+def test_round_like_tc_keeps_ten_mantissa_bits() -> None:
+    a = np.array([1 + 2**-11, 1 + 2**-12, -(1 + 3 * 2**-11), 1.0], np.float32)
+    assert list(round_like_tc(a, "tf32")) == [1 + 2**-10, 1.0, -(1 + 2 * 2**-10), 1.0]
+    assert round_like_tc(np.array([1 + 2**-11], np.float32), "fp16")[0] == 1.0  # ties to even
 
 
 @pytest.mark.gpu
