@@ -83,16 +83,20 @@ def dataset_line(data_dir: Path | None) -> str:
     from convolab import data
 
     status = data.dataset_status(data_dir)
-    return ", ".join(f"{k}: {v}" for k, v in status.items())
+    if status.get("found"):
+        checked = "SHA-256 verified" if status.get("verified") else "not verified"
+        return f"{status['path']} ({status.get('source')}, {checked})"
+    return f"not found: {status.get('reason')}; would download into {status.get('cache_dir')}"
 
 
 def tuner_line() -> str:
-    try:
-        from convolab.gpu import tune
-    except ImportError:
-        return "tuner not available"
-    describe = getattr(tune, "describe_cache", None)
-    return describe() if describe else "tuner present"
+    from convolab.gpu import tune
+
+    path = tune.cache_path()
+    if not path.is_file():
+        return f"{path} (empty: run `convolab tune` on a GPU)"
+    entries = tune.load_cache(path)  # warns about and ignores a stale or corrupt file
+    return f"{path} ({len(entries)} tuned layer shapes)"
 
 
 def main(data_dir: Path | None = None) -> None:
