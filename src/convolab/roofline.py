@@ -10,7 +10,6 @@ is impossible (no GPU, no cuBLAS entry point) the numbers measured on an H100 80
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import cupy_or_none
+from convolab.timing import time_cpu, time_gpu
 
 # SPEC section 7 (H100 80GB HBM3, 132 SMs): the documented fallback ceilings.
 SPEC_GPU_COPY_GBPS = 2970.0
@@ -57,30 +57,14 @@ class Ceilings:
         return asdict(self)
 
 
-def _median_ms(fn: Callable[[], object], sync: Callable[[], object], reps: int) -> float:
-    fn()
-    sync()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+def _median_ms(fn: Callable[[], object], reps: int) -> float:
+    """Host wall clock, one warm-up (CPU ceilings)."""
+    return statistics.median(time_cpu(fn, reps=reps, warmup=1))
 
 
 def _gpu_event_ms(cp: Any, fn: Callable[[], object], reps: int) -> float:
-    fn()
-    cp.cuda.get_current_stream().synchronize()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    samples = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(samples)
+    """CUDA events, one warm-up (GPU ceilings); `cp` kept for the callers' symmetry."""
+    return statistics.median(time_gpu(fn, reps=reps, warmup=1))
 
 
 def _gpu_copy_gbps(cp: Any, nbytes: int = 1 << 30, reps: int = 10) -> float:
@@ -169,10 +153,10 @@ def measure_gpu_ceilings() -> Ceilings:
 def measure_cpu_ceilings(n: int = 2048, copy_mb: int = 128) -> Ceilings:
     """Loose CPU ceilings: NumPy fp32 matmul (BLAS) GFLOP/s and a large memcpy's GB/s."""
     a = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    gemm_ms = _median_ms(lambda: a @ a, lambda: None, reps=5)
+    gemm_ms = _median_ms(lambda: a @ a, reps=5)
     src = np.ones(copy_mb * (1 << 20) // 4, np.float32)
     dst = np.empty_like(src)
-    copy_ms = _median_ms(lambda: np.copyto(dst, src), lambda: None, reps=5)
+    copy_ms = _median_ms(lambda: np.copyto(dst, src), reps=5)
     gflops = 2 * n**3 / (gemm_ms * 1e6)
     how = f"measured: NumPy fp32 matmul {n}^3 (no separate TF32/FP16 on the CPU)"
     return Ceilings(
