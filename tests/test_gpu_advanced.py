@@ -11,11 +11,11 @@ rounding can exceed the promise without anything being wrong.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conv_cases import Case, make_case
 
 from convolab.check import poison, rel_l2
 from convolab.gpu import auto, tune
@@ -40,26 +40,6 @@ TUNED = [
     "tensor-core-3xtf32",
     "fft",
 ]
-
-
-def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int) -> np.ndarray:
-    return tune.reference_conv(x, w, b, stride)
-
-
-@dataclass
-class Case:
-    shape: ConvShape
-    x: np.ndarray
-    w: np.ndarray
-    b: np.ndarray
-    ref: np.ndarray
-
-
-def make_case(rng: np.random.Generator, shape: ConvShape) -> Case:
-    x = rng.standard_normal(shape.x_shape, dtype=np.float32)
-    w = rng.standard_normal(shape.w_shape, dtype=np.float32)
-    b = rng.standard_normal((shape.M,), dtype=np.float32)
-    return Case(shape, x, w, b, reference(x, w, b, shape.S))
 
 
 def random_shape(rng: np.random.Generator, min_out: int = 1) -> ConvShape:

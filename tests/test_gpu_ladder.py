@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import gc
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from conv_cases import Case, make_case
 
 from convolab.check import poison, rel_l2
 from convolab.gpu import ladder
@@ -24,40 +24,6 @@ pytestmark = pytest.mark.gpu
 N_RANDOM_SHAPES = 120
 MAX_REF_FLOPS = 6e7  # keeps the fp64 reference (and the whole file) fast
 LADDER = {impl.name: impl for impl in ladder.LADDER}
-
-
-def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int) -> np.ndarray:
-    try:
-        from convolab.conv_cpu import conv_reference
-    except ImportError:  # cpu-ref not there yet: the same definition, one tap at a time
-        bsz, _, h, wd = x.shape
-        m, _, k, _ = w.shape
-        ho, wo = (h - k) // stride + 1, (wd - k) // stride + 1
-        y = np.zeros((bsz, m, ho, wo))
-        x64, w64 = x.astype(np.float64), w.astype(np.float64)
-        for p in range(k):
-            for q in range(k):
-                patch = x64[:, :, p : p + stride * (ho - 1) + 1 : stride,
-                            q : q + stride * (wo - 1) + 1 : stride]
-                y += np.einsum("bchw,mc->bmhw", patch, w64[:, :, p, q])
-        return y + b.astype(np.float64)[None, :, None, None]
-    return conv_reference(x, w, b, stride)
-
-
-@dataclass
-class Case:
-    shape: ConvShape
-    x: np.ndarray
-    w: np.ndarray
-    b: np.ndarray
-    ref: np.ndarray
-
-
-def make_case(rng: np.random.Generator, shape: ConvShape) -> Case:
-    x = rng.standard_normal(shape.x_shape, dtype=np.float32)
-    w = rng.standard_normal(shape.w_shape, dtype=np.float32)
-    b = rng.standard_normal((shape.M,), dtype=np.float32)
-    return Case(shape, x, w, b, reference(x, w, b, shape.S))
 
 
 def random_shape(rng: np.random.Generator) -> ConvShape:
