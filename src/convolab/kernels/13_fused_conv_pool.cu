@@ -329,6 +329,12 @@ extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* 
 #ifndef TC_MINB
 #define TC_MINB 1
 #endif
+#ifndef TC_OUT_CL
+// 1: fcp_mma_toe writes its pooled map as fp16 channels-last [b][ph][pw][TC_M] instead of fp32
+// NCHW. The fused network's fp16 path uses it: half the bytes out, and the next layer can
+// stage it with plain 16-byte copies (kernels/16_lenet_tc_cl.cu).
+#define TC_OUT_CL 0
+#endif
 
 #define TC_THREADS (TC_WARPS * 32)
 #ifndef TC_STAGE_UNROLL
@@ -481,11 +487,21 @@ fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
     }
     const int ph = tile_y * TC_TPH + ph_l, pw = ow0 / 2 + t;
     if (mt * 8 + g < TOE_COMBOS && ph_l < TC_TPH && ph < Hp && pw < Wp) {
+      float out[TC_M];
 #pragma unroll
       for (int n = 0; n < TC_M; ++n) {
         const float v = fmaxf(fmaxf(acc[n][0], acc[n][1]), fmaxf(acc[n][2], acc[n][3]));
-        y[((b * TC_M + n) * Hp + ph) * (size_t)Wp + pw] = fmaxf(v + bm[n], 0.f);
+        out[n] = fmaxf(v + bm[n], 0.f);
       }
+#if TC_OUT_CL
+      static_assert(TC_M % 2 == 0, "channels-last fp16 output stores channel pairs");
+      __half2* yc = reinterpret_cast<__half2*>(y) + ((b * Hp + ph) * (size_t)Wp + pw) * (TC_M / 2);
+#pragma unroll
+      for (int n = 0; n < TC_M; n += 2) yc[n / 2] = __floats2half2_rn(out[n], out[n + 1]);
+#else
+#pragma unroll
+      for (int n = 0; n < TC_M; ++n) y[((b * TC_M + n) * Hp + ph) * (size_t)Wp + pw] = out[n];
+#endif
     }
   }
 }
