@@ -6,6 +6,7 @@ ptxas) without nvcc's host-side pass, which the NVRTC-loaded kernels never use.
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
 Job = tuple[str, tuple[str, ...]]  # (kernel file, -D flags)
+EXTRA_COMPILE_MODULES = ("convolab.gpu.tc_cl",)
 
 
 def gpu_jobs() -> dict[str, list[Job]]:
@@ -34,6 +36,11 @@ def gpu_jobs() -> dict[str, list[Job]]:
             continue
         variants = impl.compile_variants() or [{}]
         jobs[impl.name] = [(impl.kernel_file, define_flags(v)) for v in variants]
+    # Kernels outside the registry (their tensors are not the ConvImpl contract's): each such
+    # module lists its compiles as compile_jobs() -> {name: [(kernel file, defines)]}.
+    for module in EXTRA_COMPILE_MODULES:
+        for name, variants in importlib.import_module(module).compile_jobs().items():
+            jobs[name] = [(filename, define_flags(v)) for filename, v in variants]
     return jobs
 
 

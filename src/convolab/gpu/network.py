@@ -5,7 +5,10 @@
     F5 + ReLU, F6, softmax            kernels/15_lenet_fused.cu: one kernel, 10 floats out
 
 Three launches per batch; the only full-size intermediate is the pooled C1 map (25.6 KB an
-image). docs/fused.md records why this split and not one kernel per image.
+image in fp32 NCHW). Mode 'fp16' passes it as fp16 channels-last instead (12.8 KB an image):
+rung 13's fcp_mma_toe with TC_OUT_CL=1, then kernels/16 fcp_mma_cl (gpu/tc_cl.py), which
+stages it with plain 16-byte copies. `FusedLeNet(..., fp16_layout="nchw")` keeps the rung-13
+fp16 pair for comparison. docs/fused.md records why this split and not one kernel per image.
 
 `FusedLeNet` takes a plain dict {name: array} (c1.weight, c1.bias, c3.weight, c3.bias,
 f5.weight, f5.bias, f6.weight, f6.bias) so it does not depend on the framework's classes;
@@ -38,6 +41,7 @@ IMAGE_SHAPE = (1, 86, 86)
 HEAD_KERNEL_FILE = "15_lenet_fused.cu"
 _HEAD_IMAGES_PER_BLOCK = 32  # HEAD_IMGS in the kernel
 _PRECISION_OF_MODE = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
+FP16_LAYOUTS = ("cl", "nchw")  # mode 'fp16': intermediate as fp16 channels-last, or fp32 NCHW
 
 
 def _c1_shape(batch: int) -> ConvShape:
@@ -112,38 +116,64 @@ class FusedLeNet:
 
     mode: 'exact' (fp32 FFMA, matches an fp64 forward to ~1e-6), 'tf32' or 'fp16'
     (tensor cores for both conv layers, fp32 accumulate; F5/F6/softmax stay fp32).
+    fp16_layout (mode 'fp16' only): 'cl' (default) hands the pooled C1 map from conv1 to
+    conv2 as fp16 channels-last (gpu/tc_cl.py); 'nchw' runs the rung-13 tc pair through an
+    fp32 NCHW map (the previous path, kept for comparison).
+    kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}}
+    (benchmarks); what is left out is each kernel's measured default.
     """
 
-    def __init__(self, params: Mapping[str, Any], mode: str = "exact") -> None:
+    def __init__(self, params: Mapping[str, Any], mode: str = "exact", fp16_layout: str = "cl",
+                 kernel_params: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"FusedLeNet: mode must be one of {MODES}, got {mode!r}")
+        if fp16_layout not in FP16_LAYOUTS:
+            raise ValueError(f"FusedLeNet: fp16_layout must be one of {FP16_LAYOUTS}, "
+                             f"got {fp16_layout!r}")
         check_params(params)
+        self._kernel_params = {k: dict(v) for k, v in (kernel_params or {}).items()}
+        self._head_imgs = int(self._kernel_params.get("head", {}).get(
+            "imgs", _HEAD_IMAGES_PER_BLOCK))
+        if self._head_imgs not in (16, 32, 64):  # a multiple of 16 images (HEAD_IPT >= 1)
+            raise ValueError(f"FusedLeNet: head imgs must be 16, 32 or 64, got {self._head_imgs}")
         from convolab.backend import require_cupy
 
         self._cp = cp = require_cupy()
         self.mode = mode
+        self.channels_last = mode == "fp16" and fp16_layout == "cl"
         self.params = {k: cp.ascontiguousarray(cp.asarray(_host(v), cp.float32))
                        for k, v in params.items() if k in PARAM_SHAPES}
         self._w5t = cp.ascontiguousarray(self.params["f5.weight"].T)
         self._plans: dict[tuple[int, int], tuple[Callable, Callable, Any, Any]] = {}
         from convolab.gpu.compile import get_kernel
 
-        self._head = get_kernel(HEAD_KERNEL_FILE, "lenet_head")
+        head_defines = {} if self._head_imgs == _HEAD_IMAGES_PER_BLOCK else {
+            "HEAD_IMGS": self._head_imgs}
+        self._head = get_kernel(HEAD_KERNEL_FILE, "lenet_head", head_defines)
 
     # ---- device forward -------------------------------------------------------------------
     def _plan(self, batch: int, slot: int = 0) -> tuple[Callable, Callable, Any, Any]:
         """Prepared conv runs and intermediate buffers for one batch size (per stream slot)."""
         key = (batch, slot)
         if key not in self._plans:
-            from convolab.gpu.fused import fused_conv_pool_impl
+            cp, p = self._cp, self.params
+            c1p, c3p = self._kernel_params.get("c1", {}), self._kernel_params.get("c3", {})
+            if self.channels_last:
+                from convolab.gpu import tc_cl
 
-            cp, prec = self._cp, _PRECISION_OF_MODE[self.mode]
-            c1 = fused_conv_pool_impl(2, prec).prepare(
-                _c1_shape(batch), self.params["c1.weight"], self.params["c1.bias"], {})
-            c3 = fused_conv_pool_impl(4, prec).prepare(
-                _c3_shape(batch), self.params["c3.weight"], self.params["c3.bias"], {})
-            a1 = cp.empty((batch, 4, 40, 40), cp.float32)
-            a3 = cp.empty((batch, 16, 8, 8), cp.float32)
+                c1 = tc_cl.prepare_conv1_cl(_c1_shape(batch), p["c1.weight"], p["c1.bias"], c1p)
+                c3 = tc_cl.prepare_conv2_cl(_c3_shape(batch), p["c3.weight"], p["c3.bias"], c3p)
+                a1 = cp.empty((batch, 40, 40, 4), cp.float16)  # fp16 channels-last
+            else:
+                from convolab.gpu.fused import fused_conv_pool_impl
+
+                prec = _PRECISION_OF_MODE[self.mode]
+                c1 = fused_conv_pool_impl(2, prec).prepare(
+                    _c1_shape(batch), p["c1.weight"], p["c1.bias"], c1p)
+                c3 = fused_conv_pool_impl(4, prec).prepare(
+                    _c3_shape(batch), p["c3.weight"], p["c3.bias"], c3p)
+                a1 = cp.empty((batch, 4, 40, 40), cp.float32)
+            a3 = cp.empty((batch, 16, 8, 8), cp.float32)  # == the head's (batch, 1024) features
             self._plans[key] = (c1, c3, a1, a3)
         return self._plans[key]
 
@@ -154,7 +184,7 @@ class FusedLeNet:
         c1(x, a1)
         c3(a1, a3)
         p = self.params
-        grid = (-(-batch // _HEAD_IMAGES_PER_BLOCK),)
+        grid = (-(-batch // self._head_imgs),)
         self._head(grid, (256,), (a3, self._w5t, p["f5.bias"], p["f6.weight"], p["f6.bias"],
                                   probs, np.int32(batch)))
 
@@ -402,7 +432,8 @@ def _torch_rows(params: Mapping[str, np.ndarray], x: Any, batch: int, reps: int,
 
 def bench_network(batch: int = 10000, reps: int = 20, seed: int = 0,
                   include_torch: bool = True) -> list[dict[str, Any]]:
-    """Whole-forward timings at `batch`: convolab fused (exact, fp16, tf32), a per-layer path,
+    """Whole-forward timings at `batch`: convolab fused (exact, tf32, fp16, and fp16 through the
+    previous fp32 NCHW intermediate), a per-layer path,
     and PyTorch eager fp32 / tf32 / torch.compile / fp16 channels-last on the same weights
     and input. Rows carry median and spread (ms), images/s, speedup over torch eager fp32
     and agreement with the fused exact output."""
@@ -418,10 +449,11 @@ def bench_network(batch: int = 10000, reps: int = 20, seed: int = 0,
     dparams = {k: cp.asarray(v) for k, v in params.items()}
     rows: list[dict[str, Any]] = []
     ref = None
-    for mode in MODES:
-        name = f"convolab fused {mode}"
+    variants = [(f"convolab fused {mode}", mode, "cl") for mode in MODES]
+    variants.append(("convolab fused fp16 (rung-13 pair, fp32 NCHW intermediate)", "fp16", "nchw"))
+    for name, mode, layout in variants:
         try:
-            net = FusedLeNet(params, mode=mode)
+            net = FusedLeNet(params, mode=mode, fp16_layout=layout)
             out = net(x)
             if ref is None:
                 ref = np.asarray(out.get(), np.float64)
