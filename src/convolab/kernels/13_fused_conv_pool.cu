@@ -16,11 +16,15 @@
 //
 // Kernels:
 //   fcp_exact   the register-tiled kernel above (fp32 FFMA, exact to fp32 rounding)
+//   fcp_exact_pipe  the same tiles and arithmetic, persistent and double-buffered: a block
+//               loops over (image, tile) tasks and stages task t + gridDim.x while it computes
+//               task t (single-chunk tiles only: all C channels fit in shared memory);
+//               FCP_WREG=1 keeps the thread's weights in registers instead of shared memory
 //   fcp_simple  one thread per pooled output, straight from global memory: the fallback for
 //               pool windows or filters too large to tile in registers (P > 8, K > 15)
 
 // FCP_KERNEL picks the one kernel a host compile needs (NVRTC time is per module):
-// 0 all, 1 fcp_exact, 2 fcp_simple, 3 fcp_mma_toe, 4 fcp_mma_wa.
+// 0 all, 1 fcp_exact, 2 fcp_simple, 3 fcp_mma_toe, 4 fcp_mma_wa, 5 fcp_exact_pipe.
 #ifndef FCP_KERNEL
 #define FCP_KERNEL 0
 #endif
@@ -60,6 +64,9 @@
 #ifndef FCP_RPT
 #define FCP_RPT 1  // tile rows of TY pooled rows a block walks through (only when CC >= C)
 #endif
+#ifndef FCP_WREG
+#define FCP_WREG 0  // fcp_exact_pipe: 1 = the thread's CC*K*K*MT weights live in registers
+#endif
 
 #define FCP_NEG_INF (__int_as_float(0xff800000u))
 #define FCP_THREADS (FCP_TX * FCP_TY * FCP_MG)
@@ -79,7 +86,7 @@
 #define FCP_MB (FCP_MT * FCP_MG)  // output channels of a block
 #define FCP_W_TILE (FCP_K * FCP_K * FCP_MB)
 
-#if FCP_WANT(1)
+#if FCP_WANT(1) || FCP_WANT(5)
 // Copy n floats (index -> value function) into shared memory with FCP_STAGE_UNROLL
 // independent global loads in flight per thread: a plain strided loop waits out one full
 // memory latency per element, which in the first version cost half the kernel's time.
@@ -112,6 +119,115 @@ __device__ __forceinline__ void fcp_cp_async8(float* dst, const float* src, bool
                : "memory");
 }
 
+// The input tile (FCP_CC channels from c0, rows iy0.., columns ix0..) -> dst with cp.async
+// (no register round trip, every copy of the thread in flight at once; out-of-image elements
+// are zero-filled). The caller commits/waits.
+__device__ __forceinline__ void fcp_stage_tile(float* dst, const float* x, const float* xb,
+                                               int c0, int C, int H, int W, int iy0, int ix0,
+                                               int tid, bool pairs) {
+  if (pairs) {  // 8-byte copies: half the copies and half the index arithmetic
+    constexpr int HS = FCP_IN_STRIDE / 2, NP = FCP_CC * FCP_IN_ROWS * HS;
+    for (int i = tid; i < NP; i += FCP_THREADS) {
+      const int row = i / HS, p2 = i - row * HS;
+      const int cc = FCP_CC == 1 ? 0 : row / FCP_IN_ROWS, r = row - cc * FCP_IN_ROWS;
+      const int c = c0 + cc, gy = iy0 + r, gx = ix0 + 2 * p2;
+      const bool inside = c < C && gy < H && gx < W;  // W even: gx + 1 < W too
+      fcp_cp_async8(&dst[row * FCP_IN_STRIDE + 2 * p2],
+                    inside ? &xb[((size_t)c * H + gy) * W + gx] : x, inside);
+    }
+  } else {
+    for (int i = tid; i < FCP_CC * FCP_IN_TILE; i += FCP_THREADS) {
+      const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
+      const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
+      const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
+      const bool inside = c < C && gy < H && gx < W;
+      fcp_cp_async4(&dst[i], inside ? &xb[((size_t)c * H + gy) * W + gx] : x, inside);
+    }
+  }
+}
+
+// acc += one staged input channel's contribution to the thread's pool windows. in_t: the
+// thread's first input pixel; weights_at(p, q, wv) fills wv[m] = w[m0 + m][c][p][q].
+// fcp_exact_pipe uses it; fcp_exact keeps its own inline copy of the same loop, because
+// calling this from it reorders ptxas' register assignment (conv2: 193 instead of 191
+// registers), and fcp_exact's machine code was to stay byte-identical.
+template <typename WeightsAt>
+__device__ __forceinline__ void fcp_accumulate(float (&acc)[FCP_MT][FCP_P][FCP_COLS],
+                                               const float* in_t, WeightsAt weights_at) {
+#pragma unroll
+  for (int r = 0; r < FCP_ROWS_T; ++r) {
+    float row[FCP_SPAN4];
+#if FCP_VEC_ROWS
+#pragma unroll
+    for (int v = 0; v < FCP_SPAN4 / 4; ++v) {
+      const float4 f = *reinterpret_cast<const float4*>(in_t + r * FCP_IN_STRIDE + 4 * v);
+      row[4 * v] = f.x; row[4 * v + 1] = f.y; row[4 * v + 2] = f.z; row[4 * v + 3] = f.w;
+    }
+#else
+#pragma unroll
+    for (int v = 0; v < FCP_SPAN; ++v) row[v] = in_t[r * FCP_IN_STRIDE + v];
+#endif
+#pragma unroll
+    for (int dy = 0; dy < FCP_P; ++dy) {
+      const int p = r - dy * FCP_S;  // kernel row linking input row r to pool row dy
+      if (p < 0 || p >= FCP_K) continue;
+#pragma unroll
+      for (int q = 0; q < FCP_K; ++q) {
+        float wv[FCP_MT];
+        weights_at(p, q, wv);
+#pragma unroll
+        for (int j = 0; j < FCP_COLS; ++j)
+#pragma unroll
+          for (int m = 0; m < FCP_MT; ++m)
+            acc[m][dy][j] = fmaf(row[j * FCP_S + q], wv[m], acc[m][dy][j]);
+      }
+    }
+  }
+}
+
+// Weights from shared memory, [c][p][q][MB]: one broadcast float4 per 4 channels.
+struct FcpSmemWeights {
+  const float* w_c;  // this channel's weights + the thread's first channel
+  __device__ __forceinline__ void operator()(int p, int q, float (&wv)[FCP_MT]) const {
+#if (FCP_MT % 4) == 0
+#pragma unroll
+    for (int v = 0; v < FCP_MT / 4; ++v) {
+      const float4 f = *reinterpret_cast<const float4*>(w_c + (p * FCP_K + q) * FCP_MB + 4 * v);
+      wv[4 * v] = f.x; wv[4 * v + 1] = f.y; wv[4 * v + 2] = f.z; wv[4 * v + 3] = f.w;
+    }
+#else
+#pragma unroll
+    for (int m = 0; m < FCP_MT; ++m) wv[m] = w_c[(p * FCP_K + q) * FCP_MB + m];
+#endif
+  }
+};
+
+// max(acc) + b == max(acc + b) exactly (rounding is monotonic); ReLU commutes with max.
+__device__ __forceinline__ void fcp_store(const float (&acc)[FCP_MT][FCP_P][FCP_COLS],
+                                          const float* __restrict__ bias, float* __restrict__ y,
+                                          size_t b, int M, int m0, int Hp, int Wp, int ph,
+                                          int pw0) {
+  if (ph < Hp) {
+#pragma unroll
+    for (int m = 0; m < FCP_MT; ++m) {
+      if (m0 + m >= M) break;
+      const float bm = __ldg(&bias[m0 + m]);
+#pragma unroll
+      for (int k = 0; k < FCP_PW; ++k) {
+        if (pw0 + k >= Wp) break;
+        float mx = acc[m][0][k * FCP_P];
+#pragma unroll
+        for (int dy = 0; dy < FCP_P; ++dy)
+#pragma unroll
+          for (int dx = 0; dx < FCP_P; ++dx) mx = fmaxf(mx, acc[m][dy][k * FCP_P + dx]);
+        y[((b * M + m0 + m) * Hp + ph) * (size_t)Wp + pw0 + k] = fmaxf(mx + bm, 0.f);
+      }
+    }
+  }
+}
+#endif
+
+#if FCP_WANT(1)
 extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
 fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
           const float* __restrict__ bias, float* __restrict__ y,
@@ -154,27 +270,7 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
     for (int c0 = 0; c0 < C; c0 += FCP_CC) {
       if (rr == 0 || !one_chunk) {
         __syncthreads();  // the previous pass is done reading the tile
-        // The input tile goes global -> shared with cp.async (no register round trip, every
-        // copy of the thread in flight at once; out-of-image elements are zero-filled).
-        if (pairs) {  // 8-byte copies: half the copies and half the index arithmetic
-          constexpr int HS = FCP_IN_STRIDE / 2, NP = FCP_CC * FCP_IN_ROWS * HS;
-          for (int i = tid; i < NP; i += FCP_THREADS) {
-            const int row = i / HS, p2 = i - row * HS;
-            const int cc = FCP_CC == 1 ? 0 : row / FCP_IN_ROWS, r = row - cc * FCP_IN_ROWS;
-            const int c = c0 + cc, gy = iy0 + r, gx = ix0 + 2 * p2;
-            const bool inside = c < C && gy < H && gx < W;  // W even: gx + 1 < W too
-            fcp_cp_async8(&in_s[row * FCP_IN_STRIDE + 2 * p2],
-                          inside ? &xb[((size_t)c * H + gy) * W + gx] : x, inside);
-          }
-        } else {
-          for (int i = tid; i < FCP_CC * FCP_IN_TILE; i += FCP_THREADS) {
-            const int cc = i / FCP_IN_TILE, rem = i % FCP_IN_TILE;
-            const int r = rem / FCP_IN_STRIDE, col = rem % FCP_IN_STRIDE;
-            const int c = c0 + cc, gy = iy0 + r, gx = ix0 + col;
-            const bool inside = c < C && gy < H && gx < W;
-            fcp_cp_async4(&in_s[i], inside ? &xb[((size_t)c * H + gy) * W + gx] : x, inside);
-          }
-        }
+        fcp_stage_tile(in_s, x, xb, c0, C, H, W, iy0, ix0, tid, pairs);
 #define FCP_W_AT(i) weight_at(i, c0)
         FCP_STAGE(FCP_CC * FCP_W_TILE, tid, w_s, FCP_W_AT)
 #undef FCP_W_AT
@@ -228,24 +324,112 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
       }
     }
 
-    // max(acc) + b == max(acc + b) exactly (rounding is monotonic); ReLU commutes with max.
-    if (ph < Hp) {
+    fcp_store(acc, bias, y, b, M, m0, Hp, Wp, ph, pw0);
+  }
+}
+#endif
+
+// ---- fcp_exact_pipe: persistent, double-buffered (single-chunk tiles: C <= FCP_CC) -------
+// Why double-buffering helps here: fcp_exact stages its whole tile (conv1: the 30 KB image)
+// and then waits for it, so every block starts with a DRAM round trip plus the copy during
+// which its warps issue no FFMA at all; the blocks of an SM start together and stay in
+// phase, so they wait together and the SM's FMA pipes idle (conv2 runs one block per SM:
+// every bubble is exposed). Here a block issues the cp.async copy of task t + gridDim.x into
+// the other buffer before it computes task t, so the copy lands while ~1600 FFMAs per thread
+// per pooled row run, and the weights are staged once per block instead of once per image.
+#if FCP_WANT(5)
+#define FCP_BUF (FCP_CC * FCP_IN_TILE)  // floats of one input buffer (a multiple of 4)
+
+#if FCP_WREG
+// Weights in registers: wr[pq][m] of one input channel, indices compile-time after unrolling.
+struct FcpRegWeights {
+  const float (&wr)[FCP_K * FCP_K][FCP_MT];
+  __device__ __forceinline__ void operator()(int p, int q, float (&wv)[FCP_MT]) const {
 #pragma unroll
-      for (int m = 0; m < FCP_MT; ++m) {
-        if (m0 + m >= M) break;
-        const float bm = __ldg(&bias[m0 + m]);
+    for (int m = 0; m < FCP_MT; ++m) wv[m] = wr[p * FCP_K + q][m];
+  }
+};
+#endif
+
+extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
+fcp_exact_pipe(const float* __restrict__ x, const float* __restrict__ w,
+               const float* __restrict__ bias, float* __restrict__ y, int C, int H, int W,
+               int M, int Hp, int Wp, int tiles_w, int tiles_per_image, int tasks) {
+  // [buffer 0][buffer 1][weights (shared-memory variant)]: 2 * FCP_BUF (+ FCP_CC * FCP_W_TILE)
+  extern __shared__ __align__(16) float fcp_smem[];
+  float* const w_s = fcp_smem + 2 * FCP_BUF;
+  const int mb0 = blockIdx.y * FCP_MB;
+  const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
+  const int m0 = mb0 + tz * FCP_MT;
+  const int tid = (tz * FCP_TY + ty) * FCP_TX + tx;
+
+  auto stage = [&](int task, float* buf) {
+    const int tile = task % tiles_per_image;
+    const size_t b = task / tiles_per_image;
+    const int iy0 = (tile / tiles_w) * FCP_TY * FCP_RPT * FCP_P * FCP_S;
+    const int ix0 = (tile % tiles_w) * FCP_TX * FCP_COL_STEP;
+    fcp_stage_tile(buf, x, x + b * C * (size_t)H * W, 0, C, H, W, iy0, ix0, tid,
+                   (W % 2 == 0) && (ix0 % 2 == 0));
+  };
+  int t = blockIdx.x;
+  if (t < tasks) stage(t, fcp_smem);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+
+#if FCP_WREG
+  float wr[FCP_CC][FCP_K * FCP_K][FCP_MT];
 #pragma unroll
-        for (int k = 0; k < FCP_PW; ++k) {
-          if (pw0 + k >= Wp) break;
-          float mx = acc[m][0][k * FCP_P];
+  for (int cc = 0; cc < FCP_CC; ++cc)
 #pragma unroll
-          for (int dy = 0; dy < FCP_P; ++dy)
+    for (int pq = 0; pq < FCP_K * FCP_K; ++pq)
 #pragma unroll
-            for (int dx = 0; dx < FCP_P; ++dx) mx = fmaxf(mx, acc[m][dy][k * FCP_P + dx]);
-          y[((b * M + m0 + m) * Hp + ph) * (size_t)Wp + pw0 + k] = fmaxf(mx + bm, 0.f);
-        }
-      }
+      for (int m = 0; m < FCP_MT; ++m)
+        wr[cc][pq][m] = (cc < C && m0 + m < M)
+                            ? __ldg(&w[((size_t)(m0 + m) * C + cc) * (FCP_K * FCP_K) + pq])
+                            : 0.f;
+#else
+  auto weight_at = [&](int i) -> float {
+    const int cc = i / FCP_W_TILE, rem = i % FCP_W_TILE;
+    const int pq = rem / FCP_MB, m = mb0 + rem % FCP_MB;
+    return (cc < C && m < M) ? __ldg(&w[((size_t)m * C + cc) * (FCP_K * FCP_K) + pq]) : 0.f;
+  };
+  FCP_STAGE(FCP_CC * FCP_W_TILE, tid, w_s, weight_at)  // visible after the loop's first barrier
+#endif
+
+  for (int k = 0; t < tasks; t += gridDim.x, k ^= 1) {
+    const int next = t + gridDim.x;
+    if (next < tasks) stage(next, fcp_smem + (k ^ 1) * FCP_BUF);  // read last iteration
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // task t's copy has landed
+    __syncthreads();
+
+    const float* in_s = fcp_smem + k * FCP_BUF;
+    const int tile = t % tiles_per_image;
+    const size_t b = t / tiles_per_image;
+    const int tile_y = tile / tiles_w, tile_x = tile % tiles_w;
+    const int pw0 = (tile_x * FCP_TX + tx) * FCP_PW;
+    for (int rr = 0; rr < FCP_RPT; ++rr) {
+      const int ty_in_tile = rr * FCP_TY + ty;
+      float acc[FCP_MT][FCP_P][FCP_COLS];
+#pragma unroll
+      for (int m = 0; m < FCP_MT; ++m)
+#pragma unroll
+        for (int dy = 0; dy < FCP_P; ++dy)
+#pragma unroll
+          for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+      const float* in_t =
+          in_s + (ty_in_tile * FCP_P * FCP_S) * FCP_IN_STRIDE + tx * FCP_COL_STEP;
+#if FCP_WREG
+#pragma unroll
+      for (int cc = 0; cc < FCP_CC; ++cc)  // unrolled: wr[cc] must be a compile-time index
+        if (cc < C) fcp_accumulate(acc, in_t + cc * FCP_IN_TILE, FcpRegWeights{wr[cc]});
+#else
+      for (int cc = 0; cc < C; ++cc)
+        fcp_accumulate(acc, in_t + cc * FCP_IN_TILE,
+                       FcpSmemWeights{w_s + cc * FCP_W_TILE + tz * FCP_MT});
+#endif
+      fcp_store(acc, bias, y, b, M, m0, Hp, Wp, tile_y * FCP_TY * FCP_RPT + ty_in_tile, pw0);
     }
+    __syncthreads();  // everyone is done with buffer k before the next iteration refills it
   }
 }
 #endif
