@@ -27,6 +27,10 @@ from convolab.shapes import ConvShape
 
 KERNEL_FILE = "13_fused_conv_pool.cu"
 _SMEM_LIMIT = 46 * 1024  # static shared memory must stay under 48 KB
+# fcp_exact_pipe: dynamic shared memory per block, at most what lets 2 blocks share an SM
+# (228 KB per SM, 1 KB of it reserved per block).
+_PIPE_SMEM_LIMIT = 113 * 1024
+_SM_SMEM_BYTES, _SM_REGS, _SM_THREADS, _SM_BLOCKS = 228 * 1024, 65536, 2048, 32
 _ACC_BUDGET = 64  # fp32 accumulators per thread before the register file spills
 PRECISIONS = ("fp32", "fp16", "tf32")
 
@@ -47,17 +51,24 @@ def supports_pool(shape: ConvShape, pool: int) -> bool:
 
 @dataclass(frozen=True)
 class ExactPlan:
-    """Compile-time defines and launch geometry of `fcp_exact` for one shape."""
+    """Compile-time defines and launch geometry of `fcp_exact` (or `fcp_exact_pipe`)."""
 
     defines: dict[str, int]
     tiles_w: int
     tiles_h: int
     block: tuple[int, int, int]
     channel_groups: int  # grid.y: blocks along the output channels
+    kernel: str = "fcp_exact"
+    smem_dynamic: int = 0  # fcp_exact_pipe: bytes of dynamic shared memory per block
+    blocks_per_sm: int = 0  # fcp_exact_pipe: persistent blocks per SM; 0 = as many as fit
 
     @property
     def tiles_per_image(self) -> int:
         return self.tiles_w * self.tiles_h
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -74,6 +85,24 @@ def _smem_bytes(K: int, S: int, P: int, mb: int, pw: int, tx: int, ty: int, cc: 
     return 4 * cc * (in_rows * in_stride + K * K * mb)
 
 
+def _pipe_smem_bytes(K: int, S: int, P: int, mb: int, pw: int, tx: int, ty: int, c: int,
+                     wreg: bool) -> int:
+    """Dynamic shared memory of fcp_exact_pipe: two input buffers of c channels (ty pooled
+    rows high) plus, unless the weights live in registers, the block's weights."""
+    one = _smem_bytes(K, S, P, mb, pw, tx, ty, c) - 4 * c * K * K * mb  # one input buffer
+    return 2 * one + (0 if wreg else 4 * c * K * K * mb)
+
+
+def resident_blocks(num_regs: int, threads: int, smem_bytes: int) -> int:
+    """Blocks of one kernel an H100 SM holds at once (registers are allocated per warp in
+    units of 256; each block also reserves 1 KB of shared memory)."""
+    warps = _ceil_div(threads, 32)
+    per_warp = _ceil_div(max(num_regs, 1) * 32, 256) * 256
+    by_regs = (_SM_REGS // per_warp) // warps
+    by_smem = _SM_SMEM_BYTES // (smem_bytes + 1024)
+    return max(0, min(by_regs, by_smem, _SM_THREADS // (warps * 32), _SM_BLOCKS))
+
+
 def _block_waste(hp: int, wp: int, pw: int, tx: int, ty: int) -> float:
     """Idle fraction of a launch: partial tiles on each axis and partial warps, multiplied."""
     rows = _ceil_div(hp, ty) * ty / hp
@@ -88,7 +117,11 @@ def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactP
     params may fix mt (channels per thread), pw (pooled columns per thread), tx, ty
     (threads per tile axis), mg (channel groups per block), rpt (tile rows a block walks
     through), minb (blocks per SM the registers must allow); 0 means choose.
+    Persistent double-buffered `fcp_exact_pipe` (single-chunk tiles only, else fcp_exact):
+    pipe (1 on, -1 off, 0 choose), bps (persistent blocks per SM, 0 = as many as fit),
+    wreg (1: weights in registers, taken where C*mt*K*K <= 64).
     """
+    params = _with_measured_defaults(shape, pool, params)
     K, S, P, M = shape.K, shape.S, pool, shape.M
     hp, wp = pooled_hw(shape, P)
     if P > 8 or K > 15:
@@ -120,13 +153,23 @@ def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactP
         mg -= 1
     per_channel = _smem_bytes(K, S, P, mt * mg, pw, tx, ty, 1)
     cc = max(1, min(shape.C, 16, _SMEM_LIMIT // per_channel))
+    pipe = cc >= shape.C and _use_pipe(shape, pool, int(params.get("pipe") or 0))
+    wreg = pipe and bool(params.get("wreg")) and shape.C * mt * K * K <= _WREG_BUDGET
+
+    def fits(rows: int) -> bool:
+        if pipe:
+            return _pipe_smem_bytes(K, S, P, mt * mg, pw, tx, rows, shape.C,
+                                    wreg) <= _PIPE_SMEM_LIMIT
+        return _smem_bytes(K, S, P, mt * mg, pw, tx, rows, shape.C) <= _SMEM_LIMIT
+
     rpt = 1
     if cc >= shape.C:  # the whole input fits: let a block walk down more rows of the image
         want = int(params.get("rpt") or _ceil_div(hp, ty))
-        while rpt < want and _smem_bytes(K, S, P, mt * mg, pw, tx, ty * (rpt + 1),
-                                         shape.C) <= _SMEM_LIMIT:
+        while rpt < want and fits(ty * (rpt + 1)):
             rpt += 1
     threads = tx * ty * mg
+    if pipe:
+        return _pipe_plan(shape, pool, params, mt, pw, tx, ty, mg, rpt, wreg)
     # Register cap ~168: measured on H100, conv2 at 128 registers spills and runs 5% slower
     # than at 168 with half the resident warps (docs/fused.md).
     minb = int(params.get("minb") or max(1, min(16, (65536 // 168) // threads)))
@@ -137,6 +180,65 @@ def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactP
     }
     return ExactPlan(defines, _ceil_div(wp, tx * pw), _ceil_div(hp, ty * rpt), (tx, ty, mg),
                      _ceil_div(M, mt * mg))
+
+
+# fcp_exact_pipe holds the thread's weights in registers (wreg) only up to this many.
+_WREG_BUDGET = 64
+# The pipe with the weights in registers: one channel per thread (K*K registers), 8 conv
+# columns x 2 rows per thread, up to 4 channels as threadIdx.z, 8 pooled rows per tile row.
+PIPE_WREG_TILE: dict[str, int] = {"pipe": 1, "wreg": 1, "mt": 1, "pw": 4, "ty": 8}
+
+# What pipe = 0 picks, by measurement (H100, B = 10000, CUDA events, median of 30;
+# benchmarks/results/pipe_h100_2026-11-23.json), Op Time in ms:
+#   conv1 (C=1, K=7, pool 2)  fcp_exact 0.696; pipe with fcp_exact's tile (4 channels x 4
+#       columns per thread, weights in shared memory) 0.82-1.02 for every RPT / blocks-per-SM
+#       tried; pipe + weights in registers, 1 channel x 8 columns, 320 threads, 2 blocks/SM
+#       0.670  -> PIPE_WREG_TILE wherever C*K*K fits the register budget
+#   conv2 (C=4, K=7, pool 4)  fcp_exact 1.449; pipe (same tile, one 8-warp block per SM)
+#       1.397  -> the pipe for the other single-chunk shapes
+# Multi-chunk shapes (C channels do not fit one buffer) always run fcp_exact.
+
+
+def _with_measured_defaults(shape: ConvShape, pool: int,
+                            params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """params with pipe = 0 resolved to the measured choice above; an explicit pipe (1 or
+    -1) or explicit tiling parameters are left alone."""
+    if params.get("pipe"):
+        return params
+    tiled = any(params.get(k) for k in ("mt", "pw", "mg", "tx", "ty"))
+    wreg_fits = (shape.C * shape.K * shape.K <= _WREG_BUDGET
+                 and pool * pool * PIPE_WREG_TILE["pw"] <= _ACC_BUDGET)
+    choice = {**PIPE_WREG_TILE, "mg": min(4, shape.M)} if wreg_fits and not tiled else {"pipe": 1}
+    return {**choice, **{k: v for k, v in params.items() if v}}
+
+
+def _use_pipe(shape: ConvShape, pool: int, pipe: int) -> bool:
+    """pipe 1 / -1 force fcp_exact_pipe / fcp_exact (for single-chunk tiles)."""
+    return pipe > 0
+
+
+def _pipe_plan(shape: ConvShape, pool: int, params: Mapping[str, Any], mt: int, pw: int,
+               tx: int, ty: int, mg: int, rpt: int, wreg: bool) -> ExactPlan:
+    """fcp_exact_pipe for a single-chunk tiling (all C channels of a tile in one buffer)."""
+    K, S, P, C = shape.K, shape.S, pool, shape.C
+    hp, wp = pooled_hw(shape, P)
+    threads = tx * ty * mg
+    smem = _pipe_smem_bytes(K, S, P, mt * mg, pw, tx, ty * rpt, C, wreg)
+    fit = resident_blocks(1, threads, smem)  # what shared memory alone allows
+    bps = int(params.get("bps") or 0)
+    # Registers a thread needs, fitted to what compiled without spills: conv1's tile (32
+    # accumulators) in 95 at 4 blocks of 160 threads; conv2's (64) spills at 128 and uses
+    # ~190 uncapped; conv1 with register weights (16 accumulators + 49 weights) in 96.
+    acc = mt * P * P * pw
+    need = 2 * acc + C * mt * K * K + 16 if wreg else 32 + 2 * acc
+    minb = int(params.get("minb") or bps or max(1, min(fit, _SM_REGS // (threads * need), 16)))
+    defines = {
+        "FCP_K": K, "FCP_S": S, "FCP_P": P, "FCP_MT": mt, "FCP_PW": pw,
+        "FCP_TX": tx, "FCP_TY": ty, "FCP_CC": C, "FCP_MINB": minb, "FCP_MG": mg,
+        "FCP_RPT": rpt, "FCP_WREG": int(wreg), "FCP_KERNEL": 5,
+    }
+    return ExactPlan(defines, _ceil_div(wp, tx * pw), _ceil_div(hp, ty * rpt), (tx, ty, mg),
+                     _ceil_div(shape.M, mt * mg), "fcp_exact_pipe", smem, bps)
 
 
 def _as_device_f32(cp: Any, a: Any) -> Any:
@@ -165,10 +267,12 @@ def _prepare_exact(pool: int):
 
             return run_simple
 
-        kernel = get_kernel(KERNEL_FILE, "fcp_exact", plan.defines)
-        grid = (shape.B * plan.tiles_per_image, plan.channel_groups)
+        kernel = get_kernel(KERNEL_FILE, plan.kernel, plan.defines)
         args_tail = (i32(shape.C), i32(shape.H), i32(shape.W), i32(shape.M), i32(hp), i32(wp),
                      i32(plan.tiles_w), i32(plan.tiles_per_image))
+        if plan.kernel == "fcp_exact_pipe":
+            return _pipe_run(cp, kernel, plan, shape.B, (w_d, b_d), args_tail)
+        grid = (shape.B * plan.tiles_per_image, plan.channel_groups)
 
         def run(x: Any, y: Any) -> None:
             kernel(grid, plan.block, (x, w_d, b_d, y, *args_tail))
@@ -178,15 +282,50 @@ def _prepare_exact(pool: int):
     return prepare
 
 
+def pipe_occupancy(kernel: Any, plan: ExactPlan) -> int:
+    """Blocks of the compiled pipe kernel one SM holds (the driver's answer where CuPy
+    exposes it, else computed from its register count)."""
+    try:
+        from cupy_backends.cuda.api import driver
+
+        return int(driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.kernel.ptr, plan.threads, plan.smem_dynamic))
+    except (ImportError, AttributeError):
+        return resident_blocks(int(kernel.num_regs), plan.threads, plan.smem_dynamic)
+
+
+def _pipe_run(cp: Any, kernel: Any, plan: ExactPlan, batch: int, wb: tuple[Any, Any],
+              args_tail: tuple[Any, ...]) -> Run:
+    if plan.smem_dynamic > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = plan.smem_dynamic
+    kernel.preferred_shared_memory_carveout = 100  # all of L1 as shared memory: 2-3 blocks
+    tasks = batch * plan.tiles_per_image
+    bps = plan.blocks_per_sm or max(1, pipe_occupancy(kernel, plan))
+    n_sm = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+    grid = (max(1, min(tasks, n_sm * bps)), plan.channel_groups)
+    w_d, b_d = wb
+    tail = (*args_tail, np.int32(tasks))
+
+    def run(x: Any, y: Any) -> None:
+        kernel(grid, plan.block, (x, w_d, b_d, y, *tail), shared_mem=plan.smem_dynamic)
+
+    run.grid = grid  # type: ignore[attr-defined]  # for tests and benchmarks
+    return run
+
+
 def _exact_variants() -> list[dict[str, int]]:
     """The define sets the zoo's layers compile with (CI's nvcc check builds each)."""
     from convolab.shapes import ConvShape as S
 
-    out = []
-    for shape, pool in ((S(1, 1, 86, 86, 4, 7), 2), (S(1, 4, 40, 40, 16, 7), 4),
-                        (S(1, 1, 70, 70, 12, 5), 2), (S(1, 12, 33, 33, 24, 5), 2)):
-        plan = exact_plan(shape, pool, {})
-        if plan is not None:
+    out: list[dict[str, int]] = []
+    conv1, conv2 = (S(1, 1, 86, 86, 4, 7), 2), (S(1, 4, 40, 40, 16, 7), 4)
+    layers = [conv1, conv2, (S(1, 1, 70, 70, 12, 5), 2), (S(1, 12, 33, 33, 24, 5), 2)]
+    jobs = [(layer, {"pipe": pipe}) for layer in layers for pipe in (-1, 1)]
+    jobs += [(layer, {}) for layer in layers]  # the measured defaults (pipe = 0)
+    jobs += [(conv1, {"pipe": 1, "rpt": 1}), (conv1, {**PIPE_WREG_TILE, "mg": 4, "pw": 8})]
+    for (shape, pool), params in jobs:
+        plan = exact_plan(shape, pool, params)
+        if plan is not None and plan.defines not in out:
             out.append(plan.defines)
     return out
 
@@ -404,6 +543,9 @@ _EXACT_SPACE: Mapping[str, list[int]] = {
     "mg": [1, 2, 4],
     "rpt": [1, 2, 5],
     "minb": [1, 2, 4, 6, 8],
+    "pipe": [-1, 1],  # fcp_exact / fcp_exact_pipe (0 = _with_measured_defaults)
+    "bps": [0, 2, 3, 4],  # pipe: persistent blocks per SM (0 = as many as fit)
+    "wreg": [0, 1],  # pipe: weights in registers (with mt=1)
 }
 
 
@@ -425,7 +567,8 @@ def fused_conv_pool_impl(pool: int, precision: str = "fp32") -> ConvImpl:
             prepare=_prepare_exact(pool),
             supports=lambda s: supports_pool(s, pool),
             space=_EXACT_SPACE,
-            defaults={"mt": 0, "pw": 0, "tx": 0, "ty": 0, "mg": 0, "rpt": 0, "minb": 0},
+            defaults={"mt": 0, "pw": 0, "tx": 0, "ty": 0, "mg": 0, "rpt": 0, "minb": 0,
+                      "pipe": 0, "bps": 0, "wreg": 0},
             tolerance=1e-5,
             rung=13,
             kernel_file=KERNEL_FILE,
