@@ -41,6 +41,13 @@ pooled row a pw-4 thread does 784 FFMA and 32 row loads (2-way conflicts), a pw-
 20 warps and should land within +-3 % of 0.670; wreg2 with 160-thread blocks (auto: 5
 blocks = 25 warps if it compiles to <= 80 registers) is the one with room to go lower:
 0.62-0.66. 0.60 is unlikely.
+
+Outcome of run 2 (..._run2.json; this GPU ran ~1.3 % slower across the board: conv2
+fcp_exact 1.468 vs 1.449): conv1 fcp_exact 0.695, default (= wreg4 rpt5 bps2) 0.688 and
+0.689 (run 1: 0.670), so the register-weight gain is 1-4 %, near the 2-3 % spread. The
+other wreg4 shapes 0.70-0.90 (RPT 1 and 2-channel blocks lose most); wreg2 0.73-0.83 (auto
+took 72 registers with spills at 25 warps: 0.83; at 20 warps 0.75). Prediction missed:
+no variant beats 0.67. conv2: pipe 1.415 (-3.6 % again), ty4 rpt1 bps2 1.403.
 """
 
 from __future__ import annotations

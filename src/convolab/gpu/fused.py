@@ -188,14 +188,18 @@ _WREG_BUDGET = 64
 # columns x 2 rows per thread, up to 4 channels as threadIdx.z, 8 pooled rows per tile row.
 PIPE_WREG_TILE: dict[str, int] = {"pipe": 1, "wreg": 1, "mt": 1, "pw": 4, "ty": 8}
 
-# What pipe = 0 picks, by measurement (H100, B = 10000, CUDA events, median of 30;
-# benchmarks/results/pipe_h100_2026-11-23.json), Op Time in ms:
-#   conv1 (C=1, K=7, pool 2)  fcp_exact 0.696; pipe with fcp_exact's tile (4 channels x 4
-#       columns per thread, weights in shared memory) 0.82-1.02 for every RPT / blocks-per-SM
-#       tried; pipe + weights in registers, 1 channel x 8 columns, 320 threads, 2 blocks/SM
-#       0.670  -> PIPE_WREG_TILE wherever C*K*K fits the register budget
-#   conv2 (C=4, K=7, pool 4)  fcp_exact 1.449; pipe (same tile, one 8-warp block per SM)
-#       1.397  -> the pipe for the other single-chunk shapes
+# What pipe = 0 picks, by measurement (H100, B = 10000, CUDA events, median of 30, two runs:
+# benchmarks/results/pipe_h100_2026-11-23.json and ..._run2.json), Op Time in ms:
+#   conv1 (C=1, K=7, pool 2)  fcp_exact 0.696 / 0.695; the pipe with fcp_exact's tile
+#       (4 channels x 4 columns per thread, weights in shared memory) 0.82-1.04 for every
+#       RPT / blocks-per-SM tried (double buffers cost a block per SM or registers; the
+#       staging bubble was not conv1's loss); pipe + weights in registers, 1 channel x 8
+#       columns, 320 threads, 2 blocks/SM: 0.670 / 0.688 (1-4 %, spread 2-3 %)
+#       -> PIPE_WREG_TILE wherever C*K*K fits the register budget
+#   conv2 (C=4, K=7, pool 4)  fcp_exact 1.449 / 1.468; pipe (same tile, one 8-warp block
+#       per SM, so every staging bubble was exposed) 1.397 / 1.415 (-3.6 %)
+#       -> the pipe for the other single-chunk shapes. (Half-image tiles at 2 blocks/SM,
+#       {"pipe": 1, "ty": 4, "rpt": 1, "bps": 2}: 1.387 / 1.403, reachable by the tuner.)
 # Multi-chunk shapes (C channels do not fit one buffer) always run fcp_exact.
 
 

@@ -330,13 +330,15 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
 #endif
 
 // ---- fcp_exact_pipe: persistent, double-buffered (single-chunk tiles: C <= FCP_CC) -------
-// Why double-buffering helps here: fcp_exact stages its whole tile (conv1: the 30 KB image)
-// and then waits for it, so every block starts with a DRAM round trip plus the copy during
-// which its warps issue no FFMA at all; the blocks of an SM start together and stay in
-// phase, so they wait together and the SM's FMA pipes idle (conv2 runs one block per SM:
-// every bubble is exposed). Here a block issues the cp.async copy of task t + gridDim.x into
-// the other buffer before it computes task t, so the copy lands while ~1600 FFMAs per thread
-// per pooled row run, and the weights are staged once per block instead of once per image.
+// Why double-buffering helps here: fcp_exact stages its whole tile and then waits for it, so
+// each block's warps issue no FFMA for a DRAM round trip plus the copy of every image. conv2
+// runs one 8-warp block per SM (191 registers x 256 threads), so nothing hides that bubble;
+// here a block issues the cp.async copy of task t + gridDim.x into the other buffer before
+// it computes task t, the copy lands under ~10^4 FFMAs per thread, and the weights are
+// staged once per block instead of once per image (conv2: 1.449 -> 1.397 ms on H100).
+// For conv1 (4 blocks per SM already overlap each other's staging) the second buffer costs
+// more than it hides: a block per SM (61 KB each) or registers; only with the weights in
+// registers (FCP_WREG, no weight loads at all) is it 1-4 % ahead (gpu/fused.py has numbers).
 #if FCP_WANT(5)
 #define FCP_BUF (FCP_CC * FCP_IN_TILE)  // floats of one input buffer (a multiple of 4)
 
