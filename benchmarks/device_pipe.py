@@ -48,6 +48,13 @@ fcp_exact 1.468 vs 1.449): conv1 fcp_exact 0.695, default (= wreg4 rpt5 bps2) 0.
 other wreg4 shapes 0.70-0.90 (RPT 1 and 2-channel blocks lose most); wreg2 0.73-0.83 (auto
 took 72 registers with spills at 25 warps: 0.83; at 20 warps 0.75). Prediction missed:
 no variant beats 0.67. conv2: pipe 1.415 (-3.6 % again), ty4 rpt1 bps2 1.403.
+
+Prediction for run 3 (fcp_exact_cw, conv1 only): ncu on the register-weight pipe showed the
+shared-memory pipe at 85 % (72 M of 128 M wavefronts are bank conflicts of its 32-byte lane
+stride) with the FMA pipe at 62 %; fcp_exact's tile has no conflicts but spends 98 broadcast
+weight loads per 1568 FFMA. With the weights as constant-bank operands the loop is 1568 FFMA
++ 24 conflict-free LDS.128 per pooled row, 64 registers (6 blocks, 30 warps per SM):
+0.55-0.60 ms if the FMA pipe reaches ~85 %; ty 4 / 10 / 20 within +-5 %.
 """
 
 from __future__ import annotations
@@ -75,37 +82,24 @@ LAYERS = {"conv1": (ConvShape(10000, 1, 86, 86, 4, 7), 2),
 WREG4 = {**fused.PIPE_WREG_TILE, "mg": 4}  # 1 channel x 8 columns per thread, weights in regs
 WREG8 = {**WREG4, "pw": 8}  # 1 channel x 16 columns
 WREG2 = {**WREG4, "pw": 2}  # 1 channel x 4 columns
+# Runs 1 and 2 timed the pipe and register-weight families (docstring, results files);
+# run 3 puts fcp_exact_cw (weights as a by-value parameter) beside the best of them.
 VARIANTS: dict[str, list[tuple[str, dict[str, int]]]] = {
     "conv1": [
-        ("exact", {"pipe": -1}),
-        ("pipe rpt5 auto", {"pipe": 1}),
-        ("pipe rpt5 bps2", {"pipe": 1, "rpt": 5, "bps": 2}),
-        # rpt 5 with bps 4 or 6 does not fit: 4 x 61 KB > 228 KB of shared memory per SM
-        *((f"pipe rpt1 bps{n}", {"pipe": 1, "rpt": 1, "bps": n}) for n in (2, 3, 4, 6)),
-        ("pipe rpt2 auto", {"pipe": 1, "rpt": 2}),
-        ("wreg8 rpt5 bps2", {**WREG8, "rpt": 5, "bps": 2}),
-        ("wreg8 rpt5 bps3", {**WREG8, "rpt": 5, "bps": 3}),
-        ("wreg8 rpt1 bps3", {**WREG8, "rpt": 1, "bps": 3}),
-        ("wreg8 rpt1 bps4", {**WREG8, "rpt": 1, "bps": 4}),
+        ("exact", {"pipe": -1, "cw": -1}),
         ("wreg4 rpt5 bps2", {**WREG4, "rpt": 5, "bps": 2}),
-        # run 2
-        ("default", {}),  # = wreg4 rpt5 bps2 since run 1
-        ("wreg4 rpt1 bps2", {**WREG4, "rpt": 1, "bps": 2}),
-        ("wreg4 ty4 rpt5 bps4", {**WREG4, "ty": 4, "rpt": 5, "bps": 4}),
-        ("wreg4 ty4 rpt10 auto", {**WREG4, "ty": 4, "rpt": 10}),
-        ("wreg4 mg2 rpt1 bps4", {**WREG4, "mg": 2, "rpt": 1, "bps": 4}),
-        ("wreg2 ty2 rpt10 auto", {**WREG2, "ty": 2, "rpt": 10}),
-        ("wreg2 ty2 rpt10 bps4", {**WREG2, "ty": 2, "rpt": 10, "bps": 4}),
-        ("wreg2 ty4 rpt5 auto", {**WREG2, "ty": 4, "rpt": 5}),
+        ("default", {}),  # = cw since run 3
+        ("cw minb2", {"cw": 1, "minb": 2}),
+        ("cw minb6", {"cw": 1, "minb": 6}),
+        ("cw ty4 rpt10", {"cw": 1, "ty": 4}),
+        ("cw ty10 rpt4", {"cw": 1, "ty": 10}),
+        ("cw ty20 rpt2", {"cw": 1, "ty": 20}),
+        ("cw pw1", {"cw": 1, "pw": 1}),
+        ("cw pw4", {"cw": 1, "pw": 4}),
     ],
     "conv2": [
         ("exact", {"pipe": -1}),
         ("default", {}),  # = pipe auto since run 1
-        ("pipe auto", {"pipe": 1}),
-        ("pipe bps2", {"pipe": 1, "bps": 2}),
-        ("pipe mg2 auto", {"pipe": 1, "mg": 2}),
-        ("pipe mg2 bps2", {"pipe": 1, "mg": 2, "bps": 2}),
-        ("pipe ty4 rpt1 auto", {"pipe": 1, "ty": 4, "rpt": 1}),
         ("pipe ty4 rpt1 bps2", {"pipe": 1, "ty": 4, "rpt": 1, "bps": 2}),
     ],
 }

@@ -1,4 +1,5 @@
-"""fcp_exact_pipe (kernels/13, FCP_KERNEL 5): persistent, double-buffered fused conv+pool.
+"""fcp_exact_pipe (kernels/13, FCP_KERNEL 5): persistent, double-buffered fused conv+pool,
+and fcp_exact_cw (FCP_KERNEL 6): the weights as a by-value kernel parameter.
 
 CPU tests check the plan (single-chunk rule, fallback, shared memory, occupancy arithmetic)
 and replay the kernel's tile and task arithmetic in NumPy, so a host/kernel geometry mismatch
@@ -17,9 +18,9 @@ from convolab.gpu import fused
 from convolab.shapes import ConvShape
 
 CONV1, CONV2 = (ConvShape(3, 1, 86, 86, 4, 7), 2), (ConvShape(3, 4, 40, 40, 16, 7), 4)
-WREG4 = {**fused.PIPE_WREG_TILE, "mg": 4}  # conv1's default: 1 channel x 8 columns per thread
+WREG4 = {**fused.PIPE_WREG_TILE, "mg": 4}  # 1 channel x 8 columns per thread, weights in regs
 PIPE_CONFIGS = {  # (layer, params): what the device benchmark times, at small batches here
-    "conv1-default": (CONV1, {}),
+    "conv1-wreg-rpt5-bps2": (CONV1, {**WREG4, "rpt": 5, "bps": 2}),
     "conv1-auto": (CONV1, {"pipe": 1}),
     "conv1-rpt1": (CONV1, {"pipe": 1, "rpt": 1}),
     "conv1-rpt2": (CONV1, {"pipe": 1, "rpt": 2}),  # partial last tile (48 rows for 40)
@@ -126,7 +127,7 @@ def emulate_pipe(case, pool: int, params: dict[str, int], grid: int) -> np.ndarr
     return y
 
 
-@pytest.mark.parametrize("name", ["conv1-default", "conv1-auto", "conv1-rpt1", "conv1-rpt2",
+@pytest.mark.parametrize("name", ["conv1-wreg-rpt5-bps2", "conv1-auto", "conv1-rpt1", "conv1-rpt2",
                                   "conv1-wreg-pw8", "conv1-wreg-pw2-ty2", "conv2-ty4"])
 def test_pipe_replay_matches_fp64(name: str, rng: np.random.Generator) -> None:
     (shape, pool), params = PIPE_CONFIGS[name]
@@ -179,14 +180,20 @@ def test_multi_chunk_shapes_fall_back_to_fcp_exact() -> None:
 
 
 def test_defaults_are_the_measured_choice() -> None:
-    """pipe = 0: conv1 gets the pipe with register weights exactly as measured (0.670 and
-    0.688 ms vs 0.696), conv2 the pipe with fcp_exact's tile (1.397 vs 1.449), multi-chunk
+    """Defaults (run 3, H100): conv1 fcp_exact_cw (0.568 ms vs 0.680 for the register-weight
+    pipe and 0.706 for fcp_exact), conv2 the pipe with fcp_exact's tile (1.397 vs 1.449),
+    shapes cw cannot take with a small filter bank the register-weight pipe, multi-chunk
     shapes fcp_exact."""
+    got = fused.exact_plan(CONV1[0], 2, {})
+    assert got.kernel == "fcp_exact_cw" and got.defines["FCP_KERNEL"] == 6
+    assert got.block == (20, 8, 1) and got.defines["FCP_RPT"] == 5 and got.channel_groups == 1
     measured = {**WREG4, "rpt": 5, "bps": 2}
-    got, want = fused.exact_plan(CONV1[0], 2, {}), fused.exact_plan(CONV1[0], 2, measured)
-    assert got.defines == want.defines and got.defines["FCP_WREG"] == 1
-    assert got.threads == 320 and got.defines["FCP_MINB"] == 2 and got.blocks_per_sm == 0
-    assert fused.resident_blocks(96, got.threads, got.smem_dynamic) == 2  # device: 96 regs
+    twelve = ConvShape(3, 1, 70, 70, 12, 5)  # eecs498 conv1: 12 channels, cw does not fit
+    got = fused.exact_plan(twelve, 2, {})
+    assert got.defines == fused.exact_plan(twelve, 2, WREG4).defines
+    assert got.defines["FCP_WREG"] == 1
+    assert fused.exact_plan(CONV1[0], 2, measured).threads == 320
+    assert fused.resident_blocks(96, 320, 60544) == 2  # device: 96 regs
     conv2 = fused.exact_plan(CONV2[0], 4, {})
     assert conv2.defines == fused.exact_plan(CONV2[0], 4, {"pipe": 1}).defines
     assert conv2.defines["FCP_WREG"] == 0 and conv2.kernel == "fcp_exact_pipe"
@@ -194,7 +201,29 @@ def test_defaults_are_the_measured_choice() -> None:
     # an explicit tiling keeps fcp_exact's weights-in-shared-memory tile
     assert fused.exact_plan(CONV1[0], 2, {"mt": 2}).defines["FCP_WREG"] == 0
     impl = fused.fused_conv_pool_impl(2)
-    assert fused.exact_plan(CONV1[0], 2, impl.params_for()).defines == got.defines
+    assert fused.exact_plan(CONV1[0], 2, impl.params_for()).kernel == "fcp_exact_cw"
+    assert fused.exact_plan(CONV1[0], 2, {"cw": -1, "pipe": -1}).kernel == "fcp_exact"
+
+
+def test_cw_only_where_every_weight_index_is_a_constant() -> None:
+    assert fused.cw_fits(CONV1[0], 4)
+    assert not fused.cw_fits(ConvShape(1, 1, 86, 86, 5, 7), 4)  # 5 channels: two groups
+    assert not fused.cw_fits(ConvShape(1, 5, 40, 40, 4, 7), 4)  # 5*49*4 floats > 4 KB
+    assert fused.cw_fits(ConvShape(1, 3, 40, 40, 4, 5), 4)  # 3*25*4 floats
+    # forced on where it does not fit: silently another exact kernel
+    assert fused.exact_plan(CONV2[0], 4, {"cw": 1}).kernel != "fcp_exact_cw"
+
+
+def test_cw_weights_struct_layout(rng: np.random.Generator) -> None:
+    """The by-value struct is float w[C][K*K][mt]: w[m, c, p, q] at [c][p*K+q][m], channels
+    past M zero; one element, so CuPy passes it by value."""
+    w = rng.standard_normal((3, 2, 5, 5)).astype(np.float32)
+    arg = fused.cw_weights(w, 2, 5, 4)
+    assert arg.shape == (1,) and arg.dtype.itemsize == 4 * 2 * 25 * 4
+    packed = arg[0]["w"]
+    for m, c, p, q in ((0, 0, 0, 0), (2, 1, 4, 3), (1, 0, 2, 4)):
+        assert packed[c, p * 5 + q, m] == w[m, c, p, q]
+    assert not packed[:, :, 3].any()
 
 
 def test_wreg_only_within_the_register_budget() -> None:
@@ -273,6 +302,26 @@ def test_pipe_batch_not_a_multiple_of_the_grid(bps: int, rng: np.random.Generato
     y, run = _run(shape, 2, {"pipe": 1, "bps": bps}, case)
     assert shape.B % run.grid[0] != 0 and run.grid[0] < shape.B
     assert rel_l2(y, pooled_ref(case, 2)) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case_no", range(8))
+def test_cw_random_shapes(case_no: int, rng: np.random.Generator) -> None:
+    """fcp_exact_cw forced on random small filter banks (M <= 4, C <= 3), odd sizes."""
+    for _ in range(100):
+        K = int(rng.integers(1, 8))
+        C, M, pool = int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        H, W = int(rng.integers(K + pool - 1, 60)), int(rng.integers(K + pool - 1, 60))
+        shape = ConvShape(int(rng.integers(1, 6)), C, H, W, M, K, 1)
+        if fused.supports_pool(shape, pool) and fused.exact_plan(
+                shape, pool, {"cw": 1}).kernel == "fcp_exact_cw":
+            break
+    else:
+        pytest.skip("no cw-eligible shape drawn")
+    case = make_case(rng, shape)
+    y, _ = _run(shape, pool, {"cw": 1}, case)
+    err = rel_l2(y, pooled_ref(case, pool))
+    assert err <= 1e-5, f"{shape} pool {pool}: rel err {err}"
 
 
 @pytest.mark.gpu

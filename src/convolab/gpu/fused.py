@@ -120,6 +120,9 @@ def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactP
     Persistent double-buffered `fcp_exact_pipe` (single-chunk tiles only, else fcp_exact):
     pipe (1 on, -1 off, 0 choose), bps (persistent blocks per SM, 0 = as many as fit),
     wreg (1: weights in registers, taken where C*mt*K*K <= 64).
+    `fcp_exact_cw` (weights as a by-value kernel parameter, read from the constant bank):
+    cw (1 on, -1 off, 0 choose), where `cw_fits` (all M channels in one thread, C*K*K*mt
+    floats within the 4 KB parameter space).
     """
     params = _with_measured_defaults(shape, pool, params)
     K, S, P, M = shape.K, shape.S, pool, shape.M
@@ -153,6 +156,8 @@ def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactP
         mg -= 1
     per_channel = _smem_bytes(K, S, P, mt * mg, pw, tx, ty, 1)
     cc = max(1, min(shape.C, 16, _SMEM_LIMIT // per_channel))
+    if int(params.get("cw") or 0) > 0 and cc >= shape.C and cw_fits(shape, mt):
+        return _cw_plan(shape, pool, params, mt, pw, tx, ty)
     pipe = cc >= shape.C and _use_pipe(shape, pool, int(params.get("pipe") or 0))
     wreg = pipe and bool(params.get("wreg")) and shape.C * mt * K * K <= _WREG_BUDGET
 
@@ -182,6 +187,46 @@ def exact_plan(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> ExactP
                      _ceil_div(M, mt * mg))
 
 
+_CW_BYTES = 3900  # kernel parameters are limited to 4 KB; the rest of fcp_exact_cw's < 100 B
+
+
+def cw_fits(shape: ConvShape, mt: int) -> bool:
+    """fcp_exact_cw needs every weight index to be a compile-time constant: all M output
+    channels in one thread's tile, and C*K*K*mt floats within the parameter space."""
+    return mt >= shape.M and 4 * shape.C * shape.K * shape.K * mt <= _CW_BYTES and shape.C <= 16
+
+
+def _cw_plan(shape: ConvShape, pool: int, params: Mapping[str, Any], mt: int, pw: int,
+             tx: int, ty: int) -> ExactPlan | None:
+    """fcp_exact_cw: fcp_exact's tile (one channel group), whole image rows per block."""
+    K, S, P, C = shape.K, shape.S, pool, shape.C
+    hp, wp = pooled_hw(shape, P)
+    rpt = 1
+    want = int(params.get("rpt") or _ceil_div(hp, ty))
+    while rpt < want and _smem_bytes(K, S, P, 0, pw, tx, ty * (rpt + 1), C) <= _SMEM_LIMIT:
+        rpt += 1
+    # Registers: the weights are constant-bank operands, so a thread needs its accumulators,
+    # one input row and addresses (conv1: 64); minb only caps, it does not force.
+    minb = int(params.get("minb") or max(1, min(16, (65536 // 96) // (tx * ty))))
+    defines = {
+        "FCP_K": K, "FCP_S": S, "FCP_P": P, "FCP_MT": mt, "FCP_PW": pw,
+        "FCP_TX": tx, "FCP_TY": ty, "FCP_CC": C, "FCP_MINB": minb, "FCP_MG": 1,
+        "FCP_RPT": rpt, "FCP_KERNEL": 6,
+    }
+    return ExactPlan(defines, _ceil_div(wp, tx * pw), _ceil_div(hp, ty * rpt), (tx, ty, 1),
+                     1, "fcp_exact_cw")
+
+
+def cw_weights(w: np.ndarray, C: int, K: int, mt: int) -> np.ndarray:
+    """Weights (M, C, K, K) as fcp_exact_cw's by-value struct {float w[C][K*K][mt]}: a
+    one-element NumPy structured array, which CuPy passes to the kernel by value."""
+    M = w.shape[0]
+    packed = np.zeros((C, K * K, mt), np.float32)
+    packed[:, :, :M] = np.asarray(w, np.float32).reshape(M, C, K * K).transpose(1, 2, 0)
+    struct = np.dtype({"names": ["w"], "formats": [(np.float32, (C, K * K, mt))]})
+    return packed.ravel().view(struct)
+
+
 # fcp_exact_pipe holds the thread's weights in registers (wreg) only up to this many.
 _WREG_BUDGET = 64
 # The pipe with the weights in registers: one channel per thread (K*K registers), 8 conv
@@ -207,12 +252,17 @@ def _with_measured_defaults(shape: ConvShape, pool: int,
                             params: Mapping[str, Any]) -> Mapping[str, Any]:
     """params with pipe = 0 resolved to the measured choice above; an explicit pipe (1 or
     -1) or explicit tiling parameters are left alone."""
-    if params.get("pipe"):
+    if params.get("pipe") or params.get("cw"):
         return params
     tiled = any(params.get(k) for k in ("mt", "pw", "mg", "tx", "ty"))
     wreg_fits = (shape.C * shape.K * shape.K <= _WREG_BUDGET
                  and pool * pool * PIPE_WREG_TILE["pw"] <= _ACC_BUDGET)
-    choice = {**PIPE_WREG_TILE, "mg": min(4, shape.M)} if wreg_fits and not tiled else {"pipe": 1}
+    if not tiled and cw_fits(shape, 4 if shape.M >= 3 else shape.M):
+        choice: dict[str, int] = {"cw": 1}
+    elif wreg_fits and not tiled:
+        choice = {**PIPE_WREG_TILE, "mg": min(4, shape.M)}
+    else:
+        choice = {"pipe": 1}
     return {**choice, **{k: v for k, v in params.items() if v}}
 
 
@@ -277,6 +327,15 @@ def _prepare_exact(pool: int):
         if plan.kernel == "fcp_exact_pipe":
             return _pipe_run(cp, kernel, plan, shape.B, (w_d, b_d), args_tail)
         grid = (shape.B * plan.tiles_per_image, plan.channel_groups)
+        if plan.kernel == "fcp_exact_cw":
+            from convolab.backend import to_numpy
+
+            w_arg = cw_weights(to_numpy(w), shape.C, shape.K, plan.defines["FCP_MT"])
+
+            def run_cw(x: Any, y: Any) -> None:
+                kernel(grid, plan.block, (x, w_arg, b_d, y, *args_tail))
+
+            return run_cw
 
         def run(x: Any, y: Any) -> None:
             kernel(grid, plan.block, (x, w_d, b_d, y, *args_tail))
@@ -327,6 +386,7 @@ def _exact_variants() -> list[dict[str, int]]:
     jobs = [(layer, {"pipe": pipe}) for layer in layers for pipe in (-1, 1)]
     jobs += [(layer, {}) for layer in layers]  # the measured defaults (pipe = 0)
     jobs += [(conv1, {"pipe": 1, "rpt": 1}), (conv1, {**PIPE_WREG_TILE, "mg": 4, "pw": 8})]
+    jobs += [(conv1, {"cw": 1}), (conv1, {"cw": 1, "ty": 4})]
     for (shape, pool), params in jobs:
         plan = exact_plan(shape, pool, params)
         if plan is not None and plan.defines not in out:
@@ -550,6 +610,7 @@ _EXACT_SPACE: Mapping[str, list[int]] = {
     "pipe": [-1, 1],  # fcp_exact / fcp_exact_pipe (0 = _with_measured_defaults)
     "bps": [0, 2, 3, 4],  # pipe: persistent blocks per SM (0 = as many as fit)
     "wreg": [0, 1],  # pipe: weights in registers (with mt=1)
+    "cw": [-1, 1],  # fcp_exact_cw: weights as a by-value kernel parameter (constant bank)
 }
 
 
@@ -572,7 +633,7 @@ def fused_conv_pool_impl(pool: int, precision: str = "fp32") -> ConvImpl:
             supports=lambda s: supports_pool(s, pool),
             space=_EXACT_SPACE,
             defaults={"mt": 0, "pw": 0, "tx": 0, "ty": 0, "mg": 0, "rpt": 0, "minb": 0,
-                      "pipe": 0, "bps": 0, "wreg": 0},
+                      "pipe": 0, "bps": 0, "wreg": 0, "cw": 0},
             tolerance=1e-5,
             rung=13,
             kernel_file=KERNEL_FILE,

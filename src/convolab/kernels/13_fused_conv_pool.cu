@@ -20,11 +20,14 @@
 //               loops over (image, tile) tasks and stages task t + gridDim.x while it computes
 //               task t (single-chunk tiles only: all C channels fit in shared memory);
 //               FCP_WREG=1 keeps the thread's weights in registers instead of shared memory
+//   fcp_exact_cw    fcp_exact with the weights as a by-value kernel parameter: FFMAs read
+//               them straight from the constant bank, no weight loads (conv1-like layers)
 //   fcp_simple  one thread per pooled output, straight from global memory: the fallback for
 //               pool windows or filters too large to tile in registers (P > 8, K > 15)
 
 // FCP_KERNEL picks the one kernel a host compile needs (NVRTC time is per module):
-// 0 all, 1 fcp_exact, 2 fcp_simple, 3 fcp_mma_toe, 4 fcp_mma_wa, 5 fcp_exact_pipe.
+// 0 all, 1 fcp_exact, 2 fcp_simple, 3 fcp_mma_toe, 4 fcp_mma_wa, 5 fcp_exact_pipe,
+// 6 fcp_exact_cw.
 #ifndef FCP_KERNEL
 #define FCP_KERNEL 0
 #endif
@@ -86,7 +89,7 @@
 #define FCP_MB (FCP_MT * FCP_MG)  // output channels of a block
 #define FCP_W_TILE (FCP_K * FCP_K * FCP_MB)
 
-#if FCP_WANT(1) || FCP_WANT(5)
+#if FCP_WANT(1) || FCP_WANT(5) || FCP_WANT(6)
 // Copy n floats (index -> value function) into shared memory with FCP_STAGE_UNROLL
 // independent global loads in flight per thread: a plain strided loop waits out one full
 // memory latency per element, which in the first version cost half the kernel's time.
@@ -432,6 +435,65 @@ fcp_exact_pipe(const float* __restrict__ x, const float* __restrict__ w,
       fcp_store(acc, bias, y, b, M, m0, Hp, Wp, tile_y * FCP_TY * FCP_RPT + ty_in_tile, pw0);
     }
     __syncthreads();  // everyone is done with buffer k before the next iteration refills it
+  }
+}
+#endif
+
+// ---- fcp_exact_cw: the weights as a by-value kernel parameter (FCP_KERNEL 6) -------------
+// Why: fcp_exact spends a broadcast float4 shared-memory load on weights for every
+// 4 x FCP_COLS FMAs (conv1: 98 loads per 1568 FMAs of a pooled row), and ncu shows its
+// shared-memory pipe, not the FMA pipe, setting the pace. Kernel parameters live in the
+// constant bank, and an FFMA can take a constant-bank operand directly when every lane reads
+// the same address, so weights passed by value cost no instruction at all: the inner loop
+// becomes 3 row loads per input row and FFMAs. It needs every weight index to be a
+// compile-time constant (C == FCP_CC, all M channels in one thread: FCP_MG == 1, grid.y == 1)
+// and the weights to fit the 4 KB parameter space: conv1-like layers.
+#if FCP_WANT(6)
+struct FcpParamWeights {
+  float w[FCP_CC][FCP_K * FCP_K][FCP_MT];  // [c][p * K + q][m]
+};
+
+struct FcpConstWeights {
+  const float (&wc)[FCP_K * FCP_K][FCP_MT];
+  __device__ __forceinline__ void operator()(int p, int q, float (&wv)[FCP_MT]) const {
+#pragma unroll
+    for (int m = 0; m < FCP_MT; ++m) wv[m] = wc[p * FCP_K + q][m];
+  }
+};
+
+extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
+fcp_exact_cw(const float* __restrict__ x, const FcpParamWeights wp,
+             const float* __restrict__ bias, float* __restrict__ y, int C, int H, int W, int M,
+             int Hp, int Wp, int tiles_w, int tiles_per_image) {
+  static_assert(FCP_MG == 1, "fcp_exact_cw: one channel group per block");
+  static_assert(sizeof(FcpParamWeights) <= 3900, "fcp_exact_cw: weights exceed the 4 KB params");
+  __shared__ __align__(16) float in_s[FCP_CC * FCP_IN_TILE];
+  const int tile = blockIdx.x % tiles_per_image;
+  const size_t b = blockIdx.x / tiles_per_image;
+  const int tile_y = tile / tiles_w, tile_x = tile % tiles_w;
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int tid = ty * FCP_TX + tx;
+  const int pw0 = (tile_x * FCP_TX + tx) * FCP_PW;
+  const int iy0 = tile_y * FCP_TY * FCP_RPT * FCP_P * FCP_S;
+  const int ix0 = tile_x * FCP_TX * FCP_COL_STEP;
+  fcp_stage_tile(in_s, x, x + b * C * (size_t)H * W, 0, C, H, W, iy0, ix0, tid,
+                 (W % 2 == 0) && (ix0 % 2 == 0));
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  for (int rr = 0; rr < FCP_RPT; ++rr) {
+    const int ty_in_tile = rr * FCP_TY + ty;
+    float acc[FCP_MT][FCP_P][FCP_COLS];
+#pragma unroll
+    for (int m = 0; m < FCP_MT; ++m)
+#pragma unroll
+      for (int dy = 0; dy < FCP_P; ++dy)
+#pragma unroll
+        for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+    const float* in_t = in_s + (ty_in_tile * FCP_P * FCP_S) * FCP_IN_STRIDE + tx * FCP_COL_STEP;
+#pragma unroll
+    for (int cc = 0; cc < FCP_CC; ++cc)  // C == FCP_CC: every weight index is a constant
+      fcp_accumulate(acc, in_t + cc * FCP_IN_TILE, FcpConstWeights{wp.w[cc]});
+    fcp_store(acc, bias, y, b, M, 0, Hp, Wp, tile_y * FCP_TY * FCP_RPT + ty_in_tile, pw0);
   }
 }
 #endif
