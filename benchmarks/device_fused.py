@@ -42,15 +42,8 @@ TC_SWEEP = {
 
 
 def ref_pooled(x: np.ndarray, w: np.ndarray, b: np.ndarray, pool: int) -> np.ndarray:
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    K = w.shape[-1]
-    win = sliding_window_view(x.astype(np.float64), (K, K), axis=(2, 3))
-    y = np.einsum("bchwpq,mcpq->bmhw", win, w.astype(np.float64), optimize=True)
-    y = np.maximum(y + b.astype(np.float64)[None, :, None, None], 0)
-    hp, wp = y.shape[2] // pool, y.shape[3] // pool
-    y = y[:, :, : hp * pool, : wp * pool].reshape(y.shape[0], y.shape[1], hp, pool, wp, pool)
-    return y.max(axis=(3, 5))
+    """fp64 maxpool(relu(conv + b)): the network module's reference."""
+    return gnet.conv_relu_pool_numpy(x, w, b, pool)
 
 
 def smoke() -> None:

@@ -75,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from convolab.check import poison, rel_l2  # noqa: E402
 from convolab.gpu import fused  # noqa: E402
+from convolab.gpu import network as gnet  # noqa: E402
 from convolab.shapes import ConvShape  # noqa: E402
 
 LAYERS = {"conv1": (ConvShape(10000, 1, 86, 86, 4, 7), 2),
@@ -106,15 +107,8 @@ VARIANTS: dict[str, list[tuple[str, dict[str, int]]]] = {
 
 
 def pooled_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray, pool: int) -> np.ndarray:
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    K = w.shape[-1]
-    win = sliding_window_view(x.astype(np.float64), (K, K), axis=(2, 3))
-    y = np.einsum("bchwpq,mcpq->bmhw", win, w.astype(np.float64), optimize=True)
-    y = np.maximum(y + b.astype(np.float64)[None, :, None, None], 0)
-    hp, wp = y.shape[2] // pool, y.shape[3] // pool
-    y = y[:, :, : hp * pool, : wp * pool].reshape(y.shape[0], y.shape[1], hp, pool, wp, pool)
-    return y.max(axis=(3, 5))
+    """fp64 maxpool(relu(conv + b)): the network module's reference."""
+    return gnet.conv_relu_pool_numpy(x, w, b, pool)
 
 
 def kernel_of(shape: ConvShape, pool: int, params: dict[str, int]) -> tuple[Any, Any]:

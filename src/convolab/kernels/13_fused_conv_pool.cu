@@ -151,9 +151,7 @@ __device__ __forceinline__ void fcp_stage_tile(float* dst, const float* x, const
 
 // acc += one staged input channel's contribution to the thread's pool windows. in_t: the
 // thread's first input pixel; weights_at(p, q, wv) fills wv[m] = w[m0 + m][c][p][q].
-// fcp_exact_pipe uses it; fcp_exact keeps its own inline copy of the same loop, because
-// calling this from it reorders ptxas' register assignment (conv2: 193 instead of 191
-// registers), and fcp_exact's machine code was to stay byte-identical.
+// Every FFMA kernel of this file runs this loop; they differ in where the weights come from.
 template <typename WeightsAt>
 __device__ __forceinline__ void fcp_accumulate(float (&acc)[FCP_MT][FCP_P][FCP_COLS],
                                                const float* in_t, WeightsAt weights_at) {
@@ -284,46 +282,7 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
       for (int cc = 0; cc < cc_n; ++cc) {
         const float* in_t = in_s + cc * FCP_IN_TILE +
                             (ty_in_tile * FCP_P * FCP_S) * FCP_IN_STRIDE + tx * FCP_COL_STEP;
-        const float* w_c = w_s + cc * FCP_W_TILE + tz * FCP_MT;
-#pragma unroll
-        for (int r = 0; r < FCP_ROWS_T; ++r) {
-          float row[FCP_SPAN4];
-#if FCP_VEC_ROWS
-#pragma unroll
-          for (int v = 0; v < FCP_SPAN4 / 4; ++v) {
-            const float4 f = *reinterpret_cast<const float4*>(in_t + r * FCP_IN_STRIDE + 4 * v);
-            row[4 * v] = f.x; row[4 * v + 1] = f.y; row[4 * v + 2] = f.z; row[4 * v + 3] = f.w;
-          }
-#else
-#pragma unroll
-          for (int v = 0; v < FCP_SPAN; ++v) row[v] = in_t[r * FCP_IN_STRIDE + v];
-#endif
-#pragma unroll
-          for (int dy = 0; dy < FCP_P; ++dy) {
-            const int p = r - dy * FCP_S;  // kernel row linking input row r to pool row dy
-            if (p < 0 || p >= FCP_K) continue;
-#pragma unroll
-            for (int q = 0; q < FCP_K; ++q) {
-              float wv[FCP_MT];
-#if (FCP_MT % 4) == 0
-#pragma unroll
-              for (int v = 0; v < FCP_MT / 4; ++v) {
-                const float4 f =
-                    *reinterpret_cast<const float4*>(w_c + (p * FCP_K + q) * FCP_MB + 4 * v);
-                wv[4 * v] = f.x; wv[4 * v + 1] = f.y; wv[4 * v + 2] = f.z; wv[4 * v + 3] = f.w;
-              }
-#else
-#pragma unroll
-              for (int m = 0; m < FCP_MT; ++m) wv[m] = w_c[(p * FCP_K + q) * FCP_MB + m];
-#endif
-#pragma unroll
-              for (int j = 0; j < FCP_COLS; ++j)
-#pragma unroll
-                for (int m = 0; m < FCP_MT; ++m)
-                  acc[m][dy][j] = fmaf(row[j * FCP_S + q], wv[m], acc[m][dy][j]);
-            }
-          }
-        }
+        fcp_accumulate(acc, in_t, FcpSmemWeights{w_s + cc * FCP_W_TILE + tz * FCP_MT});
       }
     }
 
