@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/fin
 for stage in "${STAGES[@]}"; do
   stamp "$stage"
   case "$stage" in
-    tests)    timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests \
+    tests)    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests \
                 > "$OUT/final/pytest_gpu.txt" 2>&1; echo "rc=$?"; tail -n 4 "$OUT/final/pytest_gpu.txt" ;;
     verify)   timeout 60 python3 -m convolab verify --device gpu > "$OUT/final/verify.txt" 2>&1
               echo "rc=$?"; grep -cE "PASS" "$OUT/final/verify.txt"; grep -E "FAIL|ERROR" "$OUT/final/verify.txt" | head ;;
