@@ -39,7 +39,18 @@ PARAM_SHAPES: dict[str, tuple[int, ...]] = {
 }
 IMAGE_SHAPE = (1, 86, 86)
 HEAD_KERNEL_FILE = "15_lenet_fused.cu"
-_HEAD_IMAGES_PER_BLOCK = 32  # HEAD_IMGS in the kernel
+# kernels/15 `lenet_head` defines per tile size (images a block finishes at a time). 16: 625
+# tiles at B=10000 spread over 132 SMs within 5 %, 0.032 ms on the H100 (the earlier
+# non-persistent head: 0.093); 32 halves the feature loads per FMA but leaves 2.4 tiles a SM
+# (0.038 ms); its partial sums get one buffer (two would pass 227 KB).
+HEAD_VARIANTS: dict[int, dict[str, int]] = {
+    16: {"HEAD_IMGS": 16, "HEAD_LO": 4, "HEAD_KC": 32, "HEAD_NS": 3, "HEAD_RB": 2},
+    32: {"HEAD_IMGS": 32, "HEAD_LO": 4, "HEAD_KC": 16, "HEAD_NS": 3, "HEAD_RB": 1},
+}
+HEAD_IMGS_CHOICES = tuple(HEAD_VARIANTS)
+HEAD_DEFAULT_IMGS = 16
+HEAD_THREADS = 256  # HEAD_THREADS in the kernel: 8 warps, one 128-k slice each
+_HEAD_KERNEL_DEFAULTS = {"HEAD_IMGS": 16, "HEAD_LO": 4, "HEAD_KC": 32, "HEAD_NS": 3, "HEAD_RB": 2}
 _PRECISION_OF_MODE = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
 FP16_LAYOUTS = ("cl", "nchw")  # mode 'fp16': intermediate as fp16 channels-last, or fp32 NCHW
 
@@ -50,6 +61,59 @@ def _c1_shape(batch: int) -> ConvShape:
 
 def _c3_shape(batch: int) -> ConvShape:
     return ConvShape(batch, 4, 40, 40, 16, 7)
+
+
+def head_defines(imgs: int = HEAD_DEFAULT_IMGS) -> dict[str, int]:
+    """The kernels/15 define set for tiles of `imgs` images (a HEAD_VARIANTS key)."""
+    if imgs not in HEAD_VARIANTS:
+        raise ValueError(f"FusedLeNet: head imgs must be one of {HEAD_IMGS_CHOICES}, got {imgs}")
+    return dict(HEAD_VARIANTS[imgs])
+
+
+def head_smem_bytes(defines: Mapping[str, int]) -> int:
+    """Dynamic shared memory of `lenet_head` (HEAD_SMEM_BYTES in the kernel): the F5 weights,
+    each warp's ring of HEAD_NS padded feature chunks, HEAD_RB partial-sum buffers."""
+    d = {**_HEAD_KERNEL_DEFAULTS, **defines}
+    warps, imgs = HEAD_THREADS // 32, d["HEAD_IMGS"]
+    ring = warps * d["HEAD_NS"] * imgs * (d["HEAD_KC"] + 4)
+    return 4 * (1024 * 32 + ring + d["HEAD_RB"] * warps * imgs * 32)
+
+
+def head_grid(batch: int, defines: Mapping[str, int], n_sm: int) -> int:
+    """Persistent launch: one block per SM (the shared memory allows no second), never more
+    blocks than tiles."""
+    imgs = {**_HEAD_KERNEL_DEFAULTS, **defines}["HEAD_IMGS"]
+    return max(1, min(n_sm, -(-batch // imgs)))
+
+
+def prepare_head(defines: Mapping[str, int] | None = None) -> Callable[..., None]:
+    """kernels/15 `lenet_head` ready to launch: run(feat, w5t, b5, w6, b6, probs).
+
+    feat: (B, 1024) or (B, 16, 8, 8) fp32, C-contiguous, 16-byte aligned (cp.async); w5t the
+    F5 weight transposed to (1024, 32), contiguous; probs (B, 10) fp32, written. defines:
+    a define set (default: head_defines()).
+    """
+    from convolab.backend import require_cupy
+    from convolab.gpu.compile import get_kernel
+
+    cp = require_cupy()
+    d = dict(head_defines() if defines is None else defines)
+    kernel = get_kernel(HEAD_KERNEL_FILE, "lenet_head", d)
+    smem = head_smem_bytes(d)
+    kernel.max_dynamic_shared_size_bytes = smem
+    n_sm = int(cp.cuda.Device().attributes["MultiProcessorCount"])
+
+    def run(feat: Any, w5t: Any, b5: Any, w6: Any, b6: Any, probs: Any) -> None:
+        batch = int(feat.shape[0])
+        if batch == 0:
+            return
+        if not feat.flags.c_contiguous or feat.data.ptr % 16 or feat.size != batch * 1024:
+            raise ValueError("lenet_head: feat must be contiguous (B, 1024) fp32, 16-byte aligned")
+        kernel((head_grid(batch, d, n_sm),), (HEAD_THREADS,),
+               (feat, w5t, b5, w6, b6, probs, np.int32(batch)), shared_mem=smem)
+
+    run.defines = d  # type: ignore[attr-defined]  # for tests and benchmarks
+    return run
 
 
 def check_params(params: Mapping[str, Any]) -> None:
@@ -132,10 +196,8 @@ class FusedLeNet:
                              f"got {fp16_layout!r}")
         check_params(params)
         self._kernel_params = {k: dict(v) for k, v in (kernel_params or {}).items()}
-        self._head_imgs = int(self._kernel_params.get("head", {}).get(
-            "imgs", _HEAD_IMAGES_PER_BLOCK))
-        if self._head_imgs not in (16, 32, 64):  # a multiple of 16 images (HEAD_IPT >= 1)
-            raise ValueError(f"FusedLeNet: head imgs must be 16, 32 or 64, got {self._head_imgs}")
+        head_imgs = int(self._kernel_params.get("head", {}).get("imgs", HEAD_DEFAULT_IMGS))
+        head_d = head_defines(head_imgs)  # raises on a size the kernel was not tuned for
         from convolab.backend import require_cupy
 
         self._cp = cp = require_cupy()
@@ -145,11 +207,7 @@ class FusedLeNet:
                        for k, v in params.items() if k in PARAM_SHAPES}
         self._w5t = cp.ascontiguousarray(self.params["f5.weight"].T)
         self._plans: dict[tuple[int, int], tuple[Callable, Callable, Any, Any]] = {}
-        from convolab.gpu.compile import get_kernel
-
-        head_defines = {} if self._head_imgs == _HEAD_IMAGES_PER_BLOCK else {
-            "HEAD_IMGS": self._head_imgs}
-        self._head = get_kernel(HEAD_KERNEL_FILE, "lenet_head", head_defines)
+        self._head = prepare_head(head_d)
 
     # ---- device forward -------------------------------------------------------------------
     def _plan(self, batch: int, slot: int = 0) -> tuple[Callable, Callable, Any, Any]:
@@ -184,9 +242,7 @@ class FusedLeNet:
         c1(x, a1)
         c3(a1, a3)
         p = self.params
-        grid = (-(-batch // self._head_imgs),)
-        self._head(grid, (256,), (a3, self._w5t, p["f5.bias"], p["f6.weight"], p["f6.bias"],
-                                  probs, np.int32(batch)))
+        self._head(a3, self._w5t, p["f5.bias"], p["f6.weight"], p["f6.bias"], probs)
 
     def __call__(self, x: Any) -> Any:
         cp = self._cp

@@ -26,7 +26,6 @@ from convolab.shapes import ConvShape
 
 KERNEL_FILE = "16_lenet_tc_cl.cu"
 HEAD_KERNEL_FILE = "15_lenet_fused.cu"
-HEAD_IMGS_CHOICES = (16, 32, 64)  # lenet_head images per block (a multiple of 16)
 CL_CHANNELS = 4  # one 8-byte fp16 pixel; a k-step is 4 columns x 4 channels
 CL_POOL = 4
 KORDERS = (0, 1)
@@ -239,6 +238,8 @@ def prepare_conv1_cl(shape: ConvShape, w: Any, b: Any,
 
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
     """Every (kernel file, defines) the fp16 channels-last path compiles, by a display name."""
+    from convolab.gpu import network  # network imports this module lazily: no import cycle
+
     c1, c3 = ConvShape(1, 1, 86, 86, 4, 7), ConvShape(1, 4, 40, 40, 16, 7)
     conv1 = [toe_cl_plan(c1, p)[0] for p in ({}, {"tph": 0}, {"warps": 4}, {"tph": 10})]
     conv2 = [cl_plan(c3, p).defines for p in ({}, {"nv": 1, "warps": 4}, {"korder": 0},
@@ -246,5 +247,5 @@ def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
                                               {"nv": 1, "minb": 6}, {"warps": 8, "minb": 3})]
     return {"lenet-tc-cl conv1 (fcp_mma_toe TC_OUT_CL)": [(fused.KERNEL_FILE, d) for d in conv1],
             "lenet-tc-cl conv2 (fcp_mma_cl)": [(KERNEL_FILE, d) for d in conv2],
-            "lenet-tc-cl head (lenet_head HEAD_IMGS)": [(HEAD_KERNEL_FILE, {"HEAD_IMGS": n})
-                                                        for n in HEAD_IMGS_CHOICES]}
+            "lenet-tc-cl head (lenet_head HEAD_IMGS)": [(HEAD_KERNEL_FILE, dict(d))
+                                                        for d in network.HEAD_VARIANTS.values()]}
