@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ncu metrics for the kernels under study (one device call, ~1-2 min):
-#   bash benchmarks/device_ncu.sh [head candidates .cu ...]   -> $OUT/ncu.csv, $OUT/ncu.txt
+#   bash benchmarks/device_ncu.sh   -> $OUT/ncu.csv, $OUT/ncu.txt
 # Metrics: FMA-pipe and LSU issue, shared wavefronts, L1 hit rate, occupancy, stall reasons.
 set -u
 OUT=${OUT:-/tmp/convolab-ncu}
@@ -20,13 +20,14 @@ for s in long_scoreboard short_scoreboard mio_throttle lg_throttle math_pipe_thr
   M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio
 done
 PYTHONPATH=src timeout 240 "$NCU" --metrics "$M" --csv --page raw \
-  -k regex:"fcp_exact|fcp_mma|lenet_head" python3 benchmarks/ncu_targets.py --head "$@" \
+  -k regex:"fcp_exact|fcp_mma|lenet_head" python3 benchmarks/ncu_targets.py \
   > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 echo "ncu rc=$?"; tail -3 "$OUT/ncu.err"
 python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu.txt"
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if r and not r[0].startswith("==")]
-head, units, data = rows[0], rows[1], rows[2:]
+start = next(i for i, r in enumerate(rows) if r[0] == "ID")  # the program's own output first
+head, units, data = rows[start], rows[start + 1], rows[start + 2:]
 keep = [i for i, h in enumerate(head) if h in ("Kernel Name",) or "__" in h]
 for r in data:
     print("----", r[head.index("Kernel Name")][:40])

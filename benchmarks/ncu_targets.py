@@ -1,9 +1,9 @@
 """Launch each kernel under study once at B=10000, for `ncu` (benchmarks/device_ncu.sh).
 
-    PYTHONPATH=src python3 benchmarks/ncu_targets.py [--head extra_head.cu ...]
+    PYTHONPATH=src python3 benchmarks/ncu_targets.py
 
 conv1 and conv2 through their registered rung-13 entries (default plans), the fp16 network
-kernels through FusedLeNet, and the head kernel(s). Inputs are random; nothing is checked
+kernels and the head through FusedLeNet. Inputs are random; nothing is checked
 here (the correctness runs live beside the timing scripts).
 """
 
@@ -19,16 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from convolab.gpu import fused  # noqa: E402
 from convolab.gpu import network as gnet  # noqa: E402
-from convolab.gpu.compile import cuda_include_dirs  # noqa: E402
 from convolab.shapes import ConvShape  # noqa: E402
 
 
 def main() -> None:
     import cupy as cp
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--head", nargs="*", type=Path, default=[])
-    args = ap.parse_args()
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
     rng = np.random.default_rng(0)
     B = 10000
     params = gnet.random_params(0)
@@ -42,15 +39,6 @@ def main() -> None:
         run(xin, y)
     net = gnet.FusedLeNet(params, mode="fp16")
     net(x)
-    feat = cp.asarray(rng.random((B, 1024), dtype=np.float32))
-    d = {k: cp.asarray(v) for k, v in params.items()}
-    w5t = cp.ascontiguousarray(d["f5.weight"].T)
-    probs = cp.empty((B, 10), cp.float32)
-    opts = ("-std=c++17", *(f"-I{i}" for i in cuda_include_dirs()))
-    for src in args.head:
-        kern = cp.RawModule(code=src.read_text(), options=opts).get_function("lenet_head")
-        kern(((B + 31) // 32,), (256,), (feat, w5t, d["f5.bias"], d["f6.weight"], d["f6.bias"],
-                                        probs, np.int32(B)))
     cp.cuda.Device().synchronize()
     print("launched", flush=True)
 
