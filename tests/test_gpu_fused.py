@@ -350,11 +350,12 @@ def test_fused_conv_pool_tc_random_shapes(case: int, precision: str,
     err_kernel = rel_l2(y, rounded)
     assert err_kernel <= 1e-5, f"{shape} pool {pool} {precision}: kernel err {err_kernel}"
     # The promise against the true result holds on the layers it exists for. On small random
-    # shapes the input rounding alone exceeds it on some draws (tf32: 0.7 % of draws above 1e-3,
-    # worst 1.7e-3 over 300 emulated draws; seen once on the device, 2026-11-23).
-    err = rel_l2(y, conv_relu_pool_ref(x, w, b, 1, pool))
-    bound = impl.tolerance if case < len(ECE408) else 4 * impl.tolerance
-    assert err <= bound, f"{shape} pool {pool} {precision}: rel err {err}"
+    # shapes the input rounding alone can exceed any fixed bound (a B=1, M=1, K=2 output of
+    # 44 values: 4.5e-3 in tf32 on the device, 2026-11-23), so there the check above, the
+    # kernel against its own rounded inputs, is the whole statement.
+    if case < len(ECE408):
+        err = rel_l2(y, conv_relu_pool_ref(x, w, b, 1, pool))
+        assert err <= impl.tolerance, f"{shape} pool {pool} {precision}: rel err {err}"
 
 
 def round_like_tc(a: np.ndarray, precision: str) -> np.ndarray:
