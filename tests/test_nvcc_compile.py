@@ -45,7 +45,11 @@ def gpu_jobs() -> dict[str, list[Job]]:
 
 
 def standalone_jobs() -> list[Job]:
-    return [(path.name, ()) for path in sorted(KERNEL_DIR.glob("*.cu"))]
+    """Every .cu file as it stands: the package's kernels, and the candidate kernels the
+    device benchmarks compare against (benchmarks/**/*.cu, kept for the record)."""
+    extra = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("**/*.cu"))
+    return [(path.name, ()) for path in sorted(KERNEL_DIR.glob("*.cu"))] + [
+        (str(path), ()) for path in extra]  # absolute: Path(KERNEL_DIR) / it is itself
 
 
 def nvcc(job: Job) -> str | None:
