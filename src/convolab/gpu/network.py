@@ -50,7 +50,7 @@ HEAD_VARIANTS: dict[int, dict[str, int]] = {
 HEAD_IMGS_CHOICES = tuple(HEAD_VARIANTS)
 HEAD_DEFAULT_IMGS = 16
 HEAD_THREADS = 256  # HEAD_THREADS in the kernel: 8 warps, one 128-k slice each
-_HEAD_KERNEL_DEFAULTS = {"HEAD_IMGS": 16, "HEAD_LO": 4, "HEAD_KC": 32, "HEAD_NS": 3, "HEAD_RB": 2}
+_HEAD_KERNEL_DEFAULTS = HEAD_VARIANTS[HEAD_DEFAULT_IMGS]  # what kernels/15 builds with no -D
 _PRECISION_OF_MODE = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
 FP16_LAYOUTS = ("cl", "nchw")  # mode 'fp16': intermediate as fp16 channels-last, or fp32 NCHW
 
