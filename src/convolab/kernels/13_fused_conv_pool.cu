@@ -260,13 +260,7 @@ fcp_exact(const float* __restrict__ x, const float* __restrict__ w,
   for (int rr = 0; rr < FCP_RPT; ++rr) {
     const int ty_in_tile = rr * FCP_TY + ty;  // pooled row within the block tile
     const int ph = tile_y * FCP_TY * FCP_RPT + ty_in_tile;
-    float acc[FCP_MT][FCP_P][FCP_COLS];
-#pragma unroll
-    for (int m = 0; m < FCP_MT; ++m)
-#pragma unroll
-      for (int dy = 0; dy < FCP_P; ++dy)
-#pragma unroll
-        for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+    float acc[FCP_MT][FCP_P][FCP_COLS] = {};  // zeros
 
     for (int c0 = 0; c0 < C; c0 += FCP_CC) {
       if (rr == 0 || !one_chunk) {
@@ -373,13 +367,7 @@ fcp_exact_pipe(const float* __restrict__ x, const float* __restrict__ w,
     const int pw0 = (tile_x * FCP_TX + tx) * FCP_PW;
     for (int rr = 0; rr < FCP_RPT; ++rr) {
       const int ty_in_tile = rr * FCP_TY + ty;
-      float acc[FCP_MT][FCP_P][FCP_COLS];
-#pragma unroll
-      for (int m = 0; m < FCP_MT; ++m)
-#pragma unroll
-        for (int dy = 0; dy < FCP_P; ++dy)
-#pragma unroll
-          for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+      float acc[FCP_MT][FCP_P][FCP_COLS] = {};  // zeros
       const float* in_t =
           in_s + (ty_in_tile * FCP_P * FCP_S) * FCP_IN_STRIDE + tx * FCP_COL_STEP;
 #if FCP_WREG
@@ -441,13 +429,7 @@ fcp_exact_cw(const float* __restrict__ x, const FcpParamWeights wp,
   __syncthreads();
   for (int rr = 0; rr < FCP_RPT; ++rr) {
     const int ty_in_tile = rr * FCP_TY + ty;
-    float acc[FCP_MT][FCP_P][FCP_COLS];
-#pragma unroll
-    for (int m = 0; m < FCP_MT; ++m)
-#pragma unroll
-      for (int dy = 0; dy < FCP_P; ++dy)
-#pragma unroll
-        for (int j = 0; j < FCP_COLS; ++j) acc[m][dy][j] = 0.f;
+    float acc[FCP_MT][FCP_P][FCP_COLS] = {};  // zeros
     const float* in_t = in_s + (ty_in_tile * FCP_P * FCP_S) * FCP_IN_STRIDE + tx * FCP_COL_STEP;
 #pragma unroll
     for (int cc = 0; cc < FCP_CC; ++cc)  // C == FCP_CC: every weight index is a constant
