@@ -12,6 +12,7 @@ import numpy as np
 from convolab.errors import WeightsError
 from convolab.layers import Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Softmax
 from convolab.network import Network
+from convolab.shapes import ConvShape
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 
@@ -52,7 +53,7 @@ def _eecs498() -> list[Layer]:
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec("ece408", 86, "the course LeNet-5 (SPEC section 2)", _ece408),
+        ModelSpec("ece408", 86, "the course LeNet-5 (docs/spec.md)", _ece408),
         ModelSpec("ece408-mxnet", 70, "seed 001's shapes: conv K5 1->12, 12->24", _ece408_mxnet),
         ModelSpec("eecs498", 64, "seed 000's shapes: conv K7 1->12, 12->24", _eecs498),
     )
@@ -64,6 +65,42 @@ def spec(name: str) -> ModelSpec:
         return MODELS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+
+
+@dataclass(frozen=True)
+class ConvBlock:
+    """One conv layer of a zoo model as the kernels see it: its shape at a batch size and the
+    max-pool window that follows its ReLU (0 where none does)."""
+
+    name: str  # the layer's parameter prefix: c1, c3
+    shape: ConvShape
+    pool: int
+
+
+def conv_blocks(name: str, batch: int = 1) -> list[ConvBlock]:
+    """The model's conv layers, in order, with their shapes at `batch` images: the one place
+    layer shapes come from (benchmarks, the tuner, the fused network, the tests)."""
+    model = spec(name)
+    layers = model.layers()
+    channels, size = 1, model.input_size
+    blocks: list[ConvBlock] = []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, Conv2d):
+            shape = ConvShape(batch, channels, size, size, layer.out_channels,
+                              layer.kernel_size, layer.stride)
+            pool = next((p.kernel_size for p in layers[i + 1:i + 3]
+                         if isinstance(p, MaxPool2d)), 0)
+            blocks.append(ConvBlock(layer.name, shape, pool))
+            channels, size = shape.M, shape.H_out
+        elif isinstance(layer, MaxPool2d):
+            size = (size - layer.kernel_size) // layer.stride + 1
+    return blocks
+
+
+def param_shapes(name: str) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the model with its shape, e.g. {'c1.weight': (4, 1, 7, 7), ...}."""
+    network = Network(spec(name).layers(), name)
+    return {key: tuple(value.shape) for key, value in network.params().items()}
 
 
 def build(name: str, seed: int = 0) -> Network:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 @dataclass(frozen=True)
 class ConvShape:
     """Y[b,m,h,w] = sum_c sum_p sum_q X[b,c,h*S+p,w*S+q] * W[m,c,p,q] ("valid", no flip)."""
@@ -79,7 +83,7 @@ class ConvShape:
         )
 
 
-# The course's self-test cases (SPEC section 4): (B, M, C, H, W, K, S).
+# The course's self-test cases (docs/spec.md, Correctness): (B, M, C, H, W, K, S).
 COURSE_SELF_TESTS: tuple[ConvShape, ...] = tuple(
     ConvShape(B=b, C=c, H=h, W=w, M=m, K=k, S=s)
     for (b, m, c, h, w, k, s) in (

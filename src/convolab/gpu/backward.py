@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import require_cupy
-from convolab.gpu.compile import ceil_div, get_kernel
+from convolab.gpu.compile import get_kernel
+from convolab.shapes import ceil_div
 
 Array = Any  # cupy.ndarray
 

@@ -61,7 +61,3 @@ def get_module(filename: str, defines: Mapping[str, Any] | None = None) -> Any:
     """The whole RawModule (for __constant__ symbols via get_global)."""
     cp = require_cupy()
     return _module(filename, define_flags(defines or {}), cp.cuda.runtime.getDevice())
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)

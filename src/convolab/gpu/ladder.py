@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import require_cupy
-from convolab.gpu.compile import ceil_div, get_kernel, get_module
+from convolab.gpu.compile import get_kernel, get_module
 from convolab.registry import ConvImpl, Run, register
-from convolab.shapes import ConvShape
+from convolab.shapes import ConvShape, ceil_div
 
 # Static shared memory per block without opting in to more (the host keeps tiles under it).
 SHARED_LIMIT_BYTES = 48 * 1024

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import require_cupy
-from convolab.gpu.compile import ceil_div, get_kernel
+from convolab.gpu.compile import get_kernel
 from convolab.registry import ConvImpl, Run, get_impl, register
-from convolab.shapes import ConvShape
+from convolab.shapes import ConvShape, ceil_div
 
 # Static shared memory a kernel may use without opting in to more (and what NVRTC accepts).
 SHARED_LIMIT = 48 * 1024

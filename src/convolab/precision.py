@@ -1,0 +1,44 @@
+"""The precision vocabulary, defined once: what each precision promises and what the network
+modes and CLI spellings mean.
+
+Tolerances are the relative L2 error against an fp64 reference on fresh random inputs
+(docs/spec.md, "Correctness"). TF32 keeps 10 mantissa bits on both operands: on 49-196-term
+sums with mixed-sign weights its error reaches 5e-4 on a few percent of random draws, so
+every TF32 path promises 1e-3; a 3xTF32 split recovers fp32 accuracy.
+"""
+
+from __future__ import annotations
+
+PRECISIONS: tuple[str, ...] = ("fp32", "3xtf32", "tf32", "fp16", "bf16")
+
+TOLERANCE: dict[str, float] = {
+    "fp32": 1e-5,
+    "3xtf32": 1e-5,
+    "tf32": 1e-3,
+    "fp16": 1e-2,
+    "bf16": 1e-2,
+}
+
+# Whole-network modes: 'exact' is fp32 FFMA end to end; the others put both convolutions on
+# tensor cores in that input precision (fp32 accumulate, fp32 head).
+NETWORK_MODES: dict[str, str] = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
+
+# What `--mode` accepts on the command line: the network modes plus one friendly alias.
+MODE_ALIASES: dict[str, str] = {**{m: m for m in NETWORK_MODES}, "tensor-core": "fp16"}
+
+
+def tolerance(precision: str) -> float:
+    try:
+        return TOLERANCE[precision]
+    except KeyError:
+        raise ValueError(
+            f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}"
+        ) from None
+
+
+def network_mode(name: str) -> str:
+    """A `--mode` spelling -> the network mode it means (raises ValueError naming the options)."""
+    try:
+        return MODE_ALIASES[name]
+    except KeyError:
+        raise ValueError(f"mode must be one of {', '.join(MODE_ALIASES)}, not {name!r}") from None
