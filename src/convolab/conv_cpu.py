@@ -145,6 +145,30 @@ def conv_reference(
     return y
 
 
+def reference_conv_relu_pool(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, stride: int = 1, pool: int = 0
+) -> np.ndarray:
+    """fp64 maxpool(relu(conv(x, w) + b)), pool window = pool stride, floor; pool 0 is the
+    plain convolution (no ReLU). The one yardstick of every fused path: chunked over the
+    batch so that 10,000 images never hold their full-resolution fp64 output at once."""
+    if not pool:
+        return conv_reference(x, w, b, stride)
+    if not isinstance(pool, int) or pool < 1:
+        raise ValueError(f"pool must be a positive int (or 0 for none), got {pool!r}")
+    B = x.shape[0]
+    first = conv_reference(x[:1], w, b, stride)
+    _, M, Ho, Wo = first.shape
+    hp, wp = Ho // pool, Wo // pool
+    out = np.empty((B, M, hp, wp), np.float64)
+    chunk = max(1, _REF_CHUNK_BYTES // max(1, M * Ho * Wo * 8))
+    for start in range(0, B, chunk):
+        y = np.maximum(conv_reference(x[start:start + chunk], w, b, stride), 0.0)
+        n = y.shape[0]
+        y = y[:, :, : hp * pool, : wp * pool].reshape(n, M, hp, pool, wp, pool)
+        out[start:start + n] = y.max(axis=(3, 5))
+    return out
+
+
 def _prepare_ref(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
     w, b = _prepared_weights("cpu-ref", shape, w, b)
     check = _run_checker("cpu-ref", shape, shape.y_shape)
