@@ -116,7 +116,7 @@ def _gpu_hgemm_gflops(cp: Any, n: int = 8192, reps: int = 10) -> float:
 
 
 def measure_gpu_ceilings() -> Ceilings:
-    """Measure the GPU's copy bandwidth and GEMM peaks; each failure falls back to the fallback ceilings."""
+    """Measure the GPU's copy bandwidth and GEMM peaks; each failure keeps its fallback ceiling."""
     ceilings = Ceilings(gpu_name(), FALLBACK_GPU_COPY_GBPS, FALLBACK_GPU_FP32_GFLOPS,
                         FALLBACK_GPU_TF32_GFLOPS, FALLBACK_GPU_FP16_GFLOPS,
                         {k: f"fallback: {FALLBACK_SOURCE}" for k in
