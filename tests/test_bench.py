@@ -1,4 +1,5 @@
-"""`convolab bench` and `convolab profile`: CPU runs end to end, clear errors, ceilings fallback."""
+"""`convolab bench` and `convolab profile`: a real CPU run written to its results folder and
+read back, the plot, clear errors, the ceilings fallback, the GPU path with a fake CuPy."""
 
 from __future__ import annotations
 
@@ -12,48 +13,111 @@ from typing import Any
 import numpy as np
 import pytest
 
-from convolab import bench, roofline
+from convolab import bench, environment, roofline
+from convolab.bench import contenders as contenders_mod
+from convolab.bench import measure, report
+from convolab.bench import run as bench_run
+from convolab.bench.cases import (
+    CPU_BATCH_CAP,
+    VGG_BATCH_224,
+    LayerCase,
+    cpu_batch,
+    model_cases,
+    vgg_cases,
+)
+from convolab.bench.contenders import select_contenders
+from convolab.bench.specs import ImplSpec
 from convolab.errors import ConvolabError
-from convolab.gpu import profile
+from convolab.gpu import device, profile
+from convolab.models import conv_blocks
 from convolab.registry import all_impls
+from convolab.shapes import ConvShape
 
 
 @pytest.fixture
 def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run the CPU path even on a GPU host, and keep the optional torch anchor out of it."""
-    monkeypatch.setattr(bench, "gpu_available", lambda: False)
-    monkeypatch.setattr(bench, "_torch_contenders", lambda gpu: [])
+    monkeypatch.setattr(bench_run, "gpu_available", lambda: False)
+    monkeypatch.setattr(contenders_mod, "torch_contenders", lambda gpu: [])
 
 
-def test_cpu_bench_writes_json_and_csv_rows(cpu_only: None, tmp_path: Path) -> None:
-    batch, reps = 8, 2
-    out = tmp_path / "bench.json"
-    bench.main(model="ece408", batch=batch, names=None, reps=reps, network=False,
-               shapes="model", json_out=out, plot=None)
-    report = json.loads(out.read_text())
-    expected_impls = {i.name for i in all_impls("cpu", include_reference=False)}
-    layers = [c.label for c in bench.model_cases("ece408", batch)]
-    assert [c["label"] for c in report["cases"]] == layers
-    rows = report["rows"]
-    expected = {(case, impl) for case in layers for impl in expected_impls}
-    assert {(r["case"], r["impl"]) for r in rows} == expected
-    for r in rows:
+def _tiny_shape(seed: int) -> str:
+    """A small random conv + pool shape, B,C,H,W,M,K,S,P (fast enough for every CPU impl)."""
+    r = np.random.default_rng(seed)
+    k = int(r.integers(2, 4))
+    h = int(r.integers(k + 4, k + 9))
+    return f"2,{int(r.integers(1, 4))},{h},{h + 1},{int(r.integers(2, 5))},{k},1,2"
+
+
+def test_cpu_bench_results_folder_holds_what_was_run(cpu_only: None, tmp_path: Path,
+                                                     seed: int) -> None:
+    shape = _tiny_shape(seed)
+    impls = ["cpu-im2col", "cpu-im2col"] if "cpu-im2col" in {i.name for i in all_impls("cpu")} \
+        else [all_impls("cpu", include_reference=False)[0].name] * 2
+    config = bench.from_flags("ece408", 2, 3, impls=impls, custom_shapes=[shape], plot=True)
+    got = bench.main([config], out=tmp_path / "run")
+    data = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert data["command"] == "bench" and data["device"].startswith("cpu")
+    assert data["versions"]["numpy"] == np.__version__ and data["date"]
+    (run,) = data["runs"]
+    assert [c["shape"] for c in run["cases"]] == [str(ConvShape(*map(int, shape.split(",")[:7])))]
+    assert run["cases"][0]["pool"] == 2
+    rows = run["rows"]
+    assert [r["impl"] for r in rows] == impls  # the same impl twice: two rows
+    for r, mine in zip(rows, got["runs"][0]["rows"], strict=True):
         assert r["status"] == "ok", r
-        assert r["batch"] == batch
-        assert len(r["op_samples_ms"]) == reps and all(t > 0 for t in r["op_samples_ms"])
-        assert r["op"]["median_ms"] > 0 and r["gflops"] > 0 and r["roofline_pct"] > 0
-        assert r["rel_l2"] <= r["tolerance"]
-    assert report["ceilings"]["cpu"]["fp32_gflops"] > 0
-    with out.with_suffix(".csv").open() as fh:
+        assert r["op_samples_ms"] == mine.op_samples_ms and len(r["op_samples_ms"]) == 3
+        assert r["rel_l2"] <= r["tolerance"] and r["gflops"] > 0
+    with (tmp_path / "run" / "results.csv").open() as fh:
         csv_rows = list(csv.DictReader(fh))
-    assert len(csv_rows) == len(rows)
-    assert all(float(r["op_median_ms"]) > 0 for r in csv_rows)
+    assert [(c["run"], c["impl"]) for c in csv_rows] == [("bench", i) for i in impls]
+    assert [float(c["op_median_ms"]) for c in csv_rows] == pytest.approx(
+        [r["op"]["median_ms"] for r in rows])
+    if (tmp_path / "run" / "plot.png").exists() or _has_matplotlib():
+        assert (tmp_path / "run" / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_impl_parameters_reach_the_row(cpu_only: None, monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path, seed: int) -> None:
+    """Two parameter sets of one implementation: two rows, each prepared with its own."""
+    from convolab import registry
+
+    seen: list[dict] = []
+    base = all_impls("cpu", include_reference=False)[0]
+
+    def prepare(shape: ConvShape, w: Any, b: Any, params: Any) -> Any:
+        seen.append(dict(params))
+        return base.prepare(shape, w, b, base.params_for())
+
+    registry.all_impls()
+    fake = registry.ConvImpl("param-cpu", "test double", "cpu", prepare,
+                             space={"t": [1, 2]}, defaults={"t": 1}, supports=base.supports)
+    monkeypatch.setitem(registry._REGISTRY, "param-cpu", fake)
+    config = bench.from_flags("ece408", 2, 1, impls=["param-cpu", "param-cpu:t=2"],
+                              custom_shapes=[_tiny_shape(seed)])
+    rows = bench.main([config], out=tmp_path)["runs"][0]["rows"]
+    assert [r.impl for r in rows] == ["param-cpu", "param-cpu[t=2]"]
+    assert [r.params for r in rows] == [{"t": 1}, {"t": 2}]
+    assert {p["t"] for p in seen} == {1, 2}
 
 
 def test_unknown_impl_is_a_clear_error(cpu_only: None) -> None:
     with pytest.raises(ConvolabError, match="no-such-rung"):
-        bench.main(model="ece408", batch=2, names=["no-such-rung"], reps=1, network=False,
-                   shapes="model", json_out=None, plot=None)
+        select_contenders([ImplSpec("no-such-rung")], gpu=False)
+
+
+def test_unknown_impl_parameter_is_a_clear_error(cpu_only: None) -> None:
+    name = all_impls("cpu", include_reference=False)[0].name
+    with pytest.raises(ConvolabError, match="unknown parameter 'nope'"):
+        select_contenders([ImplSpec.of(name, {"nope": 1})], gpu=False)
 
 
 def test_gpu_impl_without_gpu_is_a_clear_error(cpu_only: None) -> None:
@@ -61,47 +125,36 @@ def test_gpu_impl_without_gpu_is_a_clear_error(cpu_only: None) -> None:
     if not gpu_impls:
         pytest.skip("no GPU implementation registered yet")
     with pytest.raises(ConvolabError, match="GPU"):
-        bench.select_contenders([gpu_impls[0].name], gpu=False)
+        select_contenders([ImplSpec(gpu_impls[0].name)], gpu=False)
 
 
-def test_bad_shape_set_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="--shapes"):
-        bench.layer_cases("everything", "ece408", 4)
-
-
-def test_network_without_gpu_is_a_clear_error(cpu_only: None) -> None:
+def test_network_without_gpu_is_a_clear_error(cpu_only: None, tmp_path: Path) -> None:
     with pytest.raises(ConvolabError, match="--network"):
-        bench.main(model="ece408", batch=2, names=None, reps=1, network=True,
-                   shapes="model", json_out=None, plot=None)
+        bench.main([bench.from_flags("ece408", 2, 1, network=True)], out=tmp_path)
+    assert not (tmp_path / "results.json").exists()
 
 
-def test_network_delegates_to_gpu_network(
-    cpu_only: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_network_run_writes_its_rows(cpu_only: None, monkeypatch: pytest.MonkeyPatch,
+                                     tmp_path: Path) -> None:
+    from convolab.bench import network
+
     calls = []
 
-    def fake_bench_network(batch: int, reps: int) -> list[dict]:
-        calls.append((batch, reps))
-        return [{"name": "fused exact", "median_ms": 1.5, "batch": batch}]
+    def fake_bench_network(batch: int, reps: int, variants: Any, per_layer: bool,
+                           torch_rows: bool) -> list[dict]:
+        calls.append((batch, reps, [v.label for v in variants], per_layer, torch_rows))
+        return [{"name": v.label, "median_ms": 1.5, "batch": batch} for v in variants]
 
-    monkeypatch.setattr(bench, "gpu_available", lambda: True)
-    monkeypatch.setitem(sys.modules, "convolab.gpu.network",
-                        types.SimpleNamespace(bench_network=fake_bench_network))
-    out = tmp_path / "net.json"
-    bench.main(model="ece408", batch=7, names=None, reps=3, network=True,
-               shapes="model", json_out=out, plot=None)
-    assert calls == [(7, 3)]
-    assert json.loads(out.read_text())["rows"] == fake_bench_network(7, 3)
-    assert out.with_suffix(".csv").is_file()
-
-
-def test_network_module_missing_is_a_clear_error(
-    cpu_only: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(bench, "gpu_available", lambda: True)
-    monkeypatch.setitem(sys.modules, "convolab.gpu.network", None)  # import now fails
-    with pytest.raises(ConvolabError, match="convolab.gpu.network"):
-        bench.bench_network_rows(10, 2)
+    monkeypatch.setattr(bench_run, "gpu_available", lambda: True)
+    monkeypatch.setattr(network, "bench_network", fake_bench_network)
+    config = bench.from_flags("ece408", 7, 3, network=True,
+                              variants=["exact", "fp16:head.imgs=32"])
+    bench.main([config], out=tmp_path)
+    assert calls == [(7, 3, ["fused exact", "fused fp16 [head.imgs=32]"], True, True)]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [r["name"] for r in data["runs"][0]["rows"]] == calls[0][2]
+    with (tmp_path / "results.csv").open() as fh:
+        assert [r["name"] for r in csv.DictReader(fh)] == calls[0][2]
 
 
 def test_plot_without_matplotlib_is_a_clear_error(
@@ -109,22 +162,21 @@ def test_plot_without_matplotlib_is_a_clear_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
     with pytest.raises(ConvolabError, match="matplotlib"):
-        bench.main(model="ece408", batch=2, names=None, reps=1, network=False,
-                   shapes="model", json_out=None, plot=tmp_path / "p.png")
+        bench.main([bench.from_flags("ece408", 2, 1, plot=True)], out=tmp_path)
 
 
 def test_plot_from_rows(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    cases = bench.model_cases("ece408", 4)
+    cases = model_cases("ece408", 4)
     rows = []
     for i, case in enumerate(cases):
         for name, ms in (("fast", 1.0 + i), ("torch-cpu", 3.0)):
-            row = bench.Row(case.label, name, "cpu", None, name == "torch-cpu", str(case.shape),
-                            4, "fp32", tolerance=1e-5)
+            row = measure.Row(case.label, name, "cpu", None, name == "torch-cpu",
+                              str(case.shape), 4, "fp32", tolerance=1e-5)
             row.op = timing_stats([ms, ms * 1.1])
             rows.append(row)
     out = tmp_path / "plot.png"
-    bench.plot_rows(out, cases, rows)
+    report.plot_rows(out, cases, rows)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -134,51 +186,43 @@ def timing_stats(samples: list[float]) -> dict[str, float]:
     return Stats.of(samples).as_dict()
 
 
-def test_model_cases_follow_the_network() -> None:
-    c1, c3 = bench.model_cases("ece408", 5)
-    got = (c1.shape.B, c1.shape.C, c1.shape.H, c1.shape.M, c1.shape.K, c1.pool)
-    assert got == (5, 1, 86, 4, 7, 2)
-    # C3 sees C1's pooled output: (86 - 7 + 1) // 2 = 40.
-    assert (c3.shape.C, c3.shape.H, c3.shape.M, c3.shape.K, c3.pool) == (4, 40, 16, 7, 4)
+def test_model_cases_are_the_models_conv_blocks() -> None:
+    cases = model_cases("ece408", 5)
+    blocks = conv_blocks("ece408", 5)
+    assert [(c.shape, c.pool) for c in cases] == [(b.shape, b.pool) for b in blocks]
+    assert [c.label for c in cases] == [f"ece408/{b.name}" for b in blocks]
 
 
 def test_vgg_cases_keep_the_output_size() -> None:
-    conv1, conv5, fc6, fc7 = bench.vgg_cases(10_000)
+    conv1, conv5, fc6, fc7 = vgg_cases(10_000)
     assert conv1.shape.H_out == 224 and conv5.shape.H_out == 14
     assert fc6.shape.y_shape[1:] == (4096, 1, 1) and fc7.shape.C == 4096
-    assert conv1.shape.B <= bench.VGG_BATCH_224
+    assert conv1.shape.B <= VGG_BATCH_224
 
 
 def test_cpu_batch_respects_caps() -> None:
-    shape = bench.model_cases("ece408", 10_000)[1].shape
-    assert bench.cpu_batch(shape, "cpu-im2col") == bench.CPU_BATCH_CAP
-    assert bench.cpu_batch(shape, "cpu-loops") <= 100
-    huge = bench.vgg_cases(16)[0].shape  # ~3.7 GFLOP per image
-    assert bench.cpu_batch(huge, "cpu-loops") == 0
+    shape = model_cases("ece408", 10_000)[1].shape
+    assert cpu_batch(shape, "cpu-im2col") == CPU_BATCH_CAP
+    assert cpu_batch(shape, "cpu-loops") <= 100
+    huge = vgg_cases(16)[0].shape  # ~3.7 GFLOP per image
+    assert cpu_batch(huge, "cpu-loops") == 0
 
 
-def test_reference_with_pool_matches_a_direct_computation(rng: np.random.Generator) -> None:
-    x = rng.standard_normal((2, 3, 11, 11)).astype(np.float32)
-    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    b = rng.standard_normal(4).astype(np.float32)
-    y = bench._reference(x, w, b, 1, 2)
-    conv = np.zeros((2, 4, 9, 9))
-    for p in range(3):
-        for q in range(3):
-            conv += np.einsum("bchw,mc->bmhw", x[:, :, p : p + 9, q : q + 9].astype(np.float64),
-                              w[:, :, p, q].astype(np.float64))
-    conv = np.maximum(conv + b[None, :, None, None], 0)
-    expected = np.array([[[[conv[i, m, 2 * h : 2 * h + 2, 2 * v : 2 * v + 2].max()
-                            for v in range(4)] for h in range(4)] for m in range(4)]
-                         for i in range(2)])
-    np.testing.assert_allclose(y, expected, rtol=1e-12)
+def test_results_dir_is_dated_and_names_device_and_plan(tmp_path: Path) -> None:
+    import datetime as dt
+
+    day = dt.date(2026, 11, 23)
+    assert report.results_dir("NVIDIA H100 80GB HBM3", "closing", day, tmp_path) == \
+        tmp_path / "2026-11-23_h100_closing"
+    assert report.results_dir("cpu: AMD EPYC (2 logical CPUs)", None, day, tmp_path).name == \
+        "2026-11-23_cpu_bench"
 
 
-def test_gpu_ceilings_fall_back_to_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_ceilings_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(roofline, "cupy_or_none", lambda: None)
     ceil = roofline.measure_gpu_ceilings()
-    assert ceil.copy_gbps == roofline.SPEC_GPU_COPY_GBPS
-    assert ceil.fp32_gflops == roofline.SPEC_GPU_FP32_GFLOPS
+    assert ceil.copy_gbps == roofline.FALLBACK_GPU_COPY_GBPS
+    assert ceil.fp32_gflops == roofline.FALLBACK_GPU_FP32_GFLOPS
     assert all("fallback" in how for how in ceil.source.values())
 
 
@@ -234,10 +278,9 @@ def test_gpu_bench_small_batch(tmp_path: Path) -> None:
     gpu_impls = [i.name for i in all_impls("gpu")][:3]
     if not gpu_impls:
         pytest.skip("no GPU implementation registered yet")
-    out = tmp_path / "bench.json"
-    bench.main(model="ece408", batch=64, names=gpu_impls, reps=3, network=False,
-               shapes="model", json_out=out, plot=None)
-    rows = json.loads(out.read_text())["rows"]
+    config = bench.from_flags("ece408", 64, 3, impls=gpu_impls)
+    bench.main([config], out=tmp_path)
+    rows = json.loads((tmp_path / "results.json").read_text())["runs"][0]["rows"]
     assert {r["impl"] for r in rows} == set(gpu_impls)
     for r in rows:
         if r["status"] == "ok":
@@ -279,7 +322,7 @@ def _fake_cupy() -> types.SimpleNamespace:
         memGetInfo=lambda: (8 << 30, 16 << 30), getDevice=lambda: 0,
         getDeviceProperties=lambda _: {"name": b"Fake GPU"},
         runtimeGetVersion=lambda: 13000, driverGetVersion=lambda: 13000)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(0)  # the fake device's own random inputs: any values do
     return types.SimpleNamespace(
         __version__="fake", ndarray=_FakeDeviceArray,
         asarray=as_device,
@@ -295,20 +338,18 @@ def _fake_cupy() -> types.SimpleNamespace:
     )
 
 
-def test_gpu_path_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_gpu_path_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch,
+                                   rng: np.random.Generator) -> None:
     """Op Time, Layer Time, rotation, the cuBLAS anchor and the report, without a GPU."""
     from convolab import registry, timing
     from convolab.conv_cpu import conv_reference
 
     fake = _fake_cupy()
-    for module in (bench, roofline):
+    for module in (measure, contenders_mod, roofline, device, environment):
         monkeypatch.setattr(module, "cupy_or_none", lambda: fake)
-    monkeypatch.setattr(bench, "gpu_available", lambda: True)
     monkeypatch.setattr(timing, "require_cupy", lambda: fake)
-    monkeypatch.setattr(bench, "_torch_contenders", lambda gpu: [])
-    monkeypatch.setitem(sys.modules, "convolab.verify", None)  # its check wants real CuPy
 
-    def prepare(shape: bench.ConvShape, w: Any, b: Any, params: Any) -> Any:
+    def prepare(shape: ConvShape, w: Any, b: Any, params: Any) -> Any:
         def run(x: Any, y: Any) -> None:
             y[...] = conv_reference(np.asarray(x), np.asarray(w), np.asarray(b), shape.S)
 
@@ -318,16 +359,14 @@ def test_gpu_path_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     fake_impl = registry.ConvImpl("fake-gpu", "test double", "gpu", prepare, rung=99)
     monkeypatch.setitem(registry._REGISTRY, "fake-gpu", fake_impl)
 
-    contenders, _ = bench.select_contenders(["fake-gpu"], gpu=True)
-    contenders.append(bench._cublas_contender())
+    contenders, _ = select_contenders([ImplSpec("fake-gpu")], gpu=True)
+    contenders.append(contenders_mod.cublas_contender())
     ceilings = {"cpu": roofline.measure_cpu_ceilings(n=128, copy_mb=4),
                 "gpu": roofline.measure_gpu_ceilings()}
     assert "fallback" in ceilings["gpu"].source["copy_gbps"]  # the fake has no real copy
-    rng = np.random.default_rng()
-    cases = [bench.model_cases("ece408", 3)[1],
-             bench.LayerCase("fc", bench.ConvShape(5, 64, 1, 1, 16, 1))]
+    cases = [model_cases("ece408", 3)[1], LayerCase("fc", ConvShape(5, 64, 1, 1, 16, 1))]
     rows = [r for case in cases
-            for r in bench.bench_case(case, contenders, 4, ceilings, rng, lambda _: None)]
+            for r in measure.bench_case(case, contenders, 4, ceilings, rng, lambda _: None)]
     by_key = {(r.case, r.impl): r for r in rows}
     conv = by_key[(cases[0].label, "fake-gpu")]
     assert conv.status == "ok", conv.detail
@@ -337,10 +376,7 @@ def test_gpu_path_with_a_fake_cupy(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     gemm = by_key[("fc", "cublas-sgemm")]
     assert gemm.status == "ok", gemm.detail
     assert gemm.rel_l2 <= 1e-5
-    out = tmp_path / "r.json"
-    report = {"rows": [r.__dict__ for r in rows]}
-    bench.write_results(out, report, [bench._csv_row(r) for r in rows])
-    assert len(json.loads(out.read_text())["rows"]) == len(rows)
+    assert gemm.precision == "fp32" and conv.gflops > 0 and conv.roofline_pct > 0
 
 
 def test_profile_end_to_end_with_a_fake_ncu(
@@ -370,7 +406,7 @@ with open(log, "w") as fh:
     monkeypatch.setenv("PATH", f"{fake.parent}:{Path(sys.executable).parent}")
     out = tmp_path / "profile.json"
     rows = profile.main(model="ece408", batch=4, names=[gpu_impls[0].name], json_out=out)
-    labels = [c.label for c in bench.model_cases("ece408", 4)]
+    labels = [c.label for c in model_cases("ece408", 4)]
     assert [(r["layer"], r["kernel"], r["gpu__time_duration.sum"]) for r in rows] == [
         (labels[0], "k1", 3000.0), (labels[1], "k2", 900.0)]
     report = json.loads(out.read_text())

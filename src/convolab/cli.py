@@ -182,7 +182,11 @@ def bench(
     model: ModelOpt = "ece408",
     batch: Annotated[int, typer.Option("--batch", "-b")] = 10_000,
     impl: Annotated[
-        list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")
+        list[str] | None,
+        typer.Option("--impl", "-i", help="NAME[:key=value,...], repeatable: only these"),
+    ] = None,
+    shape: Annotated[
+        list[str] | None, typer.Option("--shape", help="B,C,H,W,M,K,S[,P], repeatable")
     ] = None,
     reps: Annotated[
         int, typer.Option(help="timed repetitions (>= 20 for a median worth quoting)")
@@ -190,26 +194,38 @@ def bench(
     network: Annotated[
         bool, typer.Option("--network", help="whole-network forward instead of per layer")
     ] = False,
-    shapes: Annotated[str, typer.Option(help="model, seeds, vgg or all")] = "model",
-    json_out: JsonOpt = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG plot here")] = None,
+    variant: Annotated[
+        list[str] | None,
+        typer.Option("--variant", help="--network: MODE[:layer.key=value,...], repeatable"),
+    ] = None,
+    shapes: Annotated[
+        str | None, typer.Option(help="model, seeds, vgg or all (default: model)")
+    ] = None,
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="TOML plan of one or more runs (a sweep)")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="results folder (default benchmarks/results/DATE_DEVICE_PLAN)"),
+    ] = None,
+    plot: Annotated[bool, typer.Option("--plot", help="also write plot.png")] = False,
 ) -> None:
-    """Time every implementation on the model's conv layers (and more), against PyTorch/cuDNN."""
+    """Time implementations on conv layers (or the whole network) against PyTorch/cuDNN."""
     from convolab import bench as run
 
+    command = "convolab " + " ".join(sys.argv[1:])
+    if plan is not None:
+        given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
+                                          ("--variant", variant), ("--shapes", shapes),
+                                          ("--network", network), ("--plot", plot)) if value]
+        if given:
+            fail(f"--plan describes the runs: {', '.join(given)} belong in the plan file")
+        run.main(run.load_plan(plan), out=out, plan=plan.stem, command=command)
+        return
     check_batch(batch, limit=1_000_000)
-    if reps < 1:
-        fail(f"--reps must be positive, got {reps}")
-    run.main(
-        model=model,
-        batch=batch,
-        names=impl or None,
-        reps=reps,
-        network=network,
-        shapes=shapes,
-        json_out=json_out,
-        plot=plot,
-    )
+    config = run.from_flags(model, batch, reps, impl or (), shapes, shape or (), network,
+                            variant or (), plot)
+    run.main([config], out=out, command=command)
 
 
 @app.command()

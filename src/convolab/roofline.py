@@ -3,8 +3,8 @@
 A roofline percentage is only as honest as its ceilings, so they are measured on the machine
 the benchmark runs on, once per run: device-to-device copy bandwidth (read + write counted)
 and large-GEMM throughput at fp32 (FFMA), TF32 and FP16 through cuBLAS. Where a measurement
-is impossible (no GPU, no cuBLAS entry point) the numbers measured on an H100 80GB HBM3 on
-2026-11-22 (SPEC section 7) stand in, and the result says so in `source`.
+is impossible (no GPU, no cuBLAS entry point) the fallback ceilings below stand in (the H100
+figures docs/spec.md lists as the course machine's), and the result says so in `source`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import cupy_or_none
+from convolab.gpu.device import gpu_name
 from convolab.timing import time_cpu, time_gpu
 
-# SPEC section 7 (H100 80GB HBM3, 132 SMs): the documented fallback ceilings.
-SPEC_GPU_COPY_GBPS = 2970.0
-SPEC_GPU_FP32_GFLOPS = 51_500.0
-SPEC_GPU_TF32_GFLOPS = 404_000.0
-SPEC_GPU_FP16_GFLOPS = 747_000.0
-SPEC_SOURCE = "SPEC section 7 (H100 80GB HBM3, measured 2026-11-22)"
+# Fallback ceilings: the course machine (H100 80GB HBM3, 132 SMs) as docs/spec.md states them.
+FALLBACK_GPU_COPY_GBPS = 2970.0
+FALLBACK_GPU_FP32_GFLOPS = 51_500.0
+FALLBACK_GPU_TF32_GFLOPS = 404_000.0
+FALLBACK_GPU_FP16_GFLOPS = 747_000.0
+FALLBACK_SOURCE = "docs/spec.md course machine (H100 80GB HBM3)"
 
 # cuBLAS math modes (cublas_api.h); CuPy exposes them under these names in recent versions.
 _CUBLAS_DEFAULT_MATH = 0
@@ -114,19 +115,11 @@ def _gpu_hgemm_gflops(cp: Any, n: int = 8192, reps: int = 10) -> float:
     return 2 * n**3 / (ms * 1e6)
 
 
-def gpu_device_name() -> str:
-    cp = cupy_or_none()
-    if cp is None:
-        return "no CUDA GPU"
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
 def measure_gpu_ceilings() -> Ceilings:
-    """Measure the GPU's copy bandwidth and GEMM peaks; each failure falls back to SPEC §7."""
-    ceilings = Ceilings(gpu_device_name(), SPEC_GPU_COPY_GBPS, SPEC_GPU_FP32_GFLOPS,
-                        SPEC_GPU_TF32_GFLOPS, SPEC_GPU_FP16_GFLOPS,
-                        {k: f"fallback: {SPEC_SOURCE}" for k in
+    """Measure the GPU's copy bandwidth and GEMM peaks; each failure keeps its fallback ceiling."""
+    ceilings = Ceilings(gpu_name(), FALLBACK_GPU_COPY_GBPS, FALLBACK_GPU_FP32_GFLOPS,
+                        FALLBACK_GPU_TF32_GFLOPS, FALLBACK_GPU_FP16_GFLOPS,
+                        {k: f"fallback: {FALLBACK_SOURCE}" for k in
                          ("copy_gbps", "fp32_gflops", "tf32_gflops", "fp16_gflops")})
     cp = cupy_or_none()
     if cp is None:
@@ -145,7 +138,7 @@ def measure_gpu_ceilings() -> Ceilings:
             setattr(ceilings, key, float(probe()))
             ceilings.source[key] = how
         except Exception as err:  # a missing cuBLAS entry point must not stop the benchmark
-            ceilings.source[key] = f"fallback: {SPEC_SOURCE} ({type(err).__name__}: {err})"
+            ceilings.source[key] = f"fallback: {FALLBACK_SOURCE} ({type(err).__name__}: {err})"
     cp.get_default_memory_pool().free_all_blocks()
     return ceilings
 

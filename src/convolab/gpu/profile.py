@@ -157,9 +157,9 @@ def assign_layers(kernels: Sequence[dict[str, Any]], labels: Sequence[str]) -> l
 
 
 def _model_shapes(model: str, batch: int) -> list[tuple[str, Any, int]]:
-    from convolab.bench import model_cases
+    from convolab.models import conv_blocks
 
-    return [(c.label, c.shape, c.pool) for c in model_cases(model, batch)]
+    return [(f"{model}/{b.name}", b.shape, b.pool) for b in conv_blocks(model, batch)]
 
 
 def run_child(impl_name: str, model: str, batch: int) -> None:
@@ -334,11 +334,9 @@ def main(model: str, batch: int, names: Sequence[str] | None, json_out: Path | N
 
 def _write_json(json_out: Path, model: str, batch: int, ncu: str, rows: Sequence[dict],
                 failures: dict[str, str]) -> None:
-    from convolab.bench import _versions
-    from convolab.roofline import gpu_device_name
+    from convolab.environment import describe
 
-    report = {"command": "profile", "model": model, "batch": batch,
-              "device": gpu_device_name(), "versions": _versions(), "ncu": ncu,
+    report = {**describe(True, "profile"), "model": model, "batch": batch, "ncu": ncu,
               "metrics": list(_metrics_in_use[0]), "rows": list(rows), "failures": failures}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=1, default=str))

@@ -1,0 +1,175 @@
+"""`convolab bench --network`: the whole ece408 forward at one batch, as rows.
+
+* fused variants: FusedLeNet(params, mode, kernel_params) for each `--variant`;
+* per-layer rows: a conv rung per layer (unfused) + CuPy ReLU/pool/linears/softmax, the
+  ladder's answer before fusion;
+* PyTorch rows (when installed): eager fp32 and tf32, torch.compile fp32, fp16 channels-last
+  eager and replayed from a CUDA graph.
+
+Each row: median and spread (ms), images/s, back-to-back time per forward (host launch latency
+hidden behind the previous batch), agreement with the fp64 forward on the first images, and
+speed-up over torch eager fp32. Nothing here imports CuPy or torch at module import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from convolab.bench.specs import VariantSpec
+from convolab.models import conv_blocks
+from convolab.timing import Stats
+
+MODEL = "ece408"
+# The fp64 forward is the yardstick: on this many images (all of B would take minutes on the CPU).
+REFERENCE_IMAGES = 256
+# Rungs tried, in order, for the unfused per-layer row; the first registered one is used.
+PER_LAYER_PLAIN = ("register-tiled", "fused-gemm", "tiled", "basic")
+PER_LAYER_FUSED = {2: "fused-conv-pool2", 4: "fused-conv-pool4"}
+DEFAULT_VARIANTS = (VariantSpec("exact"), VariantSpec("tf32"), VariantSpec("fp16"))
+BACK_TO_BACK = 10  # forwards between one pair of events for the back-to-back time
+
+
+def _error_row(name: str, err: Exception) -> dict[str, Any]:
+    return {"name": name, "error": f"{type(err).__name__}: {err}"[:500]}
+
+
+def stats_row(name: str, samples: list[float], batch: int, **extra: Any) -> dict[str, Any]:
+    st = Stats.of(samples)
+    row = {"name": name, **st.as_dict(), "batch": batch,
+           "images_per_s": batch / (st.median_ms / 1e3) if st.median_ms else None}
+    row.update(extra)
+    return row
+
+
+def agreement(probs: Any, ref: np.ndarray) -> dict[str, float]:
+    """Argmax agreement and largest probability difference against the fp64 forward."""
+    p = np.asarray(probs.get() if hasattr(probs, "get") else probs, np.float64)[: len(ref)]
+    return {"argmax_agree_vs_fp64": float((p.argmax(1) == ref.argmax(1)).mean()),
+            "max_abs_prob_diff_vs_fp64": float(np.abs(p - ref).max())}
+
+
+def _cupy_timed(name: str, fn: Callable[[], Any], batch: int, reps: int, ref: np.ndarray
+                ) -> dict[str, Any]:
+    from convolab.timing import time_gpu
+
+    def many() -> None:
+        for _ in range(BACK_TO_BACK):
+            fn()
+
+    try:
+        out = fn()
+        samples = time_gpu(fn, reps=reps, warmup=3)
+        b2b = Stats.of(time_gpu(many, reps=max(3, reps // 4), warmup=1)).median_ms / BACK_TO_BACK
+        return stats_row(name, samples, batch, **agreement(out, ref), back_to_back_ms=b2b)
+    except Exception as err:  # one failing variant must not sink the others
+        return _error_row(name, err)
+
+
+def variant_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], x: Any,
+                 batch: int, reps: int, ref: np.ndarray) -> list[dict[str, Any]]:
+    from convolab.gpu.network import FusedLeNet
+
+    rows = []
+    for v in variants:
+        try:
+            net = FusedLeNet(params, mode=v.mode, kernel_params=v.kernel_params_dict())
+        except Exception as err:
+            rows.append(_error_row(f"convolab {v.label}", err))
+            continue
+        row = _cupy_timed(f"convolab {v.label}", lambda net=net: net(x), batch, reps, ref)
+        rows.append({**row, "mode": v.mode, "kernel_params": v.kernel_params_dict()})
+    return rows
+
+
+def _pool(cp: Any, y: Any, pool: int) -> Any:
+    z = cp.maximum(y, 0)
+    hp, wp = z.shape[2] // pool, z.shape[3] // pool
+    z = z[:, :, : hp * pool, : wp * pool]
+    return z.reshape(z.shape[0], z.shape[1], hp, pool, wp, pool).max(axis=(3, 5))
+
+
+def per_layer_forward(params: Mapping[str, Any], batch: int, fused: bool, plain: str,
+                      cp: Any) -> Callable[[Any], Any]:
+    """A conv rung per layer (fused conv+pool, or `plain` then CuPy ReLU/pool) + CuPy head."""
+    from convolab.registry import get_impl
+
+    layers = []
+    for block in conv_blocks(MODEL, batch):
+        impl = get_impl(PER_LAYER_FUSED[block.pool] if fused else plain)
+        run = impl.prepare(block.shape, params[f"{block.name}.weight"],
+                           params[f"{block.name}.bias"], impl.params_for())
+        layers.append((run, cp.empty(impl.out_shape(block.shape), cp.float32),
+                       0 if impl.pool else block.pool))
+
+    def forward(x: Any) -> Any:
+        a = x
+        for run, y, pool in layers:
+            run(a, y)
+            a = _pool(cp, y, pool) if pool else y
+        h = cp.maximum(a.reshape(a.shape[0], -1) @ params["f5.weight"].T + params["f5.bias"], 0)
+        z = h @ params["f6.weight"].T + params["f6.bias"]
+        z = cp.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    return forward
+
+
+def per_layer_rows(dparams: Mapping[str, Any], x: Any, batch: int, reps: int, ref: np.ndarray,
+                   cp: Any) -> list[dict[str, Any]]:
+    from convolab.registry import all_impls
+
+    available = {i.name for i in all_impls("gpu")}
+    plain = next((n for n in PER_LAYER_PLAIN if n in available), None)
+    pairs = [(True, "/".join(PER_LAYER_FUSED[b.pool] for b in conv_blocks(MODEL, 1)))]
+    if plain:
+        pairs.append((False, f"{plain}/{plain}"))
+    rows = []
+    for fused, names in pairs:
+        name = f"convolab per-layer {names} + CuPy head"
+        try:
+            fwd = per_layer_forward(dparams, batch, fused, plain or "", cp)
+        except Exception as err:
+            rows.append(_error_row(name, err))
+            continue
+        rows.append(_cupy_timed(name, lambda fwd=fwd: fwd(x), batch, reps, ref))
+    return rows
+
+
+def bench_network(batch: int, reps: int, variants: Sequence[VariantSpec] = DEFAULT_VARIANTS,
+                  per_layer: bool = True, torch_rows: bool = True, seed: int = 0
+                  ) -> list[dict[str, Any]]:
+    """Whole-forward rows at `batch` on random weights and inputs (see the module docstring)."""
+    from convolab.backend import require_cupy
+    from convolab.conv_cpu import reference_forward
+    from convolab.models import build
+
+    if batch < 1 or reps < 1:
+        raise ValueError("bench --network: batch and reps must be >= 1")
+    cp = require_cupy()
+    params = {k: np.asarray(v, np.float32) for k, v in build(MODEL, seed).params().items()}
+    x_host = np.random.default_rng(seed + 1).random(
+        (batch, *conv_blocks(MODEL, 1)[0].shape.x_shape[1:]), dtype=np.float32)
+    ref = np.asarray(reference_forward(params, x_host[:REFERENCE_IMAGES], model=MODEL),
+                     np.float64)
+    x = cp.asarray(x_host)
+    rows = variant_rows(variants, params, x, batch, reps, ref)
+    if per_layer:
+        dparams = {k: cp.asarray(v) for k, v in params.items()}
+        rows += per_layer_rows(dparams, x, batch, reps, ref, cp)
+    if torch_rows:
+        from convolab.bench.torch_network import torch_rows as torch_network_rows
+
+        rows += torch_network_rows(params, x, batch, reps, ref)
+    add_speedups(rows)
+    return rows
+
+
+def add_speedups(rows: list[dict[str, Any]]) -> None:
+    eager = next((r for r in rows if r.get("name") == "torch eager fp32" and "median_ms" in r),
+                 None)
+    for r in rows:
+        if eager and "median_ms" in r:
+            r["speedup_vs_torch_eager_fp32"] = eager["median_ms"] / r["median_ms"]
