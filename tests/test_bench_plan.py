@@ -4,6 +4,8 @@ the runs the equivalent flags give."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,15 @@ def test_closing_plan_measures_the_issue_figures() -> None:
     assert {v.mode for r in network for v in r.variants} >= {"exact", "fp16"}
     impls = {s.name for r in runs for s in r.impls}
     assert {"fused-conv-pool2", "fused-conv-pool4"} <= impls
+
+
+@pytest.mark.parametrize("flags", [["--batch", "5"], ["--reps", "3"], ["--model", "eecs498"]])
+def test_plan_refuses_run_flags_it_would_ignore(tmp_path: Path, flags: list[str]) -> None:
+    plan = tmp_path / "p.toml"
+    plan.write_text('batch = 4\nreps = 1\n[[run]]\nlabel = "x"\nimpls = ["cpu-im2col"]\n')
+    done = subprocess.run([sys.executable, "-m", "convolab", "bench", "--plan", str(plan),
+                           "--out", str(tmp_path / "out"), *flags],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert flags[0] in done.stderr and "belong in the plan file" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -215,9 +215,15 @@ def bench(
 
     command = "convolab " + " ".join(sys.argv[1:])
     if plan is not None:
+        defaults = {"model": "ece408", "batch": 10_000, "reps": 20}
+        explicit = {name for name, value in (("model", model), ("batch", batch), ("reps", reps))
+                    if value != defaults[name] or f"--{name}" in sys.argv}
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),
-                                          ("--network", network), ("--plot", plot)) if value]
+                                          ("--network", network), ("--plot", plot),
+                                          ("--model", "model" in explicit),
+                                          ("--batch", "batch" in explicit),
+                                          ("--reps", "reps" in explicit)) if value]
         if given:
             fail(f"--plan describes the runs: {', '.join(given)} belong in the plan file")
         run.main(run.load_plan(plan), out=out, plan=plan.stem, command=command)
