@@ -16,11 +16,11 @@ import numpy as np
 
 from convolab.backend import require_cupy
 from convolab.gpu.compile import get_kernel
+from convolab.gpu.device import SMEM_STATIC_LIMIT
+from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, get_impl, register
 from convolab.shapes import ConvShape, ceil_div
 
-# Static shared memory a kernel may use without opting in to more (and what NVRTC accepts).
-SHARED_LIMIT = 48 * 1024
 MAX_THREADS = 1024
 
 
@@ -82,9 +82,9 @@ def _tree_defines(params: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"channel-tree: CSPLIT must be a power of two, got {csplit}")
     if pix * csplit > MAX_THREADS:
         raise ValueError(f"channel-tree: PIX*CSPLIT = {pix * csplit} threads > {MAX_THREADS}")
-    if 4 * pix * csplit * mpt * ppt > SHARED_LIMIT:
+    if 4 * pix * csplit * mpt * ppt > SMEM_STATIC_LIMIT:
         raise ValueError(
-            "channel-tree: PIX*CSPLIT*MPT*PPT partial sums exceed 48 KiB of shared memory"
+            "channel-tree: PIX*CSPLIT*MPT*PPT partial sums exceed the static shared-memory limit"
         )
     return {"PIX": pix, "CSPLIT": csplit, "MPT": mpt, "PPT": ppt}
 
@@ -214,9 +214,8 @@ def _fp16_variants() -> list[dict[str, int]]:
 
 
 def _fp16_supports(shape: ConvShape) -> bool:
-    return (
-        _fp16_shared_bytes(shape, FP16_DEFAULTS["TILE"], max(FP16_SPACE["MPAIRS"])) <= SHARED_LIMIT
-    )
+    largest = _fp16_shared_bytes(shape, FP16_DEFAULTS["TILE"], max(FP16_SPACE["MPAIRS"]))
+    return largest <= SMEM_STATIC_LIMIT
 
 
 def prepare_fp16(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
@@ -224,9 +223,10 @@ def prepare_fp16(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) ->
     defines = _fp16_defines(params)
     tile, mpairs = defines["TILE"], defines["MPAIRS"]
     shared = _fp16_shared_bytes(shape, tile, mpairs)
-    if shared > SHARED_LIMIT:
+    if shared > SMEM_STATIC_LIMIT:
         raise ValueError(
-            f"fp16: input tile needs {shared} B of shared memory (> 48 KiB); lower TILE"
+            f"fp16: input tile needs {shared} B of shared memory "
+            f"(> {SMEM_STATIC_LIMIT} B); lower TILE"
         )
     kernel = get_kernel(FP16_FILE, "conv_fp16", defines)
     w_d, b_d = _device_weights(w, b)
@@ -260,7 +260,6 @@ TC_SPACE: dict[str, tuple[int, ...]] = {
 }
 # The tuner's pick on both LeNet layers, every operand mode (H100, 2026-11-23).
 TC_DEFAULTS = {"NFRAG": 4, "WARPS": 4, "BK": 16, "PREFETCH": 0}
-TC_TOLERANCE = {"tf32": 5e-4, "fp16": 1e-2, "bf16": 1e-2, "3xtf32": 1e-5}
 
 
 def _tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
@@ -271,8 +270,8 @@ def _tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
     elem = 4 if mode in ("tf32", "3xtf32") else 2
     bn = 16 * nfrag * warps
     shared = 16 * (bk + 8) * elem + 128 + bk * (bn + 8) * elem
-    if shared > SHARED_LIMIT or 16 * (bn + 4) * 4 > SHARED_LIMIT:
-        raise ValueError(f"tensor-core: block tile {bn} x {bk} exceeds 48 KiB of shared memory")
+    if shared > SMEM_STATIC_LIMIT or 16 * (bn + 4) * 4 > SMEM_STATIC_LIMIT:
+        raise ValueError(f"tensor-core: block tile {bn} x {bk} exceeds the static shared-memory limit")
     if prefetch not in (0, 1):
         raise ValueError(f"tensor-core: PREFETCH must be 0 or 1, got {prefetch}")
     return {
@@ -568,7 +567,7 @@ register(
         space=TREE_SPACE,
         defaults=TREE_DEFAULTS,
         compile_variants=_tree_variants,
-        tolerance=1e-5,
+        tolerance=TOLERANCE["fp32"],
     )
 )
 register(
@@ -582,7 +581,7 @@ register(
         space=ATOMIC_SPACE,
         defaults=ATOMIC_DEFAULTS,
         compile_variants=lambda: [_atomic_defines(p) for p in _product(ATOMIC_SPACE)],
-        tolerance=1e-5,
+        tolerance=TOLERANCE["fp32"],
     )
 )
 register(
@@ -597,7 +596,7 @@ register(
         defaults=FP16_DEFAULTS,
         supports=_fp16_supports,
         compile_variants=_fp16_variants,
-        tolerance=1e-2,
+        tolerance=TOLERANCE["fp16"],
     )
 )
 for _mode, _what in (
@@ -617,7 +616,7 @@ for _mode, _what in (
             space=TC_SPACE,
             defaults=TC_DEFAULTS,
             compile_variants=_tc_variants(_mode),
-            tolerance=TC_TOLERANCE[_mode],
+            tolerance=TOLERANCE[_mode],
         )
     )
 register(
@@ -631,7 +630,7 @@ register(
         space=STREAMS_SPACE,
         defaults=STREAMS_DEFAULTS,
         compile_variants=lambda: [_tree_defines(dict(TREE_DEFAULTS, CSPLIT=c)) for c in (1, 4, 8)],
-        tolerance=1e-5,
+        tolerance=TOLERANCE["fp32"],
     )
 )
 register(
@@ -646,7 +645,7 @@ register(
         defaults=FFT_DEFAULTS,
         supports=_fft_supports,
         compile_variants=_fft_variants,
-        tolerance=1e-5,
+        tolerance=TOLERANCE["fp32"],
     )
 )
 
