@@ -192,17 +192,14 @@ def _conv_backward_gemm(x: Array, w: Array, dy: Array, dims: tuple[int, ...],
 def conv2d_layer_backward(layer: Any, grad: Array) -> Array | None:
     """Backward of a `convolab.layers.Conv2d` on the GPU (the layer's dispatch hook calls this):
     stores the weight and bias gradients on the layer and returns dE/dX (None for a first layer).
-    Needs the input the layer's forward kept in `layer._x`."""
-    x = getattr(layer, "_x", None)
+    Needs the input the layer's training-mode forward kept (`layer.pop_input()`)."""
+    x = layer.pop_input()  # freed on the layer as soon as it is used
     if x is None:
         raise RuntimeError(f"{layer.name}: backward without a training-mode forward on the GPU")
     method = getattr(layer, "backward_method", None)
     dx, dw, db = conv2d_backward(x, layer.weight, grad, layer.stride, method,
                                  need_dx=layer.needs_input_grad)
-    layer._grads["weight"] = dw
-    if layer.bias is not None:
-        layer._grads["bias"] = db
-    layer._x = layer._cols = None  # free the activations as soon as they are used
+    layer.set_grads({"weight": dw} if layer.bias is None else {"weight": dw, "bias": db})
     return dx
 
 
