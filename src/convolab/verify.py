@@ -1,6 +1,7 @@
 """`convolab verify`: every implementation usable here against the fp64 reference.
 
-Cases: the course's self-tests (SPEC section 4) and the ece408 conv layers at a small batch.
+Cases: the course's self-tests (docs/spec.md, Correctness) and the ece408 conv layers at a
+small batch.
 Each case draws fresh random inputs, poisons the output with NaN before the checked run (so
 an element an implementation forgets to write fails), and compares the relative L2 error
 with the tolerance the implementation promises.
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from convolab import registry
+from convolab import models, registry
 from convolab.backend import gpu_available, to_device, xp_of
 from convolab.check import poison, rel_l2
 from convolab.conv_cpu import conv_reference
@@ -23,12 +24,12 @@ from convolab.errors import ConvolabError
 from convolab.registry import ConvImpl
 from convolab.shapes import COURSE_SELF_TESTS, ConvShape
 
-# The ece408 model's two conv layers (SPEC section 2), at a batch small enough for the
-# slowest implementation (cpu-loops) to finish in moments.
+# The ece408 model's conv layers, at a batch small enough for the slowest implementation
+# (cpu-loops) to finish in moments.
 ECE408_VERIFY_BATCH = 4
-ECE408_LAYERS: tuple[tuple[str, ConvShape], ...] = (
-    ("ece408-c1", ConvShape(B=ECE408_VERIFY_BATCH, C=1, H=86, W=86, M=4, K=7, S=1)),
-    ("ece408-c3", ConvShape(B=ECE408_VERIFY_BATCH, C=4, H=40, W=40, M=16, K=7, S=1)),
+ECE408_LAYERS: tuple[tuple[str, ConvShape], ...] = tuple(
+    (f"ece408-{block.name}", block.shape)
+    for block in models.conv_blocks("ece408", ECE408_VERIFY_BATCH)
 )
 
 

@@ -36,7 +36,7 @@ POOL_FILE = "22_pool_backward.cu"
 NULL = np.uint64(0)
 BLOCK = 256  # matches the kernels' *_BLOCK defaults
 METHODS = ("gemm", "direct")
-# Measured on the H100 (benchmarks/results/train_h100_2026-11-23.json): direct is faster for
+# Measured on an H100 (docs/training.md): direct is faster for
 # every zoo conv layer, e.g. ece408 C1 backward at batch 4096 1.7 ms vs 11.9 ms (the GEMM
 # method writes and reads a 5 GB unrolled input), C3 14.3 vs 14.7 ms.
 DEFAULT_METHOD = "direct"

@@ -1,4 +1,5 @@
-"""GPU rungs 1-7 (SPEC section 5): the host side of kernels/01_basic.cu ... 07_register_tiled.cu.
+"""GPU rungs 1-7 (docs/spec.md, Ladder): the host side of kernels/01_basic.cu ...
+07_register_tiled.cu.
 
 Each rung is a registry entry whose `prepare` compiles its kernel (cached per defines), copies
 weights where the rung keeps them (constant memory), allocates workspace, and returns a

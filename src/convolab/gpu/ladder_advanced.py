@@ -258,7 +258,7 @@ TC_SPACE: dict[str, tuple[int, ...]] = {
     "BK": (16, 32),
     "PREFETCH": (0, 1),
 }
-# The tuner's pick on both LeNet layers, every operand mode (H100, 2026-11-23).
+# The tuner's pick on both LeNet layers, every operand mode (H100).
 TC_DEFAULTS = {"NFRAG": 4, "WARPS": 4, "BK": 16, "PREFETCH": 0}
 
 
