@@ -1,5 +1,5 @@
 #!/bin/sh
-# Make sure the Fashion-MNIST IDX files are where convolab looks (SPEC section 3).
+# Make sure the Fashion-MNIST IDX files are where convolab looks (docs/spec.md, Data).
 # As root on Debian: install the `dataset-fashion-mnist` package. Otherwise say what to do;
 # convolab itself falls back to downloading into the user cache when nothing is found.
 set -eu

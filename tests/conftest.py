@@ -75,3 +75,13 @@ def seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="module")
+def module_seed(request: pytest.FixtureRequest) -> int:
+    """The seed of a module's shared random cases (a module-scoped fixture cannot take
+    `seed`): derived from the base seed and the module's id, printed like `seed`."""
+    assert _base_seed is not None
+    value = test_seed_of(request.node.nodeid, _base_seed)
+    print(f"module seed {value} (base seed {_base_seed}: replay with pytest --seed {_base_seed})")
+    return value

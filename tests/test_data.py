@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convolab import data
+from convolab import data, models
 from convolab.errors import DataError
 
+SIZE = models.spec("ece408").input_size  # the course network's input side
 REAL_DIR = data.SYSTEM_DATA_DIR  # captured before any test monkeypatches it
 needs_real = pytest.mark.skipif(
     not all((REAL_DIR / name).is_file() for name in data.FILES),
@@ -192,7 +193,7 @@ def test_real_train_split_and_limit() -> None:
 @needs_real
 def test_load_images_scales_and_resizes() -> None:
     x86, y = data.load_images("test", n=64)
-    assert x86.shape == (64, 1, 86, 86) and x86.dtype == np.float32
+    assert x86.shape == (64, 1, SIZE, SIZE) and x86.dtype == np.float32
     assert y.dtype == np.int64 and y.shape == (64,)
     assert x86.min() >= 0.0 and x86.max() <= 1.0
     raw, raw_labels = data.load_split("test", limit=64)
@@ -434,7 +435,7 @@ def resize_reference(image: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize(("in_side", "out_side"), [(28, 86), (28, 13), (5, 7), (28, 28), (3, 1)])
+@pytest.mark.parametrize(("in_side", "out_side"), [(28, SIZE), (28, 13), (5, 7), (28, 28), (3, 1)])
 def test_resize_matches_per_pixel_reference(
     rng: np.random.Generator, in_side: int, out_side: int
 ) -> None:
@@ -450,21 +451,21 @@ def test_resize_matches_per_pixel_reference(
 
 def test_resize_float_input_is_taken_as_scaled(rng: np.random.Generator) -> None:
     images = rng.random((2, 28, 28))
-    resized = data.resize_bilinear(images, 86)
+    resized = data.resize_bilinear(images, SIZE)
     for image, got in zip(images, resized, strict=True):
-        np.testing.assert_allclose(got[0], resize_reference(image, 86, 86), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(got[0], resize_reference(image, SIZE, SIZE), rtol=0, atol=1e-6)
 
 
 def test_resize_preserves_corners_and_constants(rng: np.random.Generator) -> None:
     images = rng.integers(0, 256, size=(4, 28, 28), dtype=np.uint8)
-    resized = data.resize_bilinear(images, 86)[:, 0]
+    resized = data.resize_bilinear(images, SIZE)[:, 0]
     scaled = images / 255.0
     # Upsampling: the outermost output centres fall outside the input centres, so they clamp.
     for row, col in [(0, 0), (0, -1), (-1, 0), (-1, -1)]:
         np.testing.assert_allclose(resized[:, row, col], scaled[:, row, col], atol=1e-6)
     for value in (0, 1, 77, 254, 255):
         constant = np.full((2, 28, 28), value, dtype=np.uint8)
-        out = data.resize_bilinear(constant, 86)
+        out = data.resize_bilinear(constant, SIZE)
         # a + t * (a - a) == a exactly: constants survive bit for bit.
         np.testing.assert_array_equal(out, np.float32(value) / np.float32(255))
 
@@ -478,7 +479,7 @@ def test_resize_28_is_exactly_the_scaled_input(rng: np.random.Generator) -> None
 def test_resize_many_images_is_fast_and_batch_independent(rng: np.random.Generator) -> None:
     images = rng.integers(0, 256, size=(3000, 28, 28), dtype=np.uint8)  # spans many chunks
     started = time.perf_counter()
-    out = data.resize_bilinear(images, 86)
+    out = data.resize_bilinear(images, SIZE)
     assert time.perf_counter() - started < 5.0  # ~0.07 s expected; generous for a busy machine
     for index in (0, 127, 128, 2999):  # chunk boundaries included
         alone = data.resize_bilinear(images[index : index + 1])[0]
@@ -488,10 +489,10 @@ def test_resize_many_images_is_fast_and_batch_independent(rng: np.random.Generat
 def test_resize_matches_torch_when_installed(rng: np.random.Generator) -> None:
     torch = pytest.importorskip("torch", reason="optional cross-check against PyTorch")
     images = rng.integers(0, 256, size=(4, 28, 28), dtype=np.uint8)
-    ours = data.resize_bilinear(images, 86)
+    ours = data.resize_bilinear(images, SIZE)
     theirs = torch.nn.functional.interpolate(
         torch.from_numpy(images.astype(np.float64) / 255.0)[:, None],
-        size=(86, 86),
+        size=(SIZE, SIZE),
         mode="bilinear",
         align_corners=False,
     ).numpy()
@@ -501,11 +502,11 @@ def test_resize_matches_torch_when_installed(rng: np.random.Generator) -> None:
 @pytest.mark.parametrize(
     ("images", "size", "error", "match"),
     [
-        (np.zeros((28, 28), np.uint8), 86, ValueError, "shape"),
+        (np.zeros((28, 28), np.uint8), SIZE, ValueError, "shape"),
         (np.zeros((1, 28, 28), np.uint8), 0, ValueError, "size"),
-        (np.zeros((1, 28, 28), np.int16), 86, TypeError, "uint8"),
-        (np.full((1, 28, 28), 2.0), 86, ValueError, r"\[0, 1\]"),
-        (np.full((1, 28, 28), np.nan), 86, ValueError, r"\[0, 1\]"),
+        (np.zeros((1, 28, 28), np.int16), SIZE, TypeError, "uint8"),
+        (np.full((1, 28, 28), 2.0), SIZE, ValueError, r"\[0, 1\]"),
+        (np.full((1, 28, 28), np.nan), SIZE, ValueError, r"\[0, 1\]"),
     ],
     ids=["2d", "size0", "int16", "float>1", "nan"],
 )

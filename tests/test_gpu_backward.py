@@ -7,10 +7,15 @@ import numpy as np
 import pytest
 
 from convolab.check import rel_l2
+from convolab.conv_cpu import conv_reference
+from convolab.models import conv_blocks
+from convolab.precision import TOLERANCE
 
 pytestmark = pytest.mark.gpu
 
-FP32_TOL = 1e-5  # SPEC section 4: fp32 paths against an fp64 reference
+FP32_TOL = TOLERANCE["fp32"]  # fp32 paths against an fp64 reference
+C3 = conv_blocks("ece408", 1)[1].shape  # the ece408 model's second conv layer
+IMAGE = conv_blocks("ece408", 1)[0].shape.x_shape[1:]  # (1, H, W) of one input image
 # The conv backward variants: 'direct' runs the register-tap dW kernel for K <= MAX_TAPS_K,
 # 'direct-per-weight' forces the one-block-per-weight dW kernel used beyond that.
 VARIANTS = ["direct", "direct-per-weight", "gemm"]
@@ -31,21 +36,9 @@ def conv_method(request, monkeypatch) -> str:
 # ----------------------------------------------------------------- float64 references
 
 
-def conv_ref(x: np.ndarray, w: np.ndarray, s: int) -> np.ndarray:
-    """Y[b,m,h,w] = sum_c,p,q X[b,c,h*s+p,w*s+q] W[m,c,p,q], in float64."""
-    b, _, h, wd = x.shape
-    m, _, k, _ = w.shape
-    ho, wo = (h - k) // s + 1, (wd - k) // s + 1
-    y = np.zeros((b, m, ho, wo))
-    for p in range(k):
-        for q in range(k):
-            patch = x[:, :, p:p + s * (ho - 1) + 1:s, q:q + s * (wo - 1) + 1:s]
-            y += np.einsum("bchw,mc->bmhw", patch, w[:, :, p, q])
-    return y
-
-
 def conv_backward_ref(x: np.ndarray, w: np.ndarray, dy: np.ndarray, s: int):
-    """dX, dW, db of conv_ref in float64, written as the textbook's scatter (figs. 16.8/16.9)."""
+    """dX, dW, db of the convolution (conv_reference) in float64, written as the textbook's
+    scatter (figs. 16.8/16.9)."""
     x, w, dy = (a.astype(np.float64) for a in (x, w, dy))
     k = w.shape[2]
     ho, wo = dy.shape[2:]
@@ -102,10 +95,13 @@ def test_conv_backward_large_batch_chunks_and_slices(rng, conv_method, monkeypat
 
     from convolab.gpu import backward
 
-    monkeypatch.setattr(backward, "GEMM_WORKSPACE_FLOATS", 3 * 196 * 34 * 34)  # 3 images/chunk
-    x = rng.standard_normal((10, 4, 40, 40)).astype(np.float32)
-    w = rng.standard_normal((16, 4, 7, 7)).astype(np.float32)
-    dy = rng.standard_normal((10, 16, 34, 34)).astype(np.float32)
+    shape = C3.with_batch(10)
+    taps = shape.C * shape.K * shape.K
+    monkeypatch.setattr(backward, "GEMM_WORKSPACE_FLOATS",
+                        3 * taps * shape.H_out * shape.W_out)  # 3 images per chunk
+    x = rng.standard_normal(shape.x_shape).astype(np.float32)
+    w = rng.standard_normal(shape.w_shape).astype(np.float32)
+    dy = rng.standard_normal(shape.y_shape).astype(np.float32)
     dx, dw, db = backward.conv2d_backward(cp.asarray(x), cp.asarray(w), cp.asarray(dy), 1,
                                           method=conv_method)
     dx_ref, dw_ref, db_ref = conv_backward_ref(x, w, dy, 1)
@@ -130,7 +126,7 @@ def test_conv_backward_matches_finite_differences(rng, conv_method, stride):
     x64, w64, g64 = x.astype(np.float64), w.astype(np.float64), g.astype(np.float64)
 
     def loss(xv: np.ndarray, wv: np.ndarray) -> float:
-        return float((conv_ref(xv, wv, stride) * g64).sum())
+        return float((conv_reference(xv, wv, None, stride) * g64).sum())
 
     eps = 1e-5
     for _ in range(6):
@@ -319,9 +315,10 @@ def test_backward_is_bit_reproducible(rng):
 
     from convolab.gpu.backward import conv2d_backward
 
-    x = cp.asarray(rng.standard_normal((64, 4, 40, 40)).astype(np.float32))
-    w = cp.asarray(rng.standard_normal((16, 4, 7, 7)).astype(np.float32))
-    dy = cp.asarray(rng.standard_normal((64, 16, 34, 34)).astype(np.float32))
+    shape = C3.with_batch(64)
+    x = cp.asarray(rng.standard_normal(shape.x_shape).astype(np.float32))
+    w = cp.asarray(rng.standard_normal(shape.w_shape).astype(np.float32))
+    dy = cp.asarray(rng.standard_normal(shape.y_shape).astype(np.float32))
     for method in ("direct", "gemm"):  # per-weight dW: same reduction pattern, no atomics
         first = conv2d_backward(x, w, dy, 1, method)
         again = conv2d_backward(x, w, dy, 1, method)
@@ -340,10 +337,11 @@ def test_short_gpu_training_run_lowers_the_loss(rng):
 
     n = 128
     labels = rng.integers(0, 4, n)
-    images = rng.uniform(0, 0.2, (n, 1, 86, 86)).astype(np.float32)
+    images = rng.uniform(0, 0.2, (n, *IMAGE)).astype(np.float32)
+    half = IMAGE[1] // 2
     for i, label in enumerate(labels):
         r, c = divmod(int(label), 2)
-        images[i, 0, r * 43:(r + 1) * 43, c * 43:(c + 1) * 43] += 0.8
+        images[i, 0, r * half:(r + 1) * half, c * half:(c + 1) * half] += 0.8
     net = models.build("ece408", seed=int(rng.integers(0, 1000))).to("gpu").train()
     x, y = cp.asarray(images), cp.asarray(labels)
     optimizer = Adam(net, lr=3e-3)
@@ -367,7 +365,7 @@ def test_gpu_training_is_bit_reproducible(rng):
     from convolab.network import CrossEntropyLoss
     from convolab.optim import Adam
 
-    images = cp.asarray(rng.uniform(0, 1, (64, 1, 86, 86)).astype(np.float32))
+    images = cp.asarray(rng.uniform(0, 1, (64, *IMAGE)).astype(np.float32))
     labels = cp.asarray(rng.integers(0, 10, 64))
     seed = int(rng.integers(0, 1000))
 

@@ -16,6 +16,7 @@ from conv_cases import Case, make_case
 
 from convolab.check import poison, rel_l2
 from convolab.gpu import ladder
+from convolab.models import ConvBlock, conv_blocks
 from convolab.registry import ConvImpl
 from convolab.shapes import COURSE_SELF_TESTS, ConvShape
 
@@ -44,16 +45,14 @@ def random_shape(rng: np.random.Generator) -> ConvShape:
 
 
 @pytest.fixture(scope="module")
-def random_cases() -> list[Case]:
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"random shapes seed {seed}")
-    rng = np.random.default_rng(seed)
+def random_cases(module_seed: int) -> list[Case]:
+    rng = np.random.default_rng(module_seed)
     return [make_case(rng, random_shape(rng)) for _ in range(N_RANDOM_SHAPES)]
 
 
 @pytest.fixture(scope="module")
-def course_cases() -> list[Case]:
-    rng = np.random.default_rng(int(np.random.SeedSequence().entropy % (2**32)))
+def course_cases(module_seed: int) -> list[Case]:
+    rng = np.random.default_rng(module_seed + 1)
     return [make_case(rng, shape) for shape in COURSE_SELF_TESTS]
 
 
@@ -145,12 +144,10 @@ def test_unroll_gemm_multiple_chunks(monkeypatch: pytest.MonkeyPatch, rng) -> No
     assert not run_cases(ladder.UNROLL_GEMM, [make_case(rng, shape)])
 
 
-def test_ece408_layer_configs_pad_nothing_in_m() -> None:
-    """conv1 (M=4) and conv2 (M=16) get a register tile whose M-extent is exactly M."""
-    conv1 = ConvShape(B=10000, C=1, H=86, W=86, M=4, K=7)
-    conv2 = ConvShape(B=10000, C=4, H=40, W=40, M=16, K=7)
-    assert ladder.register_tiled_config(conv1, {})["TM"] == 4
-    assert ladder.register_tiled_config(conv2, {})["TM"] == 16
+@pytest.mark.parametrize("block", conv_blocks("ece408", 10_000), ids=lambda b: b.name)
+def test_ece408_layer_configs_pad_nothing_in_m(block: ConvBlock) -> None:
+    """Each ece408 conv layer (M=4, M=16) gets a register tile whose M-extent is exactly M."""
+    assert ladder.register_tiled_config(block.shape, {})["TM"] == block.shape.M
 
 
 @pytest.mark.parametrize("name", ["constant", "restrict-unroll"])

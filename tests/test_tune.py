@@ -10,10 +10,11 @@ import pytest
 
 from convolab.gpu import auto, tune
 from convolab.gpu.tune import CacheWarning, TuneEntry
+from convolab.models import conv_blocks
+from convolab.precision import TOLERANCE, TUNE_MODES
 from convolab.shapes import ConvShape
 
-CONV1 = ConvShape(10_000, 1, 86, 86, 4, 7, 1)
-CONV2 = ConvShape(10_000, 4, 40, 40, 16, 7, 1)
+CONV1, CONV2 = (block.shape for block in conv_blocks("ece408", 10_000))
 GPU = "NVIDIA H100 80GB HBM3"
 
 
@@ -132,7 +133,10 @@ def test_lookup_exact_then_nearest_batch_then_none() -> None:
 
 
 def test_mode_of_tolerances() -> None:
-    assert [tune.mode_of(t) for t in (1e-5, 5e-4, 1e-2)] == ["fp32", "tf32", "fp16"]
+    assert [tune.mode_of(TOLERANCE[m]) for m in TUNE_MODES] == list(TUNE_MODES)
+    assert tune.mode_of(TOLERANCE["3xtf32"]) == "fp32"
+    assert tune.mode_of(TOLERANCE["bf16"]) == "fp16"
+    assert tune.mode_of(TOLERANCE["fp32"] * 2) == "tf32"
     with pytest.raises(ValueError):
         tune.mode_of(0.5)
 
@@ -160,9 +164,10 @@ def test_winners_respect_mode_tolerance() -> None:
     assert best == {"fp32": "channel-tree", "tf32": "tensor-core-tf32", "fp16": "fp16"}
 
 
-def test_model_conv_shapes_for_ece408() -> None:
-    got = [shape for _, shape in tune.model_conv_shapes("ece408", 64)]
-    assert got == [CONV1.with_batch(64), CONV2.with_batch(64)]
+def test_model_conv_shapes_are_the_models() -> None:
+    got = tune.model_conv_shapes("ece408", 64)
+    assert got == [(b.name, b.shape) for b in conv_blocks("ece408", 64)]
+    assert [shape.with_batch(10_000) for _, shape in got] == [CONV1, CONV2]
     with pytest.raises(ValueError, match="unknown model"):
         tune.model_conv_shapes("no-such-model", 1)
 
@@ -223,7 +228,8 @@ def test_coordinate_descent_finds_separable_optimum_within_budget() -> None:
     best, value = tune.coordinate_descent(BIG_SPACE, BIG_DEFAULTS, measure, max_trials=16)
     assert {k: best[k] for k in target} == target and value == 1.0
     assert len(calls) <= 16
-    assert len({tune._key(c) for c in calls}) == len(calls)  # nothing measured twice
+    # Nothing measured twice.
+    assert len({json.dumps(c, sort_keys=True) for c in calls}) == len(calls)
 
 
 def test_coordinate_descent_respects_max_trials_and_rejections() -> None:
@@ -288,7 +294,7 @@ def test_main_flow_without_gpu(cache_file: Path, monkeypatch: pytest.MonkeyPatch
 
     fake_cp = types.SimpleNamespace(asarray=np.asarray, zeros=np.zeros)
     monkeypatch.setattr(backend, "require_cupy", lambda: fake_cp)
-    monkeypatch.setattr(tune, "gpu_name", lambda: GPU)
+    monkeypatch.setattr(tune, "gpu_name", lambda: GPU)  # tune's own import of device.gpu_name
     monkeypatch.setattr(tune, "tunable_impls", lambda: impls)
     monkeypatch.setattr(tune, "_trial", fake_trial)
     monkeypatch.setattr(tune, "reference_conv", lambda *a: None)
@@ -306,10 +312,10 @@ def test_advanced_rung_defaults_are_valid_and_tree_split_adapts() -> None:
 
     assert [adv.tree_split(c) for c in (1, 4, 15, 16, 31, 32, 512)] == [1, 1, 1, 4, 4, 8, 8]
     for c in (1, 16, 64):
-        adv._tree_defines(dict(adv.TREE_DEFAULTS, CSPLIT=adv.tree_split(c)))
-    adv._atomic_defines(adv.ATOMIC_DEFAULTS)
-    adv._fp16_defines(adv.FP16_DEFAULTS)
+        adv.tree_defines(dict(adv.TREE_DEFAULTS, CSPLIT=adv.tree_split(c)))
+    adv.atomic_defines(adv.ATOMIC_DEFAULTS)
+    adv.fp16_defines(adv.FP16_DEFAULTS)
     for mode in adv.TC_MODES:
-        adv._tc_defines(mode, adv.TC_DEFAULTS)
+        adv.tc_defines(mode, adv.TC_DEFAULTS)
     with pytest.raises(ValueError, match="power of two"):
-        adv._tree_defines(dict(adv.TREE_DEFAULTS, CSPLIT=3))
+        adv.tree_defines(dict(adv.TREE_DEFAULTS, CSPLIT=3))

@@ -21,18 +21,16 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from convolab import data, models
+from convolab import data, models, precision
 from convolab.backend import require_cupy, to_numpy
 from convolab.errors import ConvolabError
+from convolab.gpu.device import gpu_name
 from convolab.layers import Conv2d
 from convolab.network import Network
 from convolab.registry import ConvImpl, all_impls, get_impl
 from convolab.shapes import COURSE_SELF_TESTS, ConvShape
 
 console = Console(highlight=False)
-# --mode -> FusedLeNet mode; "tensor-core" is the fastest tensor-core mode measured (fp16 inputs,
-# fp32 accumulation: 0.71 ms vs tf32's 1.92 ms at B=10000 on an H100, same accuracy).
-MODES = {"exact": "exact", "tensor-core": "fp16", "fp16": "fp16", "tf32": "tf32"}
 CPU_CHUNK = 500  # images per step on the CPU: bounded memory and a moving progress bar
 GPU_CHUNK = 10_000
 
@@ -104,12 +102,6 @@ def run_self_test(impl: ConvImpl) -> None:
             raise ConvolabError(f"self-test failed for {impl.name} on {shape}: "
                                 f"rel. error {err:.3g} > {impl.tolerance:g}")
     say(f"Self-test ({impl.name}): course cases passed, max rel. error {worst:.2e}")
-
-
-def gpu_name() -> str:
-    cp = require_cupy()
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 class LayerRunner:
@@ -276,8 +268,10 @@ def main(*, model: str, batch: int, impl: str | None, device: str, weights: Path
          data_dir: Path | None, per_layer: bool, mode: str, throughput: int | None,
          self_test: bool, json_out: Path | None) -> None:
     spec = models.spec(model)
-    if mode not in MODES:
-        raise ConvolabError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
+    try:
+        network_mode = precision.network_mode(mode)
+    except ValueError as err:
+        raise ConvolabError(f"--{err}") from None
     if throughput is not None and throughput <= 0:
         raise ConvolabError(f"--throughput must be a positive number of images, got {throughput}")
     fused = (device == "gpu" and model == "ece408" and impl is None and not per_layer)
@@ -290,7 +284,7 @@ def main(*, model: str, batch: int, impl: str | None, device: str, weights: Path
         network.to("gpu")
     if chosen is None:
         report.path = f"fused network ({mode})"
-        run_fused(network, MODES[mode], x, labels, report)
+        run_fused(network, network_mode, x, labels, report)
     else:
         if self_test:
             run_self_test(chosen)
@@ -298,7 +292,7 @@ def main(*, model: str, batch: int, impl: str | None, device: str, weights: Path
         run_per_layer(network, chosen, device, x, labels, report)
     if throughput is not None:
         run_throughput(network, device, throughput, x, labels,
-                       MODES[mode], report)
+                       network_mode, report)
     print_report(report)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from convolab.errors import ConvolabError
+from convolab.precision import MODE_ALIASES
 
 app = typer.Typer(
     name="convolab",
@@ -71,7 +72,8 @@ def classify(
     ] = False,
     mode: Annotated[
         str,
-        typer.Option("--mode", help="GPU fused network: exact, tensor-core (=fp16), fp16 or tf32"),
+        typer.Option("--mode", help=f"GPU fused network: {', '.join(MODE_ALIASES)} "
+                     "(tensor-core = fp16)"),
     ] = "exact",
     throughput: Annotated[
         int | None, typer.Option("--throughput", help="stream N images (any N) and report images/s")

@@ -1,5 +1,5 @@
 """Fashion-MNIST: finding, downloading and verifying the four IDX files, parsing them, and the
-28x28 -> 86x86 bilinear resize the ece408 network expects (SPEC section 3).
+28x28 -> 86x86 bilinear resize the ece408 network expects (docs/spec.md, Data).
 
 Look-up order (first match wins; see `find_dataset`):
 
@@ -43,7 +43,7 @@ from convolab.errors import DataError
 
 Split = Literal["train", "test"]
 
-# SHA-256 of the decompressed payload of each file (SPEC section 3).
+# SHA-256 of the decompressed payload of each file (docs/spec.md, Data).
 FILES: dict[str, str] = {
     "train-images-idx3-ubyte.gz": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",  # noqa: E501
     "train-labels-idx1-ubyte.gz": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",  # noqa: E501

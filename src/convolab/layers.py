@@ -43,6 +43,13 @@ class Layer:
     def grads(self) -> dict[str, Array]:
         return dict(self._grads)
 
+    def set_grads(self, grads: dict[str, Array]) -> None:
+        """Store gradients a backward computed elsewhere (the GPU kernels) as this layer's."""
+        unknown = set(grads) - set(self.param_names)
+        if unknown:
+            raise KeyError(f"layer {self.name!r} has no parameter {', '.join(sorted(unknown))}")
+        self._grads.update(grads)
+
     def set_param(self, name: str, value: Array) -> None:
         if name not in self.param_names:
             raise KeyError(f"layer {self.name!r} has no parameter {name!r}")
@@ -175,6 +182,12 @@ class Conv2d(Layer):
         y = xp.empty(impl.out_shape(shape), dtype=np.float32)
         self._plans[key](xp.ascontiguousarray(x), y)
         return y
+
+    def pop_input(self) -> Array | None:
+        """The input the last training-mode forward kept for the backward, handed over and
+        forgotten so the activation is freed as soon as it is used (None if there is none)."""
+        x, self._x, self._cols = getattr(self, "_x", None), None, None
+        return x
 
     def backward(self, grad: Array) -> Array | None:
         xp = xp_of(grad)

@@ -54,8 +54,8 @@ MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
         ModelSpec("ece408", 86, "the course LeNet-5 (docs/spec.md)", _ece408),
-        ModelSpec("ece408-mxnet", 70, "seed 001's shapes: conv K5 1->12, 12->24", _ece408_mxnet),
-        ModelSpec("eecs498", 64, "seed 000's shapes: conv K7 1->12, 12->24", _eecs498),
+        ModelSpec("ece408-mxnet", 70, "a wider LeNet: conv K5 1->12, 12->24", _ece408_mxnet),
+        ModelSpec("eecs498", 64, "a wider LeNet: conv K7 1->12, 12->24", _eecs498),
     )
 }
 

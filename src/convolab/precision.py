@@ -23,6 +23,11 @@ TOLERANCE: dict[str, float] = {
 # tensor cores in that input precision (fp32 accumulate, fp32 head).
 NETWORK_MODES: dict[str, str] = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
 
+# The accuracy classes `convolab tune` and `auto` key their winners by, tightest first: a class
+# admits every rung whose tolerance is at most TOLERANCE[class] (3xtf32 rungs join fp32, bf16
+# rungs join fp16).
+TUNE_MODES: tuple[str, ...] = ("fp32", "tf32", "fp16")
+
 # What `--mode` accepts on the command line: the network modes plus one friendly alias.
 MODE_ALIASES: dict[str, str] = {**{m: m for m in NETWORK_MODES}, "tensor-core": "fp16"}
 

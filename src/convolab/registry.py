@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import xp_of
+from convolab.precision import TOLERANCE
 from convolab.shapes import ConvShape
 
 Array = Any  # numpy.ndarray or cupy.ndarray
@@ -52,8 +53,9 @@ class ConvImpl:
     # Tunable parameters: name -> candidate values (the tuner's search space) and defaults.
     space: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
-    tolerance: float = 1e-5  # max relative L2 error against cpu-ref that this rung promises
-    rung: int | None = None  # position in SPEC section 5's ladder (GPU only)
+    # Max relative L2 error against cpu-ref that this rung promises (precision.TOLERANCE).
+    tolerance: float = TOLERANCE["fp32"]
+    rung: int | None = None  # position in the GPU ladder (docs/spec.md, Ladder; GPU only)
     kernel_file: str | None = None  # kernels/NN_name.cu
     # Every set of -D defines the host code compiles kernel_file with (CI's nvcc check).
     compile_variants: Callable[[], list[dict[str, int]]] = lambda: [{}]

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,66 @@ def _progress() -> Progress:
     )
 
 
+@dataclass
+class _Loop:
+    """What every training step shares: the network, its optimiser and loss, the training
+    set (on the device, and its labels on the host) and the cosine schedule's length."""
+
+    network: Network
+    opt: Optimizer
+    loss_fn: CrossEntropyLoss
+    x: Any
+    y: Any
+    y_host: np.ndarray
+    device: str
+    batch: int
+    lr: float
+    total_steps: int
+    log_every: int
+
+
+def _train_epoch(loop: _Loop, epoch: int, epochs: int, order: np.ndarray, step: int,
+                 quiet: bool) -> tuple[float, float, int]:
+    """One pass over the training set in `order`: (mean loss, accuracy, steps done so far)."""
+    n, batch = len(order), loop.batch
+    steps_per_epoch = math.ceil(n / batch)
+    started = time.perf_counter()
+    loss_sum = correct = seen = 0.0
+    with _progress() as bar:
+        task = bar.add_task(f"epoch {epoch}/{epochs}", total=steps_per_epoch, loss=0.0,
+                            acc=0.0, visible=not quiet)
+        for first in range(0, n, batch):
+            idx = order[first:first + batch]
+            idx_dev = to_device(idx, loop.device)
+            xb, yb = loop.x[idx_dev], loop.y[idx_dev]
+            loop.opt.lr = cosine_lr(loop.lr, step, loop.total_steps)
+            logits = loop.network.logits(xb)
+            loss, grad = loop.loss_fn(logits, yb)
+            loop.network.backward(grad)
+            loop.opt.step()
+            step += 1
+            loss_sum += loss * len(idx)
+            correct += int((to_numpy(logits.argmax(axis=1)) == loop.y_host[idx]).sum())
+            seen += len(idx)
+            bar.update(task, advance=1, loss=loss_sum / seen, acc=correct / seen)
+            if loop.log_every and step % loop.log_every == 0:
+                print(f"epoch {epoch} step {step - (epoch - 1) * steps_per_epoch}/"
+                      f"{steps_per_epoch}: loss {loss_sum / seen:.4f} acc {correct / seen:.4f} "
+                      f"{time.perf_counter() - started:.0f} s", flush=True)
+    return loss_sum / seen, correct / seen, step
+
+
+def _write_results(network: Network, out: Path, result: dict[str, Any], command: str) -> Path:
+    """The weights, then the JSON sidecar beside them (written atomically)."""
+    weights.save(network.to("cpu"), out, {"test_accuracy": f"{result['test_accuracy']:.4f}",
+                                          "command": command})
+    sidecar = out.with_suffix(".json")
+    tmp = sidecar.with_name(f".{sidecar.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, sidecar)
+    return sidecar
+
+
 def main(model: str = "ece408", epochs: int = 3, batch: int = 64, lr: float = 1e-3,
          optimizer: str = "adam", seed: int = 0, device: str = "cpu", limit: int | None = None,
          out: Path | str | None = None, data_dir: Path | str | None = None,
@@ -80,58 +141,32 @@ def main(model: str = "ece408", epochs: int = 3, batch: int = 64, lr: float = 1e
     x_test, y_test = data.load_images("test", n=test_limit, size=spec.input_size,
                                       data_dir=data_dir)
     network = models.build(model, seed).to(device).train()
-    opt = make_optimizer(optimizer, network, lr)
-    loss_fn = CrossEntropyLoss()
     rng = np.random.default_rng(seed)
     n = len(x_train)
+    steps_per_epoch = math.ceil(n / batch)
     # On the GPU the whole training set is uploaded once and batches are gathered there:
     # a host gather + copy per step would cost as much as the step's kernels.
-    x_source, y_source = to_device(x_train, device), to_device(y_train, device)
-    steps_per_epoch = math.ceil(n / batch)
-    total_steps = epochs * steps_per_epoch
+    loop = _Loop(network, make_optimizer(optimizer, network, lr), CrossEntropyLoss(),
+                 to_device(x_train, device), to_device(y_train, device), y_train, device, batch,
+                 lr, epochs * steps_per_epoch,
+                 # A log file gets no live bar: a line every tenth of an epoch instead.
+                 0 if quiet or console.is_terminal else max(1, steps_per_epoch // 10))
     history: list[dict[str, float]] = []
     if not quiet:
         console.print(f"training {model} on {n} images, {epochs} epochs, batch {batch}, "
                       f"{optimizer} lr {lr:g} (cosine), seed {seed}, device {device}")
-
-    # A log file gets no live bar: print a line every tenth of an epoch instead.
-    log_every = 0 if quiet or console.is_terminal else max(1, steps_per_epoch // 10)
     step = 0
     for epoch in range(1, epochs + 1):
-        order = rng.permutation(n)
         started = time.perf_counter()
-        loss_sum = correct = seen = 0.0
-        with _progress() as bar:
-            task = bar.add_task(f"epoch {epoch}/{epochs}", total=steps_per_epoch, loss=0.0,
-                                acc=0.0, visible=not quiet)
-            for first in range(0, n, batch):
-                idx = order[first:first + batch]
-                idx_dev = to_device(idx, device)
-                xb, yb = x_source[idx_dev], y_source[idx_dev]
-                opt.lr = cosine_lr(lr, step, total_steps)
-                logits = network.logits(xb)
-                loss, grad = loss_fn(logits, yb)
-                network.backward(grad)
-                opt.step()
-                step += 1
-                loss_sum += loss * len(idx)
-                correct += int((to_numpy(logits.argmax(axis=1)) == y_train[idx]).sum())
-                seen += len(idx)
-                bar.update(task, advance=1, loss=loss_sum / seen, acc=correct / seen)
-                if log_every and step % log_every == 0:
-                    print(f"epoch {epoch} step {step - (epoch - 1) * steps_per_epoch}/"
-                          f"{steps_per_epoch}: loss {loss_sum / seen:.4f} acc {correct / seen:.4f} "
-                          f"{time.perf_counter() - started:.0f} s", flush=True)
+        loss, acc, step = _train_epoch(loop, epoch, epochs, rng.permutation(n), step, quiet)
         seconds = time.perf_counter() - started
         test_acc = evaluate(network, x_test, y_test, device)
         network.train()
-        history.append({"epoch": epoch, "train_loss": loss_sum / seen,
-                        "train_accuracy": correct / seen, "test_accuracy": test_acc,
-                        "seconds": seconds})
+        history.append({"epoch": epoch, "train_loss": loss, "train_accuracy": acc,
+                        "test_accuracy": test_acc, "seconds": seconds})
         if not quiet:
-            console.print(f"epoch {epoch}: loss {loss_sum / seen:.4f}, train acc "
-                          f"{correct / seen:.4f}, test acc {test_acc:.4f} ({len(x_test)} "
-                          f"images), {seconds:.1f} s")
+            console.print(f"epoch {epoch}: loss {loss:.4f}, train acc {acc:.4f}, test acc "
+                          f"{test_acc:.4f} ({len(x_test)} images), {seconds:.1f} s")
 
     result = {
         "model": model, "command": command, "seed": seed, "epochs": epochs, "batch": batch,
@@ -141,12 +176,7 @@ def main(model: str = "ece408", epochs: int = 3, batch: int = 64, lr: float = 1e
         "date": dt.date.today().isoformat(), "convolab_version": __version__,
         "cpu_threads": os.cpu_count(),
     }
-    weights.save(network.to("cpu"), out, {"test_accuracy": f"{result['test_accuracy']:.4f}",
-                                          "command": command})
-    sidecar = out.with_suffix(".json")
-    tmp = sidecar.with_name(f".{sidecar.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, sidecar)
+    sidecar = _write_results(network, out, result, command)
     if not quiet:
         console.print(f"test accuracy {result['test_accuracy']:.4f}; wrote {out} and {sidecar}")
     return result

@@ -1,6 +1,7 @@
 """`convolab verify`: every implementation usable here against the fp64 reference.
 
-Cases: the course's self-tests (SPEC section 4) and the ece408 conv layers at a small batch.
+Cases: the course's self-tests (docs/spec.md, Correctness) and the ece408 conv layers at a
+small batch.
 Each case draws fresh random inputs, poisons the output with NaN before the checked run (so
 an element an implementation forgets to write fails), and compares the relative L2 error
 with the tolerance the implementation promises.
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from convolab import registry
+from convolab import models, registry
 from convolab.backend import gpu_available, to_device, xp_of
 from convolab.check import poison, rel_l2
 from convolab.conv_cpu import conv_reference
@@ -23,12 +24,12 @@ from convolab.errors import ConvolabError
 from convolab.registry import ConvImpl
 from convolab.shapes import COURSE_SELF_TESTS, ConvShape
 
-# The ece408 model's two conv layers (SPEC section 2), at a batch small enough for the
-# slowest implementation (cpu-loops) to finish in moments.
+# The ece408 model's conv layers, at a batch small enough for the slowest implementation
+# (cpu-loops) to finish in moments.
 ECE408_VERIFY_BATCH = 4
-ECE408_LAYERS: tuple[tuple[str, ConvShape], ...] = (
-    ("ece408-c1", ConvShape(B=ECE408_VERIFY_BATCH, C=1, H=86, W=86, M=4, K=7, S=1)),
-    ("ece408-c3", ConvShape(B=ECE408_VERIFY_BATCH, C=4, H=40, W=40, M=16, K=7, S=1)),
+ECE408_LAYERS: tuple[tuple[str, ConvShape], ...] = tuple(
+    (f"ece408-{block.name}", block.shape)
+    for block in models.conv_blocks("ece408", ECE408_VERIFY_BATCH)
 )
 
 
@@ -108,6 +109,25 @@ def check_impl(impl: ConvImpl, shape: ConvShape, rng: np.random.Generator) -> fl
     return run_checked(impl, shape, random_inputs(shape, rng))[0]
 
 
+def _named_impls(device: str | None, names: Sequence[str], have_gpu: bool) -> list[ConvImpl]:
+    """The named implementations, in order, once each: all must exist, be for `device`
+    (when given) and be usable on this machine."""
+    known = {i.name: i for i in registry.all_impls()}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConvolabError(
+            f"unknown implementation(s): {', '.join(unknown)}; known: {', '.join(known)}"
+        )
+    chosen = [known[n] for n in dict.fromkeys(names)]
+    wrong_device = [i.name for i in chosen if device is not None and i.device != device]
+    if wrong_device:
+        raise ConvolabError(f"not {device} implementation(s): {', '.join(wrong_device)}")
+    need_gpu = [i.name for i in chosen if i.device == "gpu" and not have_gpu]
+    if need_gpu:
+        raise ConvolabError(f"{', '.join(need_gpu)} need(s) a CUDA GPU, and none is usable here")
+    return chosen
+
+
 def select_impls(device: str | None, names: Sequence[str] | None) -> list[ConvImpl]:
     """The implementations to verify: named ones (all must exist and be usable here), else
     every contender for `device` (None: both) that this machine can run."""
@@ -117,22 +137,7 @@ def select_impls(device: str | None, names: Sequence[str] | None) -> list[ConvIm
     if device == "gpu" and not have_gpu:
         raise ConvolabError("--device gpu: no CUDA GPU is usable here (CuPy missing or no device)")
     if names:
-        known = {i.name: i for i in registry.all_impls()}
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise ConvolabError(
-                f"unknown implementation(s): {', '.join(unknown)}; known: {', '.join(known)}"
-            )
-        chosen = [known[n] for n in dict.fromkeys(names)]
-        wrong_device = [i.name for i in chosen if device is not None and i.device != device]
-        if wrong_device:
-            raise ConvolabError(f"not {device} implementation(s): {', '.join(wrong_device)}")
-        need_gpu = [i.name for i in chosen if i.device == "gpu" and not have_gpu]
-        if need_gpu:
-            raise ConvolabError(
-                f"{', '.join(need_gpu)} need(s) a CUDA GPU, and none is usable here"
-            )
-        return chosen
+        return _named_impls(device, names, have_gpu)
     return [
         i
         for i in registry.all_impls(device, include_reference=False)
@@ -184,13 +189,25 @@ def compact(s: ConvShape) -> str:
     return f"{s.B}x{s.C}x{s.H}x{s.W} M{s.M} K{s.K} S{s.S}"
 
 
+_STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold red", "UNSUPPORTED": "yellow"}
+
+
+def _row(r: Result) -> tuple[str, ...]:
+    from rich.markup import escape
+
+    error = "" if r.error is None else f"{r.error:.2e}"
+    status = f"[{_STYLE[r.status]}]{r.status}[/]"
+    if r.message:
+        status += f" {escape(r.message)}"
+    ms = "" if r.time_ms is None else f"{r.time_ms:.2f}"
+    return (r.impl, r.case, compact(r.shape), error, f"{r.tolerance:.0e}", status, ms)
+
+
 def print_results(results: Sequence[Result]) -> None:
     from rich import box
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
-    style = {"PASS": "green", "FAIL": "bold red", "ERROR": "bold red", "UNSUPPORTED": "yellow"}
     table = Table(
         title="convolab verify: rel L2 error vs fp64 cpu-ref (output NaN-poisoned)",
         box=box.SIMPLE_HEAD,
@@ -203,12 +220,7 @@ def print_results(results: Sequence[Result]) -> None:
         table.add_column(col, justify=justify, no_wrap=col != "shape")  # type: ignore[arg-type]
     order = {name: i for i, name in enumerate(dict.fromkeys(r.impl for r in results))}
     for r in sorted(results, key=lambda r: order[r.impl]):
-        error = "" if r.error is None else f"{r.error:.2e}"
-        status = f"[{style[r.status]}]{r.status}[/]"
-        if r.message:
-            status += f" {escape(r.message)}"
-        ms = "" if r.time_ms is None else f"{r.time_ms:.2f}"
-        table.add_row(r.impl, r.case, compact(r.shape), error, f"{r.tolerance:.0e}", status, ms)
+        table.add_row(*_row(r))
     console = Console()
     console.print(table)
     bad = [r for r in results if r.status in ("FAIL", "ERROR")]

@@ -2,10 +2,11 @@
 
 `prepare` looks up the tune cache (gpu/tune.py) for (this GPU, the layer's shape, mode) and
 delegates to the cached rung with its cached parameters. Mode is `fp32` by default (only
-rungs that promise <= 1e-5 are eligible); `tf32` and `fp16` widen the field to rungs that
-promise <= 5e-4 and <= 1e-2. A cache entry naming a rung that is not registered here, that
-does not support the shape, that is not accurate enough for the mode, or whose parameters
-the rung no longer knows, is not trusted: the heuristic below is used instead.
+rungs that promise fp32's tolerance are eligible); `tf32` and `fp16` widen the field to rungs
+that promise those precisions' tolerances (`precision.TOLERANCE`). A cache entry naming a
+rung that is not registered here, that does not support the shape, that is not accurate
+enough for the mode, or whose parameters the rung no longer knows, is not trusted: the
+heuristic below is used instead.
 
 Heuristic with no cache entry (`default_choice`):
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convolab.gpu import tune
+from convolab.gpu.device import gpu_name
+from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, all_impls, get_impl, register
 from convolab.shapes import ConvShape
 
@@ -73,7 +76,7 @@ def resolve(
 
 def eligible_impls(shape: ConvShape, mode: str) -> dict[str, ConvImpl]:
     """Registered GPU rungs that support `shape` and are accurate enough for `mode`."""
-    limit = tune.MODE_TOLERANCE[tune.check_mode(mode)]
+    limit = tune.mode_tolerance(mode)
     return {
         i.name: i
         for i in all_impls("gpu")
@@ -88,7 +91,7 @@ def eligible_impls(shape: ConvShape, mode: str) -> dict[str, ConvImpl]:
 def choose(shape: ConvShape, mode: str = "fp32", gpu: str | None = None) -> Choice:
     """What `auto` runs for this layer on this GPU (reads the cache)."""
     eligible = eligible_impls(shape, mode)
-    return resolve(tune.load_cache(), gpu or tune.gpu_name(), shape, mode, eligible)
+    return resolve(tune.load_cache(), gpu or gpu_name(), shape, mode, eligible)
 
 
 def prepare_auto(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
@@ -119,6 +122,6 @@ register(
         defaults={"mode": "fp32"},
         space={},
         compile_variants=lambda: [{}],
-        tolerance=1e-5,
+        tolerance=TOLERANCE["fp32"],
     )
 )

@@ -36,7 +36,7 @@ POOL_FILE = "22_pool_backward.cu"
 NULL = np.uint64(0)
 BLOCK = 256  # matches the kernels' *_BLOCK defaults
 METHODS = ("gemm", "direct")
-# Measured on the H100 (benchmarks/results/train_h100_2026-11-23.json): direct is faster for
+# Measured on an H100 (docs/training.md): direct is faster for
 # every zoo conv layer, e.g. ece408 C1 backward at batch 4096 1.7 ms vs 11.9 ms (the GEMM
 # method writes and reads a 5 GB unrolled input), C3 14.3 vs 14.7 ms.
 DEFAULT_METHOD = "direct"
@@ -192,17 +192,14 @@ def _conv_backward_gemm(x: Array, w: Array, dy: Array, dims: tuple[int, ...],
 def conv2d_layer_backward(layer: Any, grad: Array) -> Array | None:
     """Backward of a `convolab.layers.Conv2d` on the GPU (the layer's dispatch hook calls this):
     stores the weight and bias gradients on the layer and returns dE/dX (None for a first layer).
-    Needs the input the layer's forward kept in `layer._x`."""
-    x = getattr(layer, "_x", None)
+    Needs the input the layer's training-mode forward kept (`layer.pop_input()`)."""
+    x = layer.pop_input()  # freed on the layer as soon as it is used
     if x is None:
         raise RuntimeError(f"{layer.name}: backward without a training-mode forward on the GPU")
     method = getattr(layer, "backward_method", None)
     dx, dw, db = conv2d_backward(x, layer.weight, grad, layer.stride, method,
                                  need_dx=layer.needs_input_grad)
-    layer._grads["weight"] = dw
-    if layer.bias is not None:
-        layer._grads["bias"] = db
-    layer._x = layer._cols = None  # free the activations as soon as they are used
+    layer.set_grads({"weight": dw} if layer.bias is None else {"weight": dw, "bias": db})
     return dx
 
 

@@ -1,4 +1,5 @@
-"""GPU rungs 1-7 (SPEC section 5): the host side of kernels/01_basic.cu ... 07_register_tiled.cu.
+"""GPU rungs 1-7 (docs/spec.md, Ladder): the host side of kernels/01_basic.cu ...
+07_register_tiled.cu.
 
 Each rung is a registry entry whose `prepare` compiles its kernel (cached per defines), copies
 weights where the rung keeps them (constant memory), allocates workspace, and returns a
@@ -17,11 +18,10 @@ import numpy as np
 
 from convolab.backend import require_cupy
 from convolab.gpu.compile import get_kernel, get_module
+from convolab.gpu.device import SMEM_STATIC_LIMIT
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
-# Static shared memory per block without opting in to more (the host keeps tiles under it).
-SHARED_LIMIT_BYTES = 48 * 1024
 # Capacity of the __constant__ weight bank in 03/04 (must match CONST_WEIGHT_CAP there).
 CONST_WEIGHT_CAP = 14336
 # Rung 5's unrolled matrix is bounded so B=10000 never needs gigabytes of workspace.
@@ -127,7 +127,7 @@ def _prepare_basic(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) 
 
 def _fitting_tile(shape: ConvShape, tile: int) -> int:
     """The requested tile, halved until its input patch + halo fits in shared memory."""
-    while tile > 1 and (((tile - 1) * shape.S + shape.K) ** 2) * 4 > SHARED_LIMIT_BYTES:
+    while tile > 1 and (((tile - 1) * shape.S + shape.K) ** 2) * 4 > SMEM_STATIC_LIMIT:
         tile //= 2
     return tile
 
@@ -268,66 +268,79 @@ def _gemm_supports(shape: ConvShape) -> bool:
 # --------------------------------------------------------------------------- rung 7
 
 
-def register_tiled_config(shape: ConvShape, params: Mapping[str, Any]) -> dict[str, int]:
-    """Concrete TM, TN, BX, BY, CCH, STRIDE for a shape; 0 in params means "choose for me".
-
-    TM (channels per thread = the block's M-extent) is the smallest of 4/8/16 covering M so the
-    small ece408 layers pad nothing; TN trades register reuse of each input strip against
-    registers. BX spans the output row (balanced tiles when wider than 128), BY is the number
-    of row groups balancing padded rows against small blocks within the thread limit, and CCH the
-    channels staged per pass within the shared-memory budget.
-    """
-    s = shape
-    tm = int(params.get("TM", 0)) or (4 if s.M <= 4 else 8 if s.M <= 8 else 16)
+def _register_tiled_tm_tn(shape: ConvShape, params: Mapping[str, Any]) -> tuple[int, int]:
+    tm = int(params.get("TM", 0)) or (4 if shape.M <= 4 else 8 if shape.M <= 8 else 16)
     # Measured on H100 (conv1, conv2 at B=10000): 8 rows for TM=4, 2 for TM=8 and 16.
     tn = int(params.get("TN", 0)) or (8 if tm == 4 else 2)
     if tm not in (4, 8, 16) or tn not in (1, 2, 4, 8):
         raise ValueError(
             f"register-tiled: TM must be 4, 8 or 16 and TN 1, 2, 4 or 8 (got {tm}, {tn})"
         )
-    stride_define = 1 if s.S == 1 else 0
-    bx = int(params.get("BX", 0)) or ceil_div(s.W_out, ceil_div(s.W_out, 128))
-    groups = ceil_div(s.H_out, tn)
+    return tm, tn
+
+
+def _register_tiled_block(shape: ConvShape, params: Mapping[str, Any], tn: int) -> tuple[int, int]:
+    """BX spans the output row (balanced tiles when wider than 128); BY row groups, chosen to
+    weigh padded rows (wasted compute) against tiny blocks (halo loads, scheduling)."""
+    threads = REGISTER_TILED_MAX_THREADS
+    bx = int(params.get("BX", 0)) or ceil_div(shape.W_out, ceil_div(shape.W_out, 128))
+    groups = ceil_div(shape.H_out, tn)
     by = int(params.get("BY", 0))
-    if bx < 1 or bx > REGISTER_TILED_MAX_THREADS:
-        raise ValueError(f"register-tiled: BX must be in 1..{REGISTER_TILED_MAX_THREADS}, got {bx}")
+    if bx < 1 or bx > threads:
+        raise ValueError(f"register-tiled: BX must be in 1..{threads}, got {bx}")
     if not by:
-        limit = max(1, min(groups, REGISTER_TILED_MAX_THREADS // bx))
-        # Padded rows cost compute; tiny blocks cost halo loads and scheduling: weigh both.
+        limit = max(1, min(groups, threads // bx))
         by = min(
             range(1, limit + 1),
             key=lambda v: ceil_div(groups, v) * v / groups * (1 + 32 / (bx * v)),
         )
-    if bx * by > REGISTER_TILED_MAX_THREADS:
-        raise ValueError(
-            f"register-tiled: BX*BY = {bx * by} threads exceeds {REGISTER_TILED_MAX_THREADS}"
-        )
+    if bx * by > threads:
+        raise ValueError(f"register-tiled: BX*BY = {bx * by} threads exceeds {threads}")
+    return bx, by
 
+
+def register_tiled_channel_bytes(shape: ConvShape, tm: int, tn: int, bx: int, by: int) -> int:
+    """Shared memory one staged input channel takes: TM output channels' K*K weights plus the
+    input patch under a BX x (BY*TN) output tile."""
+    rows = (by * tn - 1) * shape.S + shape.K
+    cols = (bx - 1) * shape.S + shape.K
+    return 4 * (shape.K * shape.K * tm + rows * cols)
+
+
+def register_tiled_config(shape: ConvShape, params: Mapping[str, Any]) -> dict[str, int]:
+    """Concrete TM, TN, BX, BY, CCH, STRIDE, PIPE, QU for a shape; 0 in params means "choose
+    for me".
+
+    TM (channels per thread = the block's M-extent) is the smallest of 4/8/16 covering M so the
+    small ece408 layers pad nothing; TN trades register reuse of each input strip against
+    registers. BX and BY come from `_register_tiled_block`; CCH is the channels staged per pass
+    within the shared-memory budget.
+    """
+    s = shape
+    tm, tn = _register_tiled_tm_tn(s, params)
+    bx, by = _register_tiled_block(s, params, tn)
     pipe, q_unroll = int(params.get("PIPE", 0)), int(params.get("QU", 0))
     if pipe not in (0, 1) or q_unroll not in (0, 1):
         raise ValueError(f"register-tiled: PIPE and QU must be 0 or 1, got {pipe}, {q_unroll}")
     copies = 2 if pipe else 1  # the pipelined kernel double-buffers its shared memory
-    limit_bytes = SHARED_LIMIT_BYTES // copies - 16
+    limit_bytes = SMEM_STATIC_LIMIT // copies - 16
 
     def channel_bytes(by_: int, bx_: int) -> int:
-        rows = (by_ * tn - 1) * s.S + s.K
-        cols = (bx_ - 1) * s.S + s.K
-        return 4 * (s.K * s.K * tm + rows * cols)
+        return register_tiled_channel_bytes(s, tm, tn, bx_, by_)
 
     # Large strides blow up the staged patch: give up rows, then columns, until one fits.
     while channel_bytes(by, bx) > limit_bytes and by > 1:
         by = max(1, by // 2)
     while channel_bytes(by, bx) > limit_bytes and bx > 1:
         bx = ceil_div(bx, 2)
-    budget = REGISTER_TILED_SMEM_BUDGET // copies
-    cch = int(params.get("CCH", 0)) or max(1, budget // channel_bytes(by, bx))
-    cch = min(cch, s.C)
-    while cch > 1 and cch * channel_bytes(by, bx) > limit_bytes:
-        cch -= 1
     if channel_bytes(by, bx) > limit_bytes:
         raise ValueError(f"register-tiled: no tile of shape {s} fits in shared memory")
+    budget = REGISTER_TILED_SMEM_BUDGET // copies
+    cch = min(int(params.get("CCH", 0)) or max(1, budget // channel_bytes(by, bx)), s.C)
+    while cch > 1 and cch * channel_bytes(by, bx) > limit_bytes:
+        cch -= 1
     return {
-        "TM": tm, "TN": tn, "BX": bx, "BY": by, "CCH": cch, "STRIDE": stride_define,
+        "TM": tm, "TN": tn, "BX": bx, "BY": by, "CCH": cch, "STRIDE": 1 if s.S == 1 else 0,
         "PIPE": pipe, "QU": q_unroll,
     }
 
@@ -358,9 +371,7 @@ def _prepare_register_tiled(
     name = "conv_register_tiled_pipelined" if cfg["PIPE"] else "conv_register_tiled"
     kernel = get_kernel("07_register_tiled.cu", name, defines)
     w, b = arrange_register_tiled_weights(_as_f32(w), tm), _as_f32(b)
-    rows = (by * tn - 1) * s.S + s.K
-    cols = (bx - 1) * s.S + s.K
-    buffer_floats = 4 * ceil_div(cch * (s.K * s.K * tm + rows * cols), 4)
+    buffer_floats = 4 * ceil_div(cch * register_tiled_channel_bytes(s, tm, tn, bx, by) // 4, 4)
     tiles_w, tiles_h = ceil_div(s.W_out, bx), ceil_div(s.H_out, by * tn)
     total_tiles = s.B * tiles_w * tiles_h
     args = tuple(

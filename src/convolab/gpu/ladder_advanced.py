@@ -16,11 +16,11 @@ import numpy as np
 
 from convolab.backend import require_cupy
 from convolab.gpu.compile import get_kernel
+from convolab.gpu.device import SMEM_STATIC_LIMIT
+from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, get_impl, register
 from convolab.shapes import ConvShape, ceil_div
 
-# Static shared memory a kernel may use without opting in to more (and what NVRTC accepts).
-SHARED_LIMIT = 48 * 1024
 MAX_THREADS = 1024
 
 
@@ -73,7 +73,7 @@ def tree_split(C: int) -> int:
     return 4 if C < 32 else 8
 
 
-def _tree_defines(params: Mapping[str, Any]) -> dict[str, int]:
+def tree_defines(params: Mapping[str, Any]) -> dict[str, int]:
     pix, csplit, mpt = int(params["PIX"]), int(params["CSPLIT"]), int(params["MPT"])
     ppt = int(params.get("PPT", 1))
     if min(pix, mpt, ppt) < 1:
@@ -82,9 +82,9 @@ def _tree_defines(params: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"channel-tree: CSPLIT must be a power of two, got {csplit}")
     if pix * csplit > MAX_THREADS:
         raise ValueError(f"channel-tree: PIX*CSPLIT = {pix * csplit} threads > {MAX_THREADS}")
-    if 4 * pix * csplit * mpt * ppt > SHARED_LIMIT:
+    if 4 * pix * csplit * mpt * ppt > SMEM_STATIC_LIMIT:
         raise ValueError(
-            "channel-tree: PIX*CSPLIT*MPT*PPT partial sums exceed 48 KiB of shared memory"
+            "channel-tree: PIX*CSPLIT*MPT*PPT partial sums exceed the static shared-memory limit"
         )
     return {"PIX": pix, "CSPLIT": csplit, "MPT": mpt, "PPT": ppt}
 
@@ -93,7 +93,7 @@ def _tree_variants() -> list[dict[str, int]]:
     out = []
     for p in _product(TREE_SPACE):
         try:
-            out.append(_tree_defines(p))
+            out.append(tree_defines(p))
         except ValueError:
             continue
     return out
@@ -103,7 +103,7 @@ def prepare_channel_tree(shape: ConvShape, w: Any, b: Any, params: Mapping[str, 
     params = dict(params)
     if int(params["CSPLIT"]) == 0:
         params["CSPLIT"] = tree_split(shape.C)
-    defines = _tree_defines(params)
+    defines = tree_defines(params)
     kernel = get_kernel(TREE_FILE, "conv_channel_tree", defines)
     w_d, b_d = _device_weights(w, b)
     pix, csplit, mpt = defines["PIX"], defines["CSPLIT"], defines["MPT"]
@@ -136,7 +136,7 @@ ATOMIC_DEFAULTS = {"PIX": 128, "MPT": 4, "CGROUP": 4, "PPT": 4}
 _INIT_BLOCK = 256
 
 
-def _atomic_defines(params: Mapping[str, Any]) -> dict[str, int]:
+def atomic_defines(params: Mapping[str, Any]) -> dict[str, int]:
     pix, mpt, group = int(params["PIX"]), int(params["MPT"]), int(params["CGROUP"])
     ppt = int(params.get("PPT", 1))
     if not (1 <= pix <= MAX_THREADS) or min(mpt, group, ppt) < 1:
@@ -147,7 +147,7 @@ def _atomic_defines(params: Mapping[str, Any]) -> dict[str, int]:
 
 
 def prepare_channel_atomic(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
-    defines = _atomic_defines(params)
+    defines = atomic_defines(params)
     conv = get_kernel(ATOMIC_FILE, "conv_channel_atomic", defines)
     init = get_kernel(ATOMIC_FILE, "init_bias", defines)
     w_d, b_d = _device_weights(w, b)
@@ -190,7 +190,7 @@ def _fp16_shared_bytes(shape: ConvShape, tile: int, mpairs: int) -> int:
     return 4 * mpairs * shape.K * shape.K + 2 * in_tile * in_tile
 
 
-def _fp16_defines(params: Mapping[str, Any]) -> dict[str, int]:
+def fp16_defines(params: Mapping[str, Any]) -> dict[str, int]:
     tile, mpairs, accum = int(params["TILE"]), int(params["MPAIRS"]), int(params["HALF_ACCUM"])
     ppt = int(params.get("PPT", 1))
     if tile < 1 or mpairs < 1 or accum not in (0, 1) or ppt < 1 or tile % ppt:
@@ -207,26 +207,26 @@ def _fp16_variants() -> list[dict[str, int]]:
     out = []
     for p in _product(FP16_SPACE):
         try:
-            out.append(_fp16_defines(p))
+            out.append(fp16_defines(p))
         except ValueError:
             continue
     return out
 
 
 def _fp16_supports(shape: ConvShape) -> bool:
-    return (
-        _fp16_shared_bytes(shape, FP16_DEFAULTS["TILE"], max(FP16_SPACE["MPAIRS"])) <= SHARED_LIMIT
-    )
+    largest = _fp16_shared_bytes(shape, FP16_DEFAULTS["TILE"], max(FP16_SPACE["MPAIRS"]))
+    return largest <= SMEM_STATIC_LIMIT
 
 
 def prepare_fp16(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
     cp = require_cupy()
-    defines = _fp16_defines(params)
+    defines = fp16_defines(params)
     tile, mpairs = defines["TILE"], defines["MPAIRS"]
     shared = _fp16_shared_bytes(shape, tile, mpairs)
-    if shared > SHARED_LIMIT:
+    if shared > SMEM_STATIC_LIMIT:
         raise ValueError(
-            f"fp16: input tile needs {shared} B of shared memory (> 48 KiB); lower TILE"
+            f"fp16: input tile needs {shared} B of shared memory "
+            f"(> {SMEM_STATIC_LIMIT} B); lower TILE"
         )
     kernel = get_kernel(FP16_FILE, "conv_fp16", defines)
     w_d, b_d = _device_weights(w, b)
@@ -258,12 +258,11 @@ TC_SPACE: dict[str, tuple[int, ...]] = {
     "BK": (16, 32),
     "PREFETCH": (0, 1),
 }
-# The tuner's pick on both LeNet layers, every operand mode (H100, 2026-11-23).
+# The tuner's pick on both LeNet layers, every operand mode (H100).
 TC_DEFAULTS = {"NFRAG": 4, "WARPS": 4, "BK": 16, "PREFETCH": 0}
-TC_TOLERANCE = {"tf32": 5e-4, "fp16": 1e-2, "bf16": 1e-2, "3xtf32": 1e-5}
 
 
-def _tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
+def tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
     nfrag, warps, bk = int(params["NFRAG"]), int(params["WARPS"]), int(params["BK"])
     prefetch = int(params.get("PREFETCH", 1))
     if nfrag not in (1, 2, 4) or warps not in (1, 2, 4, 8) or bk % 16 or bk <= 0:
@@ -271,8 +270,10 @@ def _tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
     elem = 4 if mode in ("tf32", "3xtf32") else 2
     bn = 16 * nfrag * warps
     shared = 16 * (bk + 8) * elem + 128 + bk * (bn + 8) * elem
-    if shared > SHARED_LIMIT or 16 * (bn + 4) * 4 > SHARED_LIMIT:
-        raise ValueError(f"tensor-core: block tile {bn} x {bk} exceeds 48 KiB of shared memory")
+    if shared > SMEM_STATIC_LIMIT or 16 * (bn + 4) * 4 > SMEM_STATIC_LIMIT:
+        raise ValueError(
+            f"tensor-core: block tile {bn} x {bk} exceeds the static shared-memory limit"
+        )
     if prefetch not in (0, 1):
         raise ValueError(f"tensor-core: PREFETCH must be 0 or 1, got {prefetch}")
     return {
@@ -289,7 +290,7 @@ def _tc_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
         out = []
         for p in _product(TC_SPACE):
             try:
-                out.append(_tc_defines(mode, p))
+                out.append(tc_defines(mode, p))
             except ValueError:
                 continue
         return out
@@ -299,7 +300,7 @@ def _tc_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
 
 def _tc_prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
-        defines = _tc_defines(mode, params)
+        defines = tc_defines(mode, params)
         kernel = get_kernel(TC_FILE, "conv_tensor_core", defines)
         w_d, b_d = _device_weights(w, b)
         bn = 16 * defines["NFRAG"] * defines["WARPS"]
@@ -568,7 +569,7 @@ register(
         space=TREE_SPACE,
         defaults=TREE_DEFAULTS,
         compile_variants=_tree_variants,
-        tolerance=1e-5,
+        tolerance=TOLERANCE["fp32"],
     )
 )
 register(
@@ -581,8 +582,8 @@ register(
         prepare=prepare_channel_atomic,
         space=ATOMIC_SPACE,
         defaults=ATOMIC_DEFAULTS,
-        compile_variants=lambda: [_atomic_defines(p) for p in _product(ATOMIC_SPACE)],
-        tolerance=1e-5,
+        compile_variants=lambda: [atomic_defines(p) for p in _product(ATOMIC_SPACE)],
+        tolerance=TOLERANCE["fp32"],
     )
 )
 register(
@@ -597,7 +598,7 @@ register(
         defaults=FP16_DEFAULTS,
         supports=_fp16_supports,
         compile_variants=_fp16_variants,
-        tolerance=1e-2,
+        tolerance=TOLERANCE["fp16"],
     )
 )
 for _mode, _what in (
@@ -617,7 +618,7 @@ for _mode, _what in (
             space=TC_SPACE,
             defaults=TC_DEFAULTS,
             compile_variants=_tc_variants(_mode),
-            tolerance=TC_TOLERANCE[_mode],
+            tolerance=TOLERANCE[_mode],
         )
     )
 register(
@@ -630,8 +631,8 @@ register(
         prepare=prepare_streams,
         space=STREAMS_SPACE,
         defaults=STREAMS_DEFAULTS,
-        compile_variants=lambda: [_tree_defines(dict(TREE_DEFAULTS, CSPLIT=c)) for c in (1, 4, 8)],
-        tolerance=1e-5,
+        compile_variants=lambda: [tree_defines(dict(TREE_DEFAULTS, CSPLIT=c)) for c in (1, 4, 8)],
+        tolerance=TOLERANCE["fp32"],
     )
 )
 register(
@@ -646,7 +647,7 @@ register(
         defaults=FFT_DEFAULTS,
         supports=_fft_supports,
         compile_variants=_fft_variants,
-        tolerance=1e-5,
+        tolerance=TOLERANCE["fp32"],
     )
 )
 

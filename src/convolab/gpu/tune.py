@@ -5,8 +5,8 @@ candidate parameter set (the cartesian product of the rung's `space`, capped) is
 CHECKED — output poisoned with NaN, relative L2 error against the fp64 reference on a few
 images of the same layer, and again on the first images of the full-batch output — and only
 then timed (CUDA events, warm-up, median). Winners are kept per (GPU name, layer shape,
-dtype mode), where a mode admits every rung whose promised tolerance is at least as tight:
-fp32 (<= 1e-5), tf32 (<= 5e-4), fp16 (<= 1e-2).
+dtype mode), where a mode (`precision.TUNE_MODES`) admits every rung whose promised tolerance
+is at least as tight as the mode's own (`precision.TOLERANCE`).
 
 The cache is one versioned JSON file: $CONVOLAB_CACHE/tune.json if that variable is set,
 else $XDG_CACHE_HOME/convolab/tune.json (~/.cache/convolab/tune.json). A file of another
@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from convolab import models
+from convolab.gpu.device import gpu_name
+from convolab.precision import TOLERANCE, TUNE_MODES
 from convolab.shapes import ConvShape
 
 CACHE_VERSION = 1
 CACHE_FILE = "tune.json"
-MODES: tuple[str, ...] = ("fp32", "tf32", "fp16")
-MODE_TOLERANCE: dict[str, float] = {"fp32": 1e-5, "tf32": 5e-4, "fp16": 1e-2}
 # Rungs the tuner does not race: `auto` delegates to the others, and `streams` is about
 # Layer Time (copies), not the Op Time the tuner measures.
 NOT_TUNED: frozenset[str] = frozenset({"auto", "streams"})
@@ -69,16 +70,23 @@ def cache_path() -> Path:
 
 def mode_of(tolerance: float) -> str:
     """The tightest mode whose accuracy a rung with this tolerance meets."""
-    for mode in MODES:
-        if tolerance <= MODE_TOLERANCE[mode]:
+    for mode in TUNE_MODES:
+        if tolerance <= TOLERANCE[mode]:
             return mode
-    raise ValueError(f"tolerance {tolerance} is looser than every mode ({MODE_TOLERANCE})")
+    loosest = TUNE_MODES[-1]
+    raise ValueError(f"tolerance {tolerance} is looser than every mode ({loosest}: "
+                     f"{TOLERANCE[loosest]})")
 
 
 def check_mode(mode: str) -> str:
-    if mode not in MODE_TOLERANCE:
-        raise ValueError(f"unknown dtype mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode not in TUNE_MODES:
+        raise ValueError(f"unknown dtype mode {mode!r}: use one of {', '.join(TUNE_MODES)}")
     return mode
+
+
+def mode_tolerance(mode: str) -> float:
+    """The loosest tolerance a rung may promise and still race in `mode`."""
+    return TOLERANCE[check_mode(mode)]
 
 
 _SHAPE_FIELDS = ("B", "C", "H", "W", "M", "K", "S")
@@ -312,64 +320,14 @@ def coordinate_descent(
 # The model's conv layers
 # --------------------------------------------------------------------------------------
 
-# (C, H, W, M, K, S) per conv layer, from SPEC section 2; used when convolab.models has no
-# conv-shape helper (it is written in parallel) or lacks the model.
-_FALLBACK_LAYERS: dict[str, list[tuple[str, tuple[int, int, int, int, int, int]]]] = {
-    "ece408": [("conv1", (1, 86, 86, 4, 7, 1)), ("conv2", (4, 40, 40, 16, 7, 1))],
-    "ece408-mxnet": [("conv1", (1, 70, 70, 12, 5, 1)), ("conv2", (12, 33, 33, 24, 5, 1))],
-}
-
-
-def _shapes_from_models(model: str, batch: int) -> list[tuple[str, ConvShape]] | None:
-    """Walk the zoo model's layer list (convolab.models), tracking the feature-map size."""
-    try:
-        from convolab import models
-        from convolab.layers import Conv2d, MaxPool2d
-    except ImportError:
-        return None
-    if model not in models.MODELS:
-        return None
-    spec = models.MODELS[model]
-    c, h, w = 1, spec.input_size, spec.input_size
-    out = []
-    for layer in spec.layers():
-        if isinstance(layer, Conv2d):
-            shape = ConvShape(batch, c, h, w, layer.out_channels, layer.kernel_size, layer.stride)
-            out.append((layer.name or f"conv{len(out) + 1}", shape))
-            c, h, w = shape.M, shape.H_out, shape.W_out
-        elif isinstance(layer, MaxPool2d):
-            h = (h - layer.kernel_size) // layer.stride + 1
-            w = (w - layer.kernel_size) // layer.stride + 1
-    return out or None
-
-
 def model_conv_shapes(model: str, batch: int) -> list[tuple[str, ConvShape]]:
-    """(layer name, shape) of each conv layer: from convolab.models, else SPEC's table."""
-    try:
-        found = _shapes_from_models(model, batch)
-    except Exception as err:  # a half-written models.py must not stop tuning
-        warnings.warn(
-            f"reading convolab.models failed ({err}); using the built-in table", stacklevel=2
-        )
-        found = None
-    if found:
-        return found
-    if model not in _FALLBACK_LAYERS:
-        raise ValueError(f"unknown model {model!r} for tuning: {', '.join(_FALLBACK_LAYERS)}")
-    return [(name, ConvShape(batch, *dims)) for name, dims in _FALLBACK_LAYERS[model]]
+    """(layer name, shape) of each conv layer of the zoo model (raises ValueError if unknown)."""
+    return [(block.name, block.shape) for block in models.conv_blocks(model, batch)]
 
 
 # --------------------------------------------------------------------------------------
 # main: the sweep on the GPU
 # --------------------------------------------------------------------------------------
-
-
-def gpu_name() -> str:
-    from convolab.backend import require_cupy
-
-    cp = require_cupy()
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def reference_conv(x: Any, w: Any, b: Any, stride: int) -> Any:
@@ -446,11 +404,11 @@ def winners(
     out = []
     trials = [t for t in trials if t.ok]
     for layer, shape in shapes.items():
-        for mode in MODES:
+        for mode in TUNE_MODES:
             pool = [
                 t
                 for t in trials
-                if t.layer == layer and MODE_TOLERANCE[t.mode] <= MODE_TOLERANCE[mode]
+                if t.layer == layer and TOLERANCE[t.mode] <= TOLERANCE[mode]
             ]
             if not pool:
                 continue
@@ -501,17 +459,84 @@ def precompile(
         list(pool.map(compile_one, jobs))
 
 
-def main(
-    model: str = "ece408", batch: int = 10_000, reps: int = 10, json_out: Path | None = None
-) -> list[TuneEntry]:
+def _layer_data(cp: Any, rng: Any, shape: ConvShape) -> dict[str, Any]:
+    """One layer's random problem on the device, with the fp64 answer for its first images."""
     import numpy as np
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
+
+    x = rng.random(shape.x_shape, dtype=np.float32)
+    w = (rng.standard_normal(shape.w_shape) / math.sqrt(shape.C * shape.K**2)).astype(np.float32)
+    b = rng.standard_normal(shape.M).astype(np.float32)
+    n = min(CHECK_BATCH, shape.B)
+    return {
+        "cp": cp,
+        "x": cp.asarray(x),
+        "x_small": cp.asarray(x[:n]),
+        "w": cp.asarray(w),
+        "b": cp.asarray(b),
+        "ref": reference_conv(x[:n], w, b, shape.S),
+    }
+
+
+def sweep(
+    plan: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
+    cap: int,
+    reps: int,
+    budget_s: float,
+    progress: Any,
+) -> list[Trial]:
+    """Check and time each (layer, rung) pair's candidates (coordinate descent, at most `cap`
+    each); past `budget_s` seconds every remaining pair tries its defaults only."""
+    import numpy as np
 
     from convolab.backend import require_cupy
 
     cp = require_cupy()
+    rng = np.random.default_rng()
+    trials: list[Trial] = []
+    started = time.perf_counter()
+    data: dict[str, Any] = {}
+    task = progress.add_task("tuning", total=len(plan) * cap)
+    for layer, shape, impl, _first in plan:
+        if data.get("layer") != layer:
+            data = {"layer": layer, **_layer_data(cp, rng, shape)}  # frees the previous layer
+        over_budget = time.perf_counter() - started > budget_s
+        progress.update(task, description=f"{layer} {impl.name:<20}")
+        before = len(trials)
+
+        def measure(params: dict[str, Any], impl: Any = impl, layer: str = layer,
+                    shape: ConvShape = shape, data: dict[str, Any] = data) -> float:
+            trial = _trial(impl, layer, shape, params, data, reps)
+            trials.append(trial)
+            progress.advance(task)
+            return trial.median_ms if trial.ok else math.inf
+
+        coordinate_descent(impl.space, impl.defaults, measure, 1 if over_budget else cap)
+        progress.advance(task, cap - (len(trials) - before))
+    return trials
+
+
+def print_winners(console: Any, found: Sequence[TuneEntry],
+                  layers: Sequence[tuple[str, ConvShape]], title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("layer", "mode", "winner", "params", "median ms", "GFLOP/s", "rel L2"):
+        table.add_column(col)
+    shapes = dict(layers)
+    for e in found:
+        layer = next(name for name, s in shapes.items() if s == e.shape)
+        gflops = shapes[layer].flops / (e.median_ms * 1e6)
+        table.add_row(layer, e.mode, e.impl, json.dumps(e.params, sort_keys=True),
+                      f"{e.median_ms:.3f}", f"{gflops:.0f}", f"{e.rel_l2:.1e}")
+    console.print(table)
+
+
+def main(
+    model: str = "ece408", batch: int = 10_000, reps: int = 10, json_out: Path | None = None
+) -> list[TuneEntry]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     if reps < 1:
         raise ValueError(f"reps must be positive, got {reps}")
     cap = int(os.environ.get("CONVOLAB_TUNE_MAX_CANDIDATES", DEFAULT_MAX_CANDIDATES))
@@ -519,93 +544,26 @@ def main(
     console = Console()
     gpu = gpu_name()
     layers = model_conv_shapes(model, batch)
-    impls = tunable_impls()
     plan = [
-        (layer, shape, impl, cands)
+        (layer, shape, impl, first_round(impl.space, impl.defaults, cap))
         for layer, shape in layers
-        for impl in impls
+        for impl in tunable_impls()
         if impl.supports(shape)
-        for cands in [first_round(impl.space, impl.defaults, cap)]
     ]
-    total = len(plan) * cap
     console.print(
         f"tuning {model} at B={batch} on {gpu}: {len(plan)} (layer, rung) pairs, "
         f"at most {cap} candidates each (whole space if it fits, else coordinate descent), "
         f"{reps} reps each"
     )
-    rng = np.random.default_rng()
-    trials: list[Trial] = []
-    started = time.perf_counter()
-    data_by_layer: dict[str, dict[str, Any]] = {}
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
         precompile(plan, progress)
-        task = progress.add_task("tuning", total=total)
-        for layer, shape, impl, _first in plan:
-            if layer not in data_by_layer:
-                data_by_layer.clear()  # free the previous layer's full-batch input
-                x = rng.random(shape.x_shape, dtype=np.float32)
-                w = (rng.standard_normal(shape.w_shape) / math.sqrt(shape.C * shape.K**2)).astype(
-                    np.float32
-                )
-                b = rng.standard_normal(shape.M).astype(np.float32)
-                n = min(CHECK_BATCH, shape.B)
-                data_by_layer[layer] = {
-                    "cp": cp,
-                    "x": cp.asarray(x),
-                    "x_small": cp.asarray(x[:n]),
-                    "w": cp.asarray(w),
-                    "b": cp.asarray(b),
-                    "ref": reference_conv(x[:n], w, b, shape.S),
-                }
-            data = data_by_layer[layer]
-            over_budget = time.perf_counter() - started > budget_s
-            progress.update(task, description=f"{layer} {impl.name:<20}")
-            done = 0
-
-            def measure(
-                params: dict[str, Any],
-                impl: Any = impl,
-                layer: str = layer,
-                shape: ConvShape = shape,
-                data: dict[str, Any] = data,
-            ) -> float:
-                nonlocal done
-                trial = _trial(impl, layer, shape, params, data, reps)
-                trials.append(trial)
-                done += 1
-                progress.advance(task)
-                return trial.median_ms if trial.ok else math.inf
-
-            # Out of time: defaults only from here on.
-            coordinate_descent(impl.space, impl.defaults, measure, 1 if over_budget else cap)
-            progress.advance(task, cap - done)
+        trials = sweep(plan, cap, reps, budget_s, progress)
     date = _dt.date.today().isoformat()
     found = winners(trials, gpu, dict(layers), date)
     path = save_cache(merge(load_cache(), found))
-
-    table = Table(title=f"convolab tune: {model}, B={batch}, {gpu}")
-    for col in ("layer", "mode", "winner", "params", "median ms", "GFLOP/s", "rel L2"):
-        table.add_column(col)
-    shapes = dict(layers)
-    for e in found:
-        layer = next(name for name, s in shapes.items() if s == e.shape)
-        gflops = shapes[layer].flops / (e.median_ms * 1e6)
-        table.add_row(
-            layer,
-            e.mode,
-            e.impl,
-            json.dumps(e.params, sort_keys=True),
-            f"{e.median_ms:.3f}",
-            f"{gflops:.0f}",
-            f"{e.rel_l2:.1e}",
-        )
-    console.print(table)
+    print_winners(console, found, layers, f"convolab tune: {model}, B={batch}, {gpu}")
     rejected = [t for t in trials if not t.ok]
     console.print(
         f"{len(trials) - len(rejected)} candidates passed the check, {len(rejected)} "
@@ -613,19 +571,7 @@ def main(
     )
     json_out = json_out or os.environ.get("CONVOLAB_TUNE_JSON") or None
     if json_out is not None:
-        Path(json_out).write_text(
-            json.dumps(
-                {
-                    "gpu": gpu,
-                    "model": model,
-                    "batch": batch,
-                    "reps": reps,
-                    "date": date,
-                    "winners": [e.to_json() for e in found],
-                    "trials": [t.__dict__ for t in trials],
-                },
-                indent=1,
-                default=str,
-            )
-        )
+        record = {"gpu": gpu, "model": model, "batch": batch, "reps": reps, "date": date,
+                  "winners": [e.to_json() for e in found], "trials": [t.__dict__ for t in trials]}
+        Path(json_out).write_text(json.dumps(record, indent=1, default=str))
     return found

@@ -17,7 +17,7 @@
 // form is faster: there is already plenty of parallelism and the atomics are pure cost.
 // Inner loop as in 8a: PPT pixels x MPT output channels per thread, for load reuse.
 //
-// Measured (H100, 2026-11-23, best parameters of each rung, Op Time):
+// Measured (H100, best parameters of each rung, Op Time):
 //   B=1  C=1024  9x9  M=256 K=3 : atomic 0.128 ms, tree 0.207 ms  (tiny output: atomic wins)
 //   B=1  C=512  14x14 M=512 K=3 : atomic 0.191 ms, tree 0.198 ms  (about even)
 //   B=4  C=256  16x16 M=128 K=3 : tree 0.101 ms, atomic 0.110 ms

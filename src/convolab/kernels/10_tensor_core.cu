@@ -9,7 +9,7 @@
 //
 // Operand modes (TC_MODE define, one registry entry each):
 //   0 tf32   : fp32 in shared memory, rounded to TF32 (10-bit mantissa) in the fragments.
-//              ~4e-4 relative error on random data; the registry promises 5e-4.
+//              ~4e-4 relative error on random data; the registry promises 1e-3.
 //   1 fp16   : operands stored as half (m16n16k16), fp32 accumulation. ~4e-4; promises 1e-2.
 //   2 bf16   : operands as bfloat16 (7-bit mantissa, fp32 range). ~3e-3; promises 1e-2.
 //   3 3xtf32 : each fp32 operand v is split into big = tf32(v) and small = tf32(v - big);
