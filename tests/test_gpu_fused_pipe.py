@@ -339,3 +339,51 @@ def test_pipe_random_shapes(case_no: int, rng: np.random.Generator) -> None:
     y, _ = _run(shape, pool, {"pipe": 1}, case)
     err = rel_l2(y, pooled_ref(case, pool))
     assert err <= 1e-5, f"{shape} pool {pool}: rel err {err}"
+
+
+def test_zoo_defaults_follow_the_documented_rule() -> None:
+    """with_measured_defaults: cw where cw_fits, else the register-weight pipe where C*K*K fits
+    the register budget, else the pipe for single-chunk shapes, else fcp_exact."""
+    for shape, pool in fused_ffma.zoo_fused_layers():
+        plan = fused_ffma.exact_plan(shape, pool, {})
+        mt = 4 if shape.M >= 3 else shape.M
+        if fused_ffma.cw_fits(shape, mt):
+            assert plan.kernel == "fcp_exact_cw", shape
+        elif plan.defines["FCP_CC"] < shape.C:
+            assert plan.kernel == "fcp_exact", shape
+        else:
+            assert plan.kernel == "fcp_exact_pipe", shape
+            wreg = shape.C * shape.K * shape.K <= fused_ffma.WREG_BUDGET
+            assert plan.defines["FCP_WREG"] == int(wreg), shape
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_random_plans_keep_the_limits(case: int, rng: np.random.Generator) -> None:
+    """Any parameters on any shape: shared memory within the kernel's limit, cw only where
+    every weight index is a constant, the grid covers the pooled output, the file matches."""
+    shape, pool = single_chunk_shape(rng)
+    if rng.random() < 0.5:  # multi-chunk shapes too
+        shape = ConvShape(shape.B, int(rng.integers(1, 33)), shape.H, shape.W, shape.M,
+                          shape.K, shape.S)
+    space = {"mt": [0, 1, 2, 4], "pw": [0, 1, 2, 4], "ty": [0, 4, 8], "mg": [0, 1, 2, 4],
+             "rpt": [0, 1, 2, 5], "pipe": [0, -1, 1], "wreg": [0, 1], "cw": [0, -1, 1]}
+    params = {k: int(rng.choice(v)) for k, v in space.items()}
+    plan = fused_ffma.exact_plan(shape, pool, params)
+    if plan is None:
+        return
+    d = plan.defines
+    assert plan.kernel_file == fused_ffma.KERNEL_FILES[plan.kernel]
+    hp, wp = fused_ffma.pooled_hw(shape, pool)
+    assert plan.tiles_h * d["FCP_TY"] * d["FCP_RPT"] >= hp
+    assert plan.tiles_w * d["FCP_TX"] * d["FCP_PW"] >= wp
+    assert plan.channel_groups * d["FCP_MT"] * d["FCP_MG"] >= shape.M
+    if plan.kernel == "fcp_exact_pipe":
+        assert plan.smem_dynamic <= device.SMEM_DYNAMIC_TWO_BLOCKS and d["FCP_CC"] == shape.C
+    else:
+        rows = d["FCP_TY"] * d["FCP_RPT"]
+        mb = 0 if plan.kernel == "fcp_exact_cw" else d["FCP_MT"] * d["FCP_MG"]
+        smem = fused_ffma.smem_bytes(shape.K, shape.S, pool, mb, d["FCP_PW"], d["FCP_TX"],
+                                     rows, d["FCP_CC"])
+        assert smem <= device.SMEM_STATIC_LIMIT
+    if plan.kernel == "fcp_exact_cw":
+        assert fused_ffma.cw_fits(shape, d["FCP_MT"]) and d["FCP_CC"] == shape.C
