@@ -1,5 +1,5 @@
-"""fcp_exact_pipe (kernels/13, FCP_KERNEL 5): persistent, double-buffered fused conv+pool,
-and fcp_exact_cw (FCP_KERNEL 6): the weights as a by-value kernel parameter.
+"""fcp_exact_pipe (kernels/15): persistent, double-buffered fused conv+pool,
+and fcp_exact_cw (kernels/16): the weights as a by-value kernel parameter.
 
 CPU tests check the plan (single-chunk rule, fallback, shared memory, occupancy arithmetic)
 and replay the kernel's tile and task arithmetic in NumPy, so a host/kernel geometry mismatch
@@ -14,11 +14,13 @@ import pytest
 from conv_cases import make_case
 
 from convolab.check import poison, rel_l2
-from convolab.gpu import fused
+from convolab.gpu import device, fused, fused_ffma
+from convolab.models import conv_blocks
 from convolab.shapes import ConvShape
 
-CONV1, CONV2 = (ConvShape(3, 1, 86, 86, 4, 7), 2), (ConvShape(3, 4, 40, 40, 16, 7), 4)
-WREG4 = {**fused.PIPE_WREG_TILE, "mg": 4}  # 1 channel x 8 columns per thread, weights in regs
+CONV1, CONV2 = ((block.shape, block.pool) for block in conv_blocks("ece408", 3))
+MXNET1, MXNET2 = (block.shape for block in conv_blocks("ece408-mxnet", 4))
+WREG4 = {**fused_ffma.PIPE_WREG_TILE, "mg": 4}  # 1 channel x 8 columns per thread, weights in regs
 PIPE_CONFIGS = {  # (layer, params): what the device benchmark times, at small batches here
     "conv1-wreg-rpt5-bps2": (CONV1, {**WREG4, "rpt": 5, "bps": 2}),
     "conv1-auto": (CONV1, {"pipe": 1}),
@@ -51,7 +53,8 @@ def single_chunk_shape(rng: np.random.Generator) -> tuple[ConvShape, int]:
         W = int(rng.integers(K + (P - 1) * S, K + 60))
         shape = ConvShape(int(rng.integers(1, 5)), int(rng.integers(1, 5)), H, W,
                           int(rng.integers(1, 21)), K, S)
-        plan = fused.exact_plan(shape, P, {"pipe": 1}) if fused.supports_pool(shape, P) else None
+        plan = (fused_ffma.exact_plan(shape, P, {"pipe": 1})
+                if fused_ffma.supports_pool(shape, P) else None)
         if plan is not None and plan.kernel == "fcp_exact_pipe":
             return shape, P
 
@@ -71,7 +74,7 @@ def emulate_pipe(case, pool: int, params: dict[str, int], grid: int) -> np.ndarr
     macros, then every thread reads its rows at the kernel's offsets. (Sequential, so the
     second buffer changes nothing here: the barriers around it are the GPU tests' job.)"""
     shape, x, w, bias = case.shape, case.x, case.w, case.b
-    plan = fused.exact_plan(shape, pool, params)
+    plan = fused_ffma.exact_plan(shape, pool, params)
     assert plan is not None and plan.kernel == "fcp_exact_pipe"
     d = plan.defines
     K, S, P, MT, PW = d["FCP_K"], d["FCP_S"], d["FCP_P"], d["FCP_MT"], d["FCP_PW"]
@@ -85,7 +88,7 @@ def emulate_pipe(case, pool: int, params: dict[str, int], grid: int) -> np.ndarr
     MB = MT * MG
     w_floats = 0 if d["FCP_WREG"] else CC * K * K * MB
     assert plan.smem_dynamic == 4 * (2 * CC * IN_ROWS * IN_STRIDE + w_floats)
-    hp, wp = fused.pooled_hw(shape, pool)
+    hp, wp = fused_ffma.pooled_hw(shape, pool)
     B, C, M = shape.B, shape.C, shape.M
     tasks = B * plan.tiles_per_image
     y = np.full((B, M, hp, wp), np.nan)
@@ -133,7 +136,7 @@ def test_pipe_replay_matches_fp64(name: str, rng: np.random.Generator) -> None:
     (shape, pool), params = PIPE_CONFIGS[name]
     shape = ConvShape(2, shape.C, shape.H, shape.W, shape.M, shape.K, shape.S)
     case = make_case(rng, shape)
-    plan = fused.exact_plan(shape, pool, params)
+    plan = fused_ffma.exact_plan(shape, pool, params)
     grid = 3 if plan.tiles_per_image > 1 else 1  # B * tiles not a multiple of the grid
     got = emulate_pipe(case, pool, params, grid)
     assert rel_l2(got, pooled_ref(case, pool)) <= 1e-12
@@ -143,7 +146,7 @@ def test_pipe_replay_random_single_chunk_shape(rng: np.random.Generator) -> None
     shape, pool = single_chunk_shape(rng)
     shape = ConvShape(2, shape.C, min(shape.H, 30), min(shape.W, 30), min(shape.M, 6),
                       shape.K, shape.S)
-    if not fused.supports_pool(shape, pool) or fused.exact_plan(
+    if not fused_ffma.supports_pool(shape, pool) or fused_ffma.exact_plan(
             shape, pool, {"pipe": 1}).kernel != "fcp_exact_pipe":
         pytest.skip(f"{shape} pool {pool} shrank out of the pipe's range")
     case = make_case(rng, shape)
@@ -153,72 +156,73 @@ def test_pipe_replay_random_single_chunk_shape(rng: np.random.Generator) -> None
 
 def test_pipe_plans_of_the_ece408_layers() -> None:
     for (shape, pool), expect_rpt in ((CONV1, 5), (CONV2, 1)):
-        plan = fused.exact_plan(shape, pool, {"pipe": 1})
-        assert plan.kernel == "fcp_exact_pipe" and plan.defines["FCP_KERNEL"] == 5
+        plan = fused_ffma.exact_plan(shape, pool, {"pipe": 1})
+        assert plan.kernel == "fcp_exact_pipe" and plan.kernel_file.startswith("15_")
         assert plan.defines["FCP_CC"] == shape.C  # single chunk: every channel in one buffer
         assert plan.defines["FCP_RPT"] == expect_rpt and plan.tiles_per_image == 1
-        assert 48 * 1024 < plan.smem_dynamic <= fused._PIPE_SMEM_LIMIT  # needs the opt-in
-        assert fused.resident_blocks(1, plan.threads, plan.smem_dynamic) >= 2
-    rpt1 = fused.exact_plan(CONV1[0], 2, {"pipe": 1, "rpt": 1})
+        # needs the opt-in above 48 KB
+        assert 48 * 1024 < plan.smem_dynamic <= device.SMEM_DYNAMIC_TWO_BLOCKS
+        assert device.resident_blocks(1, plan.threads, plan.smem_dynamic) >= 2
+    rpt1 = fused_ffma.exact_plan(CONV1[0], 2, {"pipe": 1, "rpt": 1})
     assert rpt1.tiles_h == 5 and rpt1.smem_dynamic < 48 * 1024
 
 
 def test_pipe_off_keeps_the_fcp_exact_plan() -> None:
-    """pipe=-1 is the plan fcp_exact always had (defines as of v4, docs/fused.md)."""
-    plan = fused.exact_plan(CONV1[0], 2, {"pipe": -1})
+    """pipe=-1 is fcp_exact's plan (docs/fused.md has the tile's story)."""
+    plan = fused_ffma.exact_plan(CONV1[0], 2, {"pipe": -1})
     assert plan.kernel == "fcp_exact" and plan.smem_dynamic == 0
     assert plan.defines == {"FCP_K": 7, "FCP_S": 1, "FCP_P": 2, "FCP_MT": 4, "FCP_PW": 2,
                             "FCP_TX": 20, "FCP_TY": 8, "FCP_CC": 1, "FCP_MINB": 2,
-                            "FCP_MG": 1, "FCP_RPT": 5, "FCP_KERNEL": 1}
+                            "FCP_MG": 1, "FCP_RPT": 5}
 
 
 def test_multi_chunk_shapes_fall_back_to_fcp_exact() -> None:
-    shape = ConvShape(4, 12, 33, 33, 24, 5)  # 12 channels do not fit one buffer
-    plan = fused.exact_plan(shape, 2, {"pipe": 1})
+    shape = MXNET2  # 12 channels do not fit one buffer
+    plan = fused_ffma.exact_plan(shape, 2, {"pipe": 1})
     assert plan.kernel == "fcp_exact" and plan.defines["FCP_CC"] < shape.C
-    assert fused.exact_plan(ConvShape(1, 1, 40, 40, 2, 3), 9, {"pipe": 1}) is None  # simple
+    assert fused_ffma.exact_plan(ConvShape(1, 1, 40, 40, 2, 3), 9, {"pipe": 1}) is None  # simple
 
 
 def test_defaults_are_the_measured_choice() -> None:
-    """Defaults (run 3, H100): conv1 fcp_exact_cw (0.568 ms vs 0.680 for the register-weight
-    pipe and 0.706 for fcp_exact), conv2 the pipe with fcp_exact's tile (1.397 vs 1.449),
-    shapes cw cannot take with a small filter bank the register-weight pipe, multi-chunk
-    shapes fcp_exact."""
-    got = fused.exact_plan(CONV1[0], 2, {})
-    assert got.kernel == "fcp_exact_cw" and got.defines["FCP_KERNEL"] == 6
+    """The documented rule (fused_ffma.with_measured_defaults): fcp_exact_cw where cw_fits,
+    else the register-weight pipe where C*K*K fits the register budget, else the pipe with
+    fcp_exact's tile for single-chunk shapes, fcp_exact for multi-chunk shapes."""
+    got = fused_ffma.exact_plan(CONV1[0], 2, {})
+    assert fused_ffma.cw_fits(CONV1[0], 4) and got.kernel == "fcp_exact_cw"
     assert got.block == (20, 8, 1) and got.defines["FCP_RPT"] == 5 and got.channel_groups == 1
     measured = {**WREG4, "rpt": 5, "bps": 2}
-    twelve = ConvShape(3, 1, 70, 70, 12, 5)  # eecs498 conv1: 12 channels, cw does not fit
-    got = fused.exact_plan(twelve, 2, {})
-    assert got.defines == fused.exact_plan(twelve, 2, WREG4).defines
-    assert got.defines["FCP_WREG"] == 1
-    assert fused.exact_plan(CONV1[0], 2, measured).threads == 320
-    assert fused.resident_blocks(96, 320, 60544) == 2  # device: 96 regs
-    conv2 = fused.exact_plan(CONV2[0], 4, {})
-    assert conv2.defines == fused.exact_plan(CONV2[0], 4, {"pipe": 1}).defines
+    twelve = MXNET1  # 12 channels: cw does not fit
+    got = fused_ffma.exact_plan(twelve, 2, {})
+    assert got.defines == fused_ffma.exact_plan(twelve, 2, WREG4).defines
+    assert not fused_ffma.cw_fits(twelve, 4) and got.defines["FCP_WREG"] == 1
+    assert twelve.C * twelve.K * twelve.K <= fused_ffma.WREG_BUDGET
+    assert fused_ffma.exact_plan(CONV1[0], 2, measured).threads == 320
+    assert device.resident_blocks(96, 320, 60544) == 2  # device: 96 regs
+    conv2 = fused_ffma.exact_plan(CONV2[0], 4, {})
+    assert conv2.defines == fused_ffma.exact_plan(CONV2[0], 4, {"pipe": 1}).defines
     assert conv2.defines["FCP_WREG"] == 0 and conv2.kernel == "fcp_exact_pipe"
-    assert fused.exact_plan(ConvShape(4, 12, 33, 33, 24, 5), 2, {}).kernel == "fcp_exact"
+    assert fused_ffma.exact_plan(MXNET2, 2, {}).kernel == "fcp_exact"
     # an explicit tiling keeps fcp_exact's weights-in-shared-memory tile
-    assert fused.exact_plan(CONV1[0], 2, {"mt": 2}).defines["FCP_WREG"] == 0
+    assert fused_ffma.exact_plan(CONV1[0], 2, {"mt": 2}).defines["FCP_WREG"] == 0
     impl = fused.fused_conv_pool_impl(2)
-    assert fused.exact_plan(CONV1[0], 2, impl.params_for()).kernel == "fcp_exact_cw"
-    assert fused.exact_plan(CONV1[0], 2, {"cw": -1, "pipe": -1}).kernel == "fcp_exact"
+    assert fused_ffma.exact_plan(CONV1[0], 2, impl.params_for()).kernel == "fcp_exact_cw"
+    assert fused_ffma.exact_plan(CONV1[0], 2, {"cw": -1, "pipe": -1}).kernel == "fcp_exact"
 
 
 def test_cw_only_where_every_weight_index_is_a_constant() -> None:
-    assert fused.cw_fits(CONV1[0], 4)
-    assert not fused.cw_fits(ConvShape(1, 1, 86, 86, 5, 7), 4)  # 5 channels: two groups
-    assert not fused.cw_fits(ConvShape(1, 5, 40, 40, 4, 7), 4)  # 5*49*4 floats > 4 KB
-    assert fused.cw_fits(ConvShape(1, 3, 40, 40, 4, 5), 4)  # 3*25*4 floats
+    assert fused_ffma.cw_fits(CONV1[0], 4)
+    assert not fused_ffma.cw_fits(ConvShape(1, 1, 86, 86, 5, 7), 4)  # 5 channels: two groups
+    assert not fused_ffma.cw_fits(ConvShape(1, 5, 40, 40, 4, 7), 4)  # 5*49*4 floats > 4 KB
+    assert fused_ffma.cw_fits(ConvShape(1, 3, 40, 40, 4, 5), 4)  # 3*25*4 floats
     # forced on where it does not fit: silently another exact kernel
-    assert fused.exact_plan(CONV2[0], 4, {"cw": 1}).kernel != "fcp_exact_cw"
+    assert fused_ffma.exact_plan(CONV2[0], 4, {"cw": 1}).kernel != "fcp_exact_cw"
 
 
 def test_cw_weights_struct_layout(rng: np.random.Generator) -> None:
     """The by-value struct is float w[C][K*K][mt]: w[m, c, p, q] at [c][p*K+q][m], channels
     past M zero; one element, so CuPy passes it by value."""
     w = rng.standard_normal((3, 2, 5, 5)).astype(np.float32)
-    arg = fused.cw_weights(w, 2, 5, 4)
+    arg = fused_ffma.cw_weights(w, 2, 5, 4)
     assert arg.shape == (1,) and arg.dtype.itemsize == 4 * 2 * 25 * 4
     packed = arg[0]["w"]
     for m, c, p, q in ((0, 0, 0, 0), (2, 1, 4, 3), (1, 0, 2, 4)):
@@ -227,42 +231,45 @@ def test_cw_weights_struct_layout(rng: np.random.Generator) -> None:
 
 
 def test_wreg_only_within_the_register_budget() -> None:
-    assert fused.exact_plan(CONV1[0], 2, WREG4).defines["FCP_WREG"] == 1
+    assert fused_ffma.exact_plan(CONV1[0], 2, WREG4).defines["FCP_WREG"] == 1
     # 4 channels x 49 weights per thread would not fit: silently the shared-memory weights
-    assert fused.exact_plan(CONV1[0], 2, {"pipe": 1, "wreg": 1}).defines["FCP_WREG"] == 0
-    assert fused.exact_plan(CONV2[0], 4, {"pipe": 1, "wreg": 1, "mt": 1}).defines[
+    assert fused_ffma.exact_plan(CONV1[0], 2, {"pipe": 1, "wreg": 1}).defines["FCP_WREG"] == 0
+    assert fused_ffma.exact_plan(CONV2[0], 4, {"pipe": 1, "wreg": 1, "mt": 1}).defines[
         "FCP_WREG"] == 0
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_random_pipe_plans_fit_and_cover(seed: int) -> None:
-    shape, pool = single_chunk_shape(np.random.default_rng(seed))
-    plan = fused.exact_plan(shape, pool, {"pipe": 1})
+@pytest.mark.parametrize("case", range(20))
+def test_random_pipe_plans_fit_and_cover(case: int, rng: np.random.Generator) -> None:
+    shape, pool = single_chunk_shape(rng)
+    plan = fused_ffma.exact_plan(shape, pool, {"pipe": 1})
     d = plan.defines
-    hp, wp = fused.pooled_hw(shape, pool)
+    hp, wp = fused_ffma.pooled_hw(shape, pool)
     assert plan.tiles_h * d["FCP_TY"] * d["FCP_RPT"] >= hp
     assert plan.tiles_w * d["FCP_TX"] * d["FCP_PW"] >= wp
     assert plan.channel_groups * d["FCP_MT"] * d["FCP_MG"] >= shape.M
-    assert plan.smem_dynamic <= fused._PIPE_SMEM_LIMIT
+    assert plan.smem_dynamic <= device.SMEM_DYNAMIC_TWO_BLOCKS
     assert 1 <= d["FCP_MINB"] <= 16 and plan.threads <= 1024
 
 
 def test_resident_blocks_matches_the_h100_occupancy_rules() -> None:
-    assert fused.resident_blocks(93, 160, 31056) == 4  # fcp_exact conv1 (ptxas: 93 regs)
-    assert fused.resident_blocks(111, 160, 61328) == 3  # pipe conv1, whole image
-    assert fused.resident_blocks(95, 160, 16272) == 4  # pipe conv1, one row tile
-    assert fused.resident_blocks(195, 256, 61184) == 1  # pipe conv2
-    assert fused.resident_blocks(32, 1024, 0) == 2  # thread limit
-    assert fused.resident_blocks(16, 32, 0) == 32  # block limit
+    assert device.resident_blocks(93, 160, 31056) == 4  # fcp_exact conv1 (ptxas: 93 regs)
+    assert device.resident_blocks(111, 160, 61328) == 3  # pipe conv1, whole image
+    assert device.resident_blocks(95, 160, 16272) == 4  # pipe conv1, one row tile
+    assert device.resident_blocks(195, 256, 61184) == 1  # pipe conv2
+    assert device.resident_blocks(32, 1024, 0) == 2  # thread limit
+    assert device.resident_blocks(16, 32, 0) == 32  # block limit
 
 
 def test_registry_exposes_pipe_parameters() -> None:
     impl = fused.fused_conv_pool_impl(2)
     assert {"pipe", "bps", "wreg"} <= set(impl.space) and impl.defaults["pipe"] == 0
     assert impl.params_for({"pipe": 1, "bps": 3})["bps"] == 3
-    defines = fused._exact_variants()
-    assert any(d["FCP_KERNEL"] == 5 and d.get("FCP_WREG") == 1 for d in defines)
-    assert any(d["FCP_KERNEL"] == 5 and d["FCP_P"] == 4 for d in defines)
+    plans = fused_ffma.compile_plans()
+    pipes = [p.defines for p in plans if p.kernel == "fcp_exact_pipe"]
+    assert any(d["FCP_WREG"] == 1 for d in pipes) and any(d["FCP_P"] == 4 for d in pipes)
+    assert all(p.kernel_file == fused_ffma.KERNEL_FILES[p.kernel] for p in plans)
+    jobs = fused_ffma.compile_jobs()
+    assert set(jobs) == {"fcp_exact", "fcp_simple", "fcp_exact_pipe", "fcp_exact_cw"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +304,7 @@ def test_pipe_ece408_configs(name: str, batch: int, rng: np.random.Generator) ->
 @pytest.mark.parametrize("bps", [1, 2])
 def test_pipe_batch_not_a_multiple_of_the_grid(bps: int, rng: np.random.Generator) -> None:
     """grid = n_SM * bps blocks, 300 images: blocks do 2 or 3 tasks, every buffer parity."""
-    shape = ConvShape(300, 1, 86, 86, 4, 7)
+    shape = conv_blocks("ece408", 300)[0].shape
     case = make_case(rng, shape)
     y, run = _run(shape, 2, {"pipe": 1, "bps": bps}, case)
     assert shape.B % run.grid[0] != 0 and run.grid[0] < shape.B
@@ -313,7 +320,7 @@ def test_cw_random_shapes(case_no: int, rng: np.random.Generator) -> None:
         C, M, pool = int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 5))
         H, W = int(rng.integers(K + pool - 1, 60)), int(rng.integers(K + pool - 1, 60))
         shape = ConvShape(int(rng.integers(1, 6)), C, H, W, M, K, 1)
-        if fused.supports_pool(shape, pool) and fused.exact_plan(
+        if fused_ffma.supports_pool(shape, pool) and fused_ffma.exact_plan(
                 shape, pool, {"cw": 1}).kernel == "fcp_exact_cw":
             break
     else:
@@ -332,3 +339,51 @@ def test_pipe_random_shapes(case_no: int, rng: np.random.Generator) -> None:
     y, _ = _run(shape, pool, {"pipe": 1}, case)
     err = rel_l2(y, pooled_ref(case, pool))
     assert err <= 1e-5, f"{shape} pool {pool}: rel err {err}"
+
+
+def test_zoo_defaults_follow_the_documented_rule() -> None:
+    """with_measured_defaults: cw where cw_fits, else the register-weight pipe where C*K*K fits
+    the register budget, else the pipe for single-chunk shapes, else fcp_exact."""
+    for shape, pool in fused_ffma.zoo_fused_layers():
+        plan = fused_ffma.exact_plan(shape, pool, {})
+        mt = 4 if shape.M >= 3 else shape.M
+        if fused_ffma.cw_fits(shape, mt):
+            assert plan.kernel == "fcp_exact_cw", shape
+        elif plan.defines["FCP_CC"] < shape.C:
+            assert plan.kernel == "fcp_exact", shape
+        else:
+            assert plan.kernel == "fcp_exact_pipe", shape
+            wreg = shape.C * shape.K * shape.K <= fused_ffma.WREG_BUDGET
+            assert plan.defines["FCP_WREG"] == int(wreg), shape
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_random_plans_keep_the_limits(case: int, rng: np.random.Generator) -> None:
+    """Any parameters on any shape: shared memory within the kernel's limit, cw only where
+    every weight index is a constant, the grid covers the pooled output, the file matches."""
+    shape, pool = single_chunk_shape(rng)
+    if rng.random() < 0.5:  # multi-chunk shapes too
+        shape = ConvShape(shape.B, int(rng.integers(1, 33)), shape.H, shape.W, shape.M,
+                          shape.K, shape.S)
+    space = {"mt": [0, 1, 2, 4], "pw": [0, 1, 2, 4], "ty": [0, 4, 8], "mg": [0, 1, 2, 4],
+             "rpt": [0, 1, 2, 5], "pipe": [0, -1, 1], "wreg": [0, 1], "cw": [0, -1, 1]}
+    params = {k: int(rng.choice(v)) for k, v in space.items()}
+    plan = fused_ffma.exact_plan(shape, pool, params)
+    if plan is None:
+        return
+    d = plan.defines
+    assert plan.kernel_file == fused_ffma.KERNEL_FILES[plan.kernel]
+    hp, wp = fused_ffma.pooled_hw(shape, pool)
+    assert plan.tiles_h * d["FCP_TY"] * d["FCP_RPT"] >= hp
+    assert plan.tiles_w * d["FCP_TX"] * d["FCP_PW"] >= wp
+    assert plan.channel_groups * d["FCP_MT"] * d["FCP_MG"] >= shape.M
+    if plan.kernel == "fcp_exact_pipe":
+        assert plan.smem_dynamic <= device.SMEM_DYNAMIC_TWO_BLOCKS and d["FCP_CC"] == shape.C
+    else:
+        rows = d["FCP_TY"] * d["FCP_RPT"]
+        mb = 0 if plan.kernel == "fcp_exact_cw" else d["FCP_MT"] * d["FCP_MG"]
+        smem = fused_ffma.smem_bytes(shape.K, shape.S, pool, mb, d["FCP_PW"], d["FCP_TX"],
+                                     rows, d["FCP_CC"])
+        assert smem <= device.SMEM_STATIC_LIMIT
+    if plan.kernel == "fcp_exact_cw":
+        assert fused_ffma.cw_fits(shape, d["FCP_MT"]) and d["FCP_CC"] == shape.C

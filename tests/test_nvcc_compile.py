@@ -21,7 +21,10 @@ NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
 Job = tuple[str, tuple[str, ...]]  # (kernel file, -D flags)
-EXTRA_COMPILE_MODULES = ("convolab.gpu.tc_cl",)
+# Modules whose kernels live in more files than their registry entry's kernel_file, or that
+# are not registry entries at all.
+EXTRA_COMPILE_MODULES = ("convolab.gpu.fused_ffma", "convolab.gpu.fused_mma",
+                         "convolab.gpu.fused_cl", "convolab.gpu.lenet_head")
 
 
 def gpu_jobs() -> dict[str, list[Job]]:
@@ -36,8 +39,8 @@ def gpu_jobs() -> dict[str, list[Job]]:
             continue
         variants = impl.compile_variants() or [{}]
         jobs[impl.name] = [(impl.kernel_file, define_flags(v)) for v in variants]
-    # Kernels outside the registry (their tensors are not the ConvImpl contract's): each such
-    # module lists its compiles as compile_jobs() -> {name: [(kernel file, defines)]}.
+    # Kernels outside the registry entries' kernel_file: each such module lists its compiles
+    # as compile_jobs() -> {name: [(kernel file, defines)]}.
     for module in EXTRA_COMPILE_MODULES:
         for name, variants in importlib.import_module(module).compile_jobs().items():
             jobs[name] = [(filename, define_flags(v)) for filename, v in variants]
@@ -45,11 +48,8 @@ def gpu_jobs() -> dict[str, list[Job]]:
 
 
 def standalone_jobs() -> list[Job]:
-    """Every .cu file as it stands: the package's kernels, and the candidate kernels the
-    device benchmarks compare against (benchmarks/**/*.cu, kept for the record)."""
-    extra = sorted((Path(__file__).resolve().parent.parent / "benchmarks").glob("**/*.cu"))
-    return [(path.name, ()) for path in sorted(KERNEL_DIR.glob("*.cu"))] + [
-        (str(path), ()) for path in extra]  # absolute: Path(KERNEL_DIR) / it is itself
+    """Every .cu file of the package as it stands (the #ifndef defaults)."""
+    return [(path.name, ()) for path in sorted(KERNEL_DIR.glob("*.cu"))]
 
 
 def nvcc(job: Job) -> str | None:

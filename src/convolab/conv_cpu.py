@@ -169,6 +169,31 @@ def reference_conv_relu_pool(
     return out
 
 
+
+def reference_forward(params: Mapping[str, Any], x: np.ndarray,
+                      model: str = "ece408") -> np.ndarray:
+    """fp64 forward of a whole zoo model: its conv blocks (conv + ReLU + max-pool, from
+    models.conv_blocks) then its linear layers (ReLU where the layer list has one), softmax.
+    params: {name: array} as Network.params() (host or device arrays); x (B, C, H, W)."""
+    from convolab.backend import to_numpy
+    from convolab.layers import Linear, ReLU
+    from convolab.models import conv_blocks, spec
+
+    p = {k: np.asarray(to_numpy(v), np.float64) for k, v in params.items()}
+    a = np.asarray(to_numpy(x), np.float64)
+    for block in conv_blocks(model):
+        a = reference_conv_relu_pool(a, p[f"{block.name}.weight"], p[f"{block.name}.bias"],
+                                     block.shape.S, block.pool)
+    a = a.reshape(a.shape[0], -1)
+    layers = spec(model).layers()
+    for i, layer in enumerate(layers):
+        if isinstance(layer, Linear):
+            a = a @ p[f"{layer.name}.weight"].T + p[f"{layer.name}.bias"]
+            if i + 1 < len(layers) and isinstance(layers[i + 1], ReLU):
+                a = np.maximum(a, 0.0)
+    z = np.exp(a - a.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
 def _prepare_ref(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
     w, b = _prepared_weights("cpu-ref", shape, w, b)
     check = _run_checker("cpu-ref", shape, shape.y_shape)

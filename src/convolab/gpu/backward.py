@@ -28,9 +28,10 @@ from convolab.shapes import ceil_div
 
 Array = Any  # cupy.ndarray
 
-DIRECT_FILE = "20_conv_backward_direct.cu"
-GEMM_FILE = "21_conv_backward_gemm.cu"
-POOL_FILE = "22_pool_backward.cu"
+POOL_FORWARD_FILE = "21_pool_forward.cu"
+DIRECT_FILE = "22_conv_backward_direct.cu"
+GEMM_FILE = "23_conv_backward_gemm.cu"
+POOL_FILE = "24_pool_backward.cu"
 # A NULL pointer argument passed as 8 zero bytes (not None, whose handling differs between
 # CuPy versions).
 NULL = np.uint64(0)
@@ -240,7 +241,7 @@ def maxpool2d_forward(x: Array, kernel: int, stride: int | None = None) -> Array
     dims = _pool_dims(x, kernel, stride, "maxpool2d_forward")
     b, c, _, _, _, _, h_out, w_out = dims
     y = cp.empty((b, c, h_out, w_out), dtype=cp.float32)
-    get_kernel(POOL_FILE, "maxpool_forward")(_pool_grid(dims, False), (BLOCK,),
+    get_kernel(POOL_FORWARD_FILE, "maxpool_forward")(_pool_grid(dims, False), (BLOCK,),
                                              (x, y, *_pool_args(dims)))
     return y
 
@@ -279,7 +280,7 @@ def subsample_forward(x: Array, coef: Array, bias: Array, kernel: int,
     coef, bias = _subsample_params(coef, bias, dims[1])
     b, c, _, _, _, _, h_out, w_out = dims
     s = cp.empty((b, c, h_out, w_out), dtype=cp.float32)
-    get_kernel(POOL_FILE, "subsample_forward")(
+    get_kernel(POOL_FORWARD_FILE, "subsample_forward")(
         _pool_grid(dims, False), (BLOCK,), (x, coef, bias, s, *_pool_args(dims)))
     return s
 

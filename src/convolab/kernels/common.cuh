@@ -9,3 +9,86 @@
 
 #define CONVOLAB_Y_AT(y, b, m, h, w, M, Ho, Wo) \
   ((y)[(((size_t)(b) * (M) + (m)) * (Ho) + (h)) * (size_t)(Wo) + (w)])
+
+// ---- Device helpers shared by the fused kernels (13 onward) ------------------------------------
+#include <cuda_fp16.h>
+
+#define CONVOLAB_NEG_INF (__int_as_float(0xff800000u))
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// cp.async global -> shared: no register round trip, every copy of a thread in flight at once.
+// The 4/8-byte forms zero-fill when !valid (src is then never read): lanes outside the image
+// compute discarded outputs, but from finite values.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(saddr), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(saddr), "l"(src),
+               "r"(valid ? 8 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// d += A * B on tensor cores, one warp: A 16x16 fp16 (4 registers of half2), B 16x8 (2), fp32 d.
+__device__ __forceinline__ void mma_f16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1,
+                                                 unsigned a2, unsigned a3, unsigned b0,
+                                                 unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The same with tf32 operands: A 16x8, B 8x8, one 32-bit element a register.
+__device__ __forceinline__ void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1,
+                                                 unsigned a2, unsigned a3, unsigned b0,
+                                                 unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// fp32 -> tf32, round to nearest, ties away from zero (the host packers round the same way).
+__device__ __forceinline__ float tf32_round(float v) {
+  unsigned u;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v));
+  return __uint_as_float(u);
+}
+
+// Two fp32 values as one half2 register, the first in the low half (mma's k order).
+__device__ __forceinline__ __half2 pack_half2(float lo, float hi) {
+  return __floats2half2_rn(lo, hi);
+}
+
+// 32 bits at p (two fp16 or one tf32 operand element): one shared-memory load.
+template <typename T>
+__device__ __forceinline__ unsigned ld_u32(const T* p) {
+  return *reinterpret_cast<const unsigned*>(p);
+}

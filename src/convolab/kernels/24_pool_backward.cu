@@ -1,4 +1,5 @@
-// 22_pool_backward.cu — pooling layers for training: max-pool and the textbook's subsampling.
+// 24_pool_backward.cu — pooling layers' backward for training: max-pool and the textbook's
+// subsampling (their forward kernels: 21_pool_forward.cu).
 //
 // Max-pool backward routes each output gradient to the one input that was the window's maximum.
 // Frameworks usually store that argmax during the forward (an index per output); here the
@@ -23,41 +24,7 @@
 // Grids are 2-D: grid.y walks the images, grid.x the elements of one image, so index math is
 // 32-bit (only the per-image base offsets are 64-bit).
 
-#ifndef POOL_BLOCK
-#define POOL_BLOCK 256  // threads per block (the host launches with this)
-#endif
-
-// NumPy's argmax order: NaN beats everything, and among equals the first one wins.
-__device__ __forceinline__ bool beats(float candidate, float best) {
-    return candidate > best || (candidate != candidate && best == best);
-}
-
-__device__ __forceinline__ bool same_value(float a, float b) {
-    return a == b || (a != a && b != b);
-}
-
-// The loops every kernel here shares: image b (grid.y) and element i of that image (grid.x).
-#define FOR_EACH_IMAGE_ELEMENT(B, per_image)                                   \
-    for (int b = blockIdx.y; b < (B); b += gridDim.y)                          \
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (per_image);   \
-             i += gridDim.x * blockDim.x)
-
-// One thread per output: y[b,c,oh,ow] = max over the K x K window at (oh*S, ow*S).
-extern "C" __global__ void maxpool_forward(const float* __restrict__ x, float* __restrict__ y,
-                                           int B, int C, int H, int W, int K, int S,
-                                           int H_out, int W_out) {
-    FOR_EACH_IMAGE_ELEMENT(B, C * H_out * W_out) {
-        const int ow = i % W_out;
-        const int oh = (i / W_out) % H_out;
-        const int c = i / (W_out * H_out);
-        const float* window = x + ((long long)b * C + c) * H * W + oh * S * W + ow * S;
-        float best = window[0];
-        for (int p = 0; p < K; ++p)
-            for (int q = 0; q < K; ++q)
-                if (beats(window[p * W + q], best)) best = window[p * W + q];
-        y[(long long)b * C * H_out * W_out + i] = best;
-    }
-}
+#include "pool.cuh"
 
 // Windows oh with oh*S <= row < oh*S + K, clipped to the output: [*lo, *hi].
 __device__ __forceinline__ void windows_of(int row, int K, int S, int n_out, int* lo, int* hi) {
@@ -112,31 +79,6 @@ extern "C" __global__ void maxpool_backward_gather(const float* __restrict__ x,
             }
         }
         dx[(long long)b * C * H * W + i] = acc;
-    }
-}
-
-// Mean of the K x K window at (oh*S, ow*S) of one channel plane.
-__device__ __forceinline__ float window_mean(const float* plane, int W, int K, int S, int oh,
-                                             int ow) {
-    const float* window = plane + oh * S * W + ow * S;
-    float sum = 0.0f;
-    for (int p = 0; p < K; ++p)
-        for (int q = 0; q < K; ++q) sum += window[p * W + q];
-    return sum * (1.0f / (float)(K * K));
-}
-
-// One thread per output: s = sigmoid(coef[c] * mean + bias[c]).
-extern "C" __global__ void subsample_forward(const float* __restrict__ x,
-                                             const float* __restrict__ coef,
-                                             const float* __restrict__ bias,
-                                             float* __restrict__ s, int B, int C, int H, int W,
-                                             int K, int S, int H_out, int W_out) {
-    FOR_EACH_IMAGE_ELEMENT(B, C * H_out * W_out) {
-        const int ow = i % W_out;
-        const int oh = (i / W_out) % H_out;
-        const int c = i / (W_out * H_out);
-        const float mean = window_mean(x + ((long long)b * C + c) * H * W, W, K, S, oh, ow);
-        s[(long long)b * C * H_out * W_out + i] = 1.0f / (1.0f + expf(-(coef[c] * mean + bias[c])));
     }
 }
 

@@ -1,4 +1,4 @@
-// 21_conv_backward_gemm.cu — the data-movement halves of a GEMM-based convolution backward.
+// 23_conv_backward_gemm.cu — the data-movement halves of a GEMM-based convolution backward.
 //
 // Both gradients of a convolution are matrix products once the input is unrolled (im2col):
 // with U_b the unrolled image b — one row per output pixel (oh, ow), one column per kernel tap

@@ -1,4 +1,4 @@
-"""kernels/15 `lenet_head` (F5 + ReLU, F6, softmax; persistent, weights in shared memory).
+"""kernels/20 `lenet_head` (F5 + ReLU, F6, softmax; persistent, weights in shared memory).
 
 GPU tests (marker `gpu`) run every tuned define set against an fp64 NumPy head on fresh random
 data with NaN-poisoned outputs and sentinel rows past B. Without a GPU: the host's geometry and
@@ -10,18 +10,20 @@ errors, not timing ones.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_gpu_fused import lenet_params
 
-from convolab.gpu import network as gnet
+from convolab.conv_cpu import reference_forward
+from convolab.gpu import lenet_head as gnet
 from convolab.gpu.compile import KERNEL_DIR, define_flags
+from convolab.models import conv_blocks
 
-KERNEL = KERNEL_DIR / gnet.HEAD_KERNEL_FILE
+KERNEL = KERNEL_DIR / gnet.KERNEL_FILE
 NVCC, GXX = shutil.which("nvcc"), shutil.which("g++")
 
 
@@ -66,9 +68,11 @@ def test_head_defines_and_grid() -> None:
                                                                + 2 * 8 * 16 * 32)
 
 
-def test_fused_lenet_rejects_head_size_without_gpu() -> None:
+def test_fused_lenet_rejects_head_size_without_gpu(seed: int) -> None:
+    from convolab.gpu.network import FusedLeNet
+
     with pytest.raises(ValueError, match="head imgs"):
-        gnet.FusedLeNet(gnet.random_params(0), kernel_params={"head": {"imgs": 48}})
+        FusedLeNet(lenet_params(seed), kernel_params={"head": {"imgs": 48}})
 
 
 def _nvcc(*flags: str) -> subprocess.CompletedProcess:
@@ -156,6 +160,13 @@ inline void emu_wait(int n) {
     groups.erase(groups.begin());
   }
 }
+// common.cuh's cp.async wrappers, as the kernel calls them
+inline void cp_async16(void* dst, const void* src) {
+  emu_cp16(static_cast<float*>(dst), static_cast<const float*>(src));
+}
+inline void cp_async_commit() { emu_commit(); }
+template <int N> inline void cp_async_wait() { emu_wait(N); }
+inline void cp_async_wait_all() { emu_wait(0); }
 alignas(16) float head_smem[232448 / 4];
 #include "kernel.inc"
 static float* read(const char* dir, const char* name, size_t n) {
@@ -202,13 +213,9 @@ int main(int argc, char** argv) {
 
 
 def emulated_source(source: str) -> str:
-    """The kernel with its four kinds of inline PTX replaced by the emulator's calls."""
-    out = re.sub(r'asm volatile\("cp\.async\.cg\.shared\.global.*?"l"\(src\)\);',
-                 "emu_cp16(dst, src);", source, flags=re.S)
-    out = out.replace('asm volatile("cp.async.commit_group;\\n" ::: "memory");', "emu_commit();")
-    out = re.sub(r'asm volatile\("cp\.async\.wait_group %0;\\n" ::"n"\((.*?)\) : "memory"\);',
-                 r"emu_wait(\1);", out)
-    out = out.replace('asm volatile("cp.async.wait_all;\\n" ::: "memory");', "emu_wait(0);")
+    """The kernel without common.cuh: the emulator defines the cp.async wrappers it calls, and
+    the kernel itself must hold no inline PTX."""
+    out = source.replace('#include "common.cuh"', "")
     left = [ln for ln in out.splitlines() if "asm" in ln and not ln.lstrip().startswith("//")]
     assert not left, f"inline PTX the emulator does not know: {left}"
     return out
@@ -311,8 +318,10 @@ def test_head_rejects_strided_features(rng: np.random.Generator) -> None:
 def test_fused_lenet_head_sizes_match_fp64(imgs: int, rng: np.random.Generator) -> None:
     import cupy as cp
 
-    params = gnet.random_params(int(rng.integers(1 << 30)))
-    x = rng.random((37, 1, 86, 86)).astype(np.float32)
-    net = gnet.FusedLeNet(params, mode="exact", kernel_params={"head": {"imgs": imgs}})
+    from convolab.gpu.network import FusedLeNet
+
+    params = lenet_params(int(rng.integers(1 << 30)))
+    x = rng.random((37, *conv_blocks("ece408")[0].shape.x_shape[1:])).astype(np.float32)
+    net = FusedLeNet(params, mode="exact", kernel_params={"head": {"imgs": imgs}})
     probs = net(cp.asarray(x)).get()
-    assert np.abs(probs - gnet.numpy_forward(params, x)).max() <= 1e-5
+    assert np.abs(probs - reference_forward(params, x)).max() <= 1e-5

@@ -1,4 +1,4 @@
-// 20_conv_backward_direct.cu — convolution backward, computed straight from the definition.
+// 22_conv_backward_direct.cu — convolution backward, computed straight from the definition.
 //
 // The forward is Y[b,m,oh,ow] = sum_{c,p,q} X[b,c,oh*S+p,ow*S+q] * W[m,c,p,q] (valid, no flip).
 // Differentiating that sum gives the two gradients training needs:
@@ -25,7 +25,7 @@
 // per block; the host sums the grid.y partials. No atomics: the same launch gives the same bits.
 //
 // Grids are 2-D: grid.y walks the images, grid.x the elements of one image, so the index math
-// is 32-bit (64-bit division costs several times more and dominated the first version). Only
+// is 32-bit (64-bit division costs several times more). Only
 // the per-image base offsets are 64-bit.
 
 #ifndef DIRECT_BLOCK

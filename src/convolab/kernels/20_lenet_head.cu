@@ -1,14 +1,13 @@
-// Whole-network fused forward, the part after the two fused conv+pool layers (rung 13 kernels
-// do C1 and C3): F5 (1024 -> 32) + ReLU, F6 (32 -> 10), softmax in one kernel, so the 1024
-// features of an image are read once and only 10 probabilities are written.
+// Rung 20 — lenet_head: the fused LeNet's layers after the two fused conv+pool layers (rungs
+// 17-19 do C1 and C3): F5 (1024 -> 32) + ReLU, F6 (32 -> 10), softmax in one kernel, so the
+// 1024 features of an image are read once and only 10 probabilities are written.
 //
 // F5 is a skinny GEMM (B x 1024) . (1024 x 32): 41 MB of features and 0.33 G FMAs at
-// B=10000, ~0.014 ms of HBM and ~0.012 ms of FMA pipes on an H100. Earlier versions lost to
-// the weights, not the FLOPs: v2 (32 images a block, both operands restaged per 32-k chunk,
-// 3 shared loads per 4 FMAs) 0.092 ms; v3 (lane = image, weights as warp-uniform __ldg) 0.081
-// ms, waiting on L2 because 128 KB of weights do not stay in L1.
+// B=10000, ~0.014 ms of HBM and ~0.012 ms of FMA pipes on an H100. What limits it is the
+// weights, not the FLOPs: 128 KB of them do not stay in L1, so a kernel that re-reads them per
+// tile of images waits on L2 (docs/fused.md has the variants that did).
 //
-// This version is persistent: one block per SM (grid = min(SMs, tiles)) keeps all F5 weights
+// The kernel is persistent: one block per SM (grid = min(SMs, tiles)) keeps all F5 weights
 // (1024 x 32 fp32 = 128 KB, pre-transposed on the host) in shared memory, loaded once, and
 // walks tiles of HEAD_IMGS images (tile = block, block + grid, ...: 625 tiles of 16 at
 // B=10000 are 4.7 per SM, so the last round wastes ~5 %). Warp w owns the k slice
@@ -24,12 +23,12 @@
 // image's row (no branch in the copies) and write nothing.
 //
 // Launch: grid min(SMs, ceil(B / HEAD_IMGS)), HEAD_THREADS threads, head_smem_bytes() of
-// dynamic shared memory (gpu/network.py computes the same number and raises the limit).
+// dynamic shared memory (gpu/lenet_head.py computes the same number and raises the limit).
 //
-// Measured (H100, B=10000, benchmarks/results/head_h100_2026-11-23.json): 0.032 ms with the
-// features from HBM, 0.035 ms back to back (v2 0.093, v3 0.082-0.091, cuBLAS' F5 matmul
-// alone 0.050-0.063); 108 registers, 214 KB shared memory. Longer rings (HEAD_NS 4-8), 8- or
-// 32-image tiles and 2 x 8 lane tiles were no faster (0.032-0.047 ms).
+// Measured: 0.032 ms with the features from HBM vs 0.050-0.063 for cuBLAS' F5 matmul alone
+// (H100, B=10000); 108 registers, 214 KB shared memory.
+
+#include "common.cuh"
 
 #ifndef HEAD_IMGS
 #define HEAD_IMGS 16  // images per tile
@@ -86,12 +85,6 @@
 static_assert(HEAD_SMEM_BYTES == HEAD_EXPECT_SMEM, "host and kernel disagree on shared memory");
 #endif
 
-__device__ __forceinline__ void head_cp16(float* dst, const float* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src));
-}
-
 __device__ __forceinline__ float head_pick(const float4 v, int e) {
   return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
 }
@@ -122,15 +115,15 @@ lenet_head(const float* __restrict__ feat, const float* __restrict__ w5t,
       for (int e = lane; e < HEAD_IMGS * HEAD_KC / 4; e += 32) {
         const int r = e / (HEAD_KC / 4), q = e % (HEAD_KC / 4);
         const long long img = min(tile * HEAD_IMGS + r, B - 1);
-        head_cp16(dst + r * HEAD_XS + 4 * q, feat + img * HEAD_IN + k0 + 4 * q);
+        cp_async16(dst + r * HEAD_XS + 4 * q, feat + img * HEAD_IN + k0 + 4 * q);
       }
       if (s < HEAD_CPT) {
 #pragma unroll
         for (int e = lane; e < HEAD_KC * HEAD_HID / 4; e += 32)
-          head_cp16(ws + k0 * HEAD_HID + 4 * e, w5t + k0 * HEAD_HID + 4 * e);
+          cp_async16(ws + k0 * HEAD_HID + 4 * e, w5t + k0 * HEAD_HID + 4 * e);
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cp_async_commit();
   };
 
   // Epilogue constants: thread (eimg, q) sums hidden units q + EPT m over the warps.
@@ -156,7 +149,7 @@ lenet_head(const float* __restrict__ feat, const float* __restrict__ w5t,
   for (int s = 0; s < HEAD_NS - 1; ++s) load(s);
   int n = 0;  // tiles finished by this block
   for (int s = 0; s < nchunks; ++s) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(HEAD_NS - 2) : "memory");
+    cp_async_wait<HEAD_NS - 2>();
     __syncwarp();  // chunk s visible to all lanes; all lanes are done with chunk s - 1
     load(s + HEAD_NS - 1);  // into chunk s - 1's slot
     const float* const xs = ring + (s % HEAD_NS) * HEAD_CHUNK + ig * HEAD_XS;
@@ -241,5 +234,5 @@ lenet_head(const float* __restrict__ feat, const float* __restrict__ w5t,
 #endif
     ++n;
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  cp_async_wait_all();
 }

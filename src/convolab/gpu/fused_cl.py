@@ -1,10 +1,11 @@
-"""Host side of the fused LeNet's fp16 path through a channels-last intermediate.
+"""Host side of rung 19, the fused LeNet's fp16 path through a channels-last intermediate
+(kernels/19_lenet_fp16_channels_last.cu):
 
-    conv1  rung 13 `fcp_mma_toe` compiled with TC_OUT_CL=1: the pooled C1 map leaves as fp16
+    conv1  `fcp_mma_toe_cl`: rung 17's Toeplitz kernel writing the pooled C1 map as fp16
            channels-last [b][40][40][4] (8 bytes a pixel) instead of fp32 NCHW
-    conv2  kernels/16_lenet_tc_cl.cu `fcp_mma_cl`: reads that map with plain 16-byte cp.async
-           (no conversion, no shifted copy), writes fp32 features in NCHW flatten order, so
-           kernels/15 `lenet_head` reads them unchanged
+    conv2  `fcp_mma_cl`: reads that map with plain 16-byte cp.async (no conversion, no
+           shifted copy), writes fp32 features in NCHW flatten order, so kernels/20
+           `lenet_head` reads them unchanged
 
 These two kernels are not registry rungs: their input or output is not the NCHW fp32 tensor
 the `ConvImpl` contract promises, so `verify`/`bench` could not call them. `FusedLeNet` (mode
@@ -20,20 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from convolab.gpu import fused
+from convolab.gpu.device import SMEM_STATIC_LIMIT
+from convolab.gpu.fused_ffma import pooled_hw
+from convolab.gpu.fused_mma import LANE_G, LANE_T, pack_half2, tc_plan, toeplitz_fragments
 from convolab.registry import Run
-from convolab.shapes import ConvShape
+from convolab.shapes import ConvShape, ceil_div
 
-KERNEL_FILE = "16_lenet_tc_cl.cu"
-HEAD_KERNEL_FILE = "15_lenet_fused.cu"
+KERNEL_FILE = "19_lenet_fp16_channels_last.cu"
 CL_CHANNELS = 4  # one 8-byte fp16 pixel; a k-step is 4 columns x 4 channels
 CL_POOL = 4
 KORDERS = (0, 1)
-_SMEM_LIMIT = 46 * 1024
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,17 +44,17 @@ def cl_supports(shape: ConvShape, pool: int) -> bool:
     if (shape.C != CL_CHANNELS or shape.S != 1 or pool != CL_POOL or shape.M > 16
             or shape.K > 8):
         return False
-    hp, wp = fused.pooled_hw(shape, pool)
+    hp, wp = pooled_hw(shape, pool)
     if hp < 1 or wp < 1:
         return False
-    ks = _ceil_div(shape.K, 4)
+    ks = ceil_div(shape.K, 4)
     rows = hp * pool - 1 + shape.K
     return (wp * pool - 1 + 4 * ks - 1 < shape.W and (shape.H * shape.W) % 2 == 0
-            and (rows * shape.W) % 2 == 0 and _cl_smem(shape) <= _SMEM_LIMIT)
+            and (rows * shape.W) % 2 == 0 and _cl_smem(shape) <= SMEM_STATIC_LIMIT)
 
 
 def _cl_smem(shape: ConvShape) -> int:
-    hp, wp = fused.pooled_hw(shape, CL_POOL)
+    hp, wp = pooled_hw(shape, CL_POOL)
     rows = hp * CL_POOL - 1 + shape.K
     return rows * shape.W * 8 + shape.M * hp * wp * 4
 
@@ -70,10 +67,10 @@ class ClPlan:
     warps: int
 
 
-# Defaults measured on H100 (B = 10000, benchmarks/results/tc_cl_h100_2026-11-23*.json): 2 warps
-# of 2 stacked windows each (107 registers, no cap) 0.181-0.186 ms vs 0.195 with 4 warps of 1
-# window; 64-bit B loads (korder 1) 0.181 vs 0.191 (korder 0); split staging and nv 4 within
-# 1 %, register caps and 8 warps slower. nv falls back to 1 where 2 does not divide the rows.
+# Defaults measured on H100 (B = 10000, docs/fused.md): 2 warps of 2 stacked windows each
+# (107 registers, no cap) 0.181-0.186 ms vs 0.195 with 4 warps of 1 window; 64-bit B loads
+# (korder 1) 0.181 vs 0.191 (korder 0); split staging and nv 4 within 1 %, register caps and
+# 8 warps slower. nv falls back to 1 where 2 does not divide the rows.
 CL_DEFAULTS: dict[str, int] = {"warps": 2, "minb": 1, "korder": 1, "split": 0, "nv": 2}
 
 
@@ -88,7 +85,7 @@ def cl_plan(shape: ConvShape, params: Mapping[str, Any] | None = None) -> ClPlan
     unknown = set(p) - set(CL_DEFAULTS)
     if unknown:
         raise ValueError(f"fcp_mma_cl: unknown parameters {sorted(unknown)}")
-    hp, _ = fused.pooled_hw(shape, CL_POOL)
+    hp, _ = pooled_hw(shape, CL_POOL)
     if "nv" not in given and hp % p["nv"]:
         p["nv"] = 1
     if p["korder"] not in KORDERS or p["nv"] < 1 or hp % p["nv"] or p["warps"] < 1:
@@ -118,7 +115,7 @@ def cl_a_matrices(w: np.ndarray, korder: int = 1) -> np.ndarray:
     M, C, K, K2 = w.shape
     if C != CL_CHANNELS or K != K2 or M > 16 or K > 8:
         raise ValueError(f"fcp_mma_cl weights must be (M<=16, 4, K<=8, K), got {w.shape}")
-    ks = _ceil_div(K, 4)
+    ks = ceil_div(K, 4)
     wpad = np.zeros((16, C, K, 4 * ks), np.float32)
     wpad[:M, :, :, :K] = w
     q, c = cl_taps(korder)
@@ -130,13 +127,13 @@ def cl_a_matrices(w: np.ndarray, korder: int = 1) -> np.ndarray:
 
 
 def cl_fragments(w: np.ndarray, korder: int = 1) -> np.ndarray:
-    """`cl_a_matrices` in per-lane mma register order, packed like fused.wa_fragments:
+    """`cl_a_matrices` in per-lane mma register order, packed like fused_mma.wa_fragments:
     a0 = (row g, k 2t..2t+1), a1 = (row g+8, k 2t..), a2 = (row g, k 2t+8..), a3 = (row g+8,
     k 2t+8..), the lower k in the low half. Returns uint32 (steps, 32 lanes, 4 registers)."""
     a = cl_a_matrices(w, korder)
     s = np.arange(a.shape[0])[:, None]
-    g, t = fused._G[None, :], fused._T[None, :]
-    pack = fused._pack_half2
+    g, t = LANE_G[None, :], LANE_T[None, :]
+    pack = pack_half2
     regs = [pack(a[s, g, 2 * t], a[s, g, 2 * t + 1]),
             pack(a[s, g + 8, 2 * t], a[s, g + 8, 2 * t + 1]),
             pack(a[s, g, 2 * t + 8], a[s, g, 2 * t + 9]),
@@ -167,44 +164,43 @@ def prepare_conv2_cl(shape: ConvShape, w: Any, b: Any,
 
 
 # ---------------------------------------------------------------------------------------------
-# conv1: rung 13 fcp_mma_toe with the fp16 channels-last epilogue
+# conv1: fcp_mma_toe_cl, rung 17's Toeplitz kernel with the fp16 channels-last store
 # ---------------------------------------------------------------------------------------------
 
 
-# conv1 with the channels-last epilogue: a block per image (TC_TPH = all 40 pooled rows, the
-# input staged once) measured 0.246 / 0.252 ms vs 0.250 / 0.258 with rung 13's 20 rows (two
-# runs), and the whole forward 0.501 vs 0.531 ms with conv2's new defaults.
+# conv1 with the channels-last store: a block per image (TC_TPH = all 40 pooled rows, the
+# input staged once) measured 0.246 ms vs 0.250 with rung 17's 20 rows (H100, B=10000).
 TOE_CL_TPH = 40
 
 
 def _toe_smem(shape: ConvShape, tph: int) -> int:
-    ng = _ceil_div(2 * fused.pooled_hw(shape, 2)[1], 8)
+    ng = ceil_div(2 * pooled_hw(shape, 2)[1], 8)
     return shape.C * ((2 * tph - 1) + shape.K) * (ng * 8 + 8) * 2
 
 
 def toe_cl_plan(shape: ConvShape,
                 params: Mapping[str, Any] | None = None) -> tuple[dict[str, int], int, int]:
-    """(defines, tiles_h, warps) of fcp_mma_toe with TC_OUT_CL=1: rung 13's fp16 toeplitz
-    plan; params may set warps, minb (passed to tc_plan) and tph (pooled rows a block; 0 =
-    rung 13's choice; default min(pooled rows, TOE_CL_TPH) where it fits shared memory)."""
+    """(defines, tiles_h, warps) of fcp_mma_toe_cl: rung 17's fp16 toeplitz plan; params may
+    set warps, minb (passed to tc_plan) and tph (pooled rows a block; 0 = rung 17's choice;
+    default min(pooled rows, TOE_CL_TPH) where it fits shared memory)."""
     params = dict(params or {})
     tph = params.pop("tph", None)
     if tph is None:
-        tph = min(fused.pooled_hw(shape, 2)[0], TOE_CL_TPH)
-        if _toe_smem(shape, tph) > _SMEM_LIMIT:
+        tph = min(pooled_hw(shape, 2)[0], TOE_CL_TPH)
+        if _toe_smem(shape, tph) > SMEM_STATIC_LIMIT:
             tph = 0
-    plan = fused.tc_plan(shape, 2, "fp16", params)
+    plan = tc_plan(shape, 2, "fp16", params)
     if plan.kernel != "fcp_mma_toe" or shape.M % 2:
         raise ValueError(f"the channels-last conv1 path needs the toeplitz plan, even M: {shape}")
-    defines = {**plan.defines, "TC_OUT_CL": 1}
-    hp, _ = fused.pooled_hw(shape, 2)
+    defines = dict(plan.defines)
+    hp, _ = pooled_hw(shape, 2)
     tiles_h = plan.tiles_h
-    if tph:  # 0: rung 13's tile height
+    if tph:  # 0: rung 17's tile height
         defines["TC_TPH"] = int(tph)
-        tiles_h = _ceil_div(hp, int(tph))
-        if not params.get("warps"):  # rung 13's rule of thumb, for the new tile height
-            ng = _ceil_div(2 * fused.pooled_hw(shape, 2)[1], 8)
-            defines["TC_WARPS"] = min(2, _ceil_div(int(tph) * ng, 8))
+        tiles_h = ceil_div(hp, int(tph))
+        if not params.get("warps"):  # rung 17's rule of thumb, for the new tile height
+            ng = ceil_div(2 * pooled_hw(shape, 2)[1], 8)
+            defines["TC_WARPS"] = min(2, ceil_div(int(tph) * ng, 8))
     return defines, tiles_h, defines["TC_WARPS"]
 
 
@@ -216,10 +212,10 @@ def prepare_conv1_cl(shape: ConvShape, w: Any, b: Any,
 
     cp = require_cupy()
     defines, tiles_h, warps = toe_cl_plan(shape, params)
-    kernel = get_kernel(fused.KERNEL_FILE, "fcp_mma_toe", defines)
-    frag = cp.asarray(fused.toeplitz_fragments(np.asarray(to_numpy(w), np.float32), "fp16"))
+    kernel = get_kernel(KERNEL_FILE, "fcp_mma_toe_cl", defines)
+    frag = cp.asarray(toeplitz_fragments(np.asarray(to_numpy(w), np.float32), "fp16"))
     b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
-    hp, wp = fused.pooled_hw(shape, 2)
+    hp, wp = pooled_hw(shape, 2)
     i32 = np.int32
     tail = (i32(shape.H), i32(shape.W), i32(hp), i32(wp), i32(tiles_h))
 
@@ -238,14 +234,12 @@ def prepare_conv1_cl(shape: ConvShape, w: Any, b: Any,
 
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
     """Every (kernel file, defines) the fp16 channels-last path compiles, by a display name."""
-    from convolab.gpu import network  # network imports this module lazily: no import cycle
+    from convolab.models import conv_blocks
 
-    c1, c3 = ConvShape(1, 1, 86, 86, 4, 7), ConvShape(1, 4, 40, 40, 16, 7)
+    c1, c3 = (block.shape for block in conv_blocks("ece408"))
     conv1 = [toe_cl_plan(c1, p)[0] for p in ({}, {"tph": 0}, {"warps": 4}, {"tph": 10})]
     conv2 = [cl_plan(c3, p).defines for p in ({}, {"nv": 1, "warps": 4}, {"korder": 0},
                                               {"split": 1}, {"nv": 4, "split": 1},
                                               {"nv": 1, "minb": 6}, {"warps": 8, "minb": 3})]
-    return {"lenet-tc-cl conv1 (fcp_mma_toe TC_OUT_CL)": [(fused.KERNEL_FILE, d) for d in conv1],
-            "lenet-tc-cl conv2 (fcp_mma_cl)": [(KERNEL_FILE, d) for d in conv2],
-            "lenet-tc-cl head (lenet_head HEAD_IMGS)": [(HEAD_KERNEL_FILE, dict(d))
-                                                        for d in network.HEAD_VARIANTS.values()]}
+    return {"lenet-fp16-cl conv1 (fcp_mma_toe_cl)": [(KERNEL_FILE, d) for d in conv1],
+            "lenet-fp16-cl conv2 (fcp_mma_cl)": [(KERNEL_FILE, d) for d in conv2]}

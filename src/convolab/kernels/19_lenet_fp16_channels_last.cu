@@ -1,10 +1,40 @@
-// Rung 16 — the fused LeNet's conv2 on tensor cores, reading the pooled C1 map as fp16
-// channels-last: fcp_mma_cl. Same fusion and same pool-4 window mapping as rung 13's
-// fcp_mma_wa (weights = the 16-row A operand, kept in registers; B = implicit im2col, 8
-// positions per n-tile; one 4x4 pool window = 2 n-tiles in one quad, pooled by a max over
-// registers and 2 shuffles). What it adds over fcp_mma_wa, and why:
-//   * its input is the map rung 13's fcp_mma_toe writes with TC_OUT_CL=1: fp16 [b][40][40][4],
-//     8 bytes a pixel. The 256 MB fp32 NCHW intermediate (written once, read once) becomes
+// Rung 19 — the fp16 LeNet's channels-last pair. Changes against rungs 17/18: the tensor
+// between conv1 and conv2 is fp16 channels-last [b][ph][pw][4] (8 bytes a pixel) instead of
+// fp32 NCHW, written by conv1's Toeplitz kernel and read by a conv2 kernel made for it.
+// Why: that map (256 MB fp32 at B=10000, written once, read once) is the only full-size tensor
+// of the fused forward; fp16 channels-last halves it and lets conv2 stage it with plain 16-byte
+// cp.async (no conversion, no shifted copy). Neither kernel is a registry rung: their input or
+// output is not the fp32 NCHW tensor of the ConvImpl contract; FusedLeNet (mode 'fp16') runs
+// them.
+// Measured: conv1 0.246 ms (a block per image), conv2 0.181 ms, whole fp16 forward 0.501 ms
+// (H100, B=10000).
+//
+// fcp_mma_toe_cl — rung 17's Toeplitz kernel (fp16, TC_PREC 0) with a channels-last fp16 store.
+
+#include "fused_mma.cuh"
+
+static_assert(TC_PREC == 0, "the channels-last map is fp16: conv1 runs on fp16 tensor cores");
+
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
+fcp_mma_toe_cl(const float* __restrict__ x, const uint2* __restrict__ bfrag,
+               const float* __restrict__ bias, __half2* __restrict__ y, int H, int W, int Hp,
+               int Wp, int tiles_h) {
+  static_assert(TC_M % 2 == 0, "channels-last fp16 output stores channel pairs");
+  toe_conv_pool(x, bfrag, bias, H, W, Hp, Wp, tiles_h,
+                [=](size_t b, int ph, int pw, const float(&out)[TC_M]) {
+                  __half2* yc = y + ((b * Hp + ph) * (size_t)Wp + pw) * (TC_M / 2);
+#pragma unroll
+                  for (int n = 0; n < TC_M; n += 2) yc[n / 2] = pack_half2(out[n], out[n + 1]);
+                });
+}
+
+// =============================================================================================
+// fcp_mma_cl — conv2 on tensor cores, reading the pooled C1 map as fp16 channels-last. Same
+// fusion and same pool-4 window mapping as rung 18's fcp_mma_wa (weights = the 16-row A
+// operand, kept in registers; B = implicit im2col, 8 positions per n-tile; one 4x4 pool window
+// = 2 n-tiles in one quad, pooled by a max over registers and 2 shuffles). What it adds over fcp_mma_wa, and why:
+//   * its input is the map fcp_mma_toe_cl above writes: fp16 [b][40][40][4], 8 bytes a
+//     pixel. The 256 MB fp32 NCHW intermediate (written once, read once) becomes
 //     128 MB: half the bytes of the only full-size tensor between the two layers;
 //   * no conversion: the map is already fp16, so staging is plain 16-byte cp.async of the
 //     image's rows straight into shared memory (no register round trip, no cvt, no stores);
@@ -15,12 +45,12 @@
 //     vertically) at filter row p reads input row pair 2 jj + p, so one load feeds up to 4
 //     mma (fcp_mma_wa loads one fragment per mma);
 //   * the 1024 pooled features of an image go through shared memory and leave as coalesced
-//     float4 stores in the order the head (kernels/15 lenet_head) reads: c*64 + ph*8 + pw.
+//     float4 stores in the order the head (kernels/20 lenet_head) reads: c*64 + ph*8 + pw.
 //
 // GEMM k order. For filter row p, k-step h covers 16 k = 4 columns q x 4 channels c (q = 7 is
 // padding with zero weight), 2 steps a row, 14 mma.m16n8k16 per n-tile (as many as
 // fcp_mma_wa). Within a step, CL_KORDER picks which k sits where (A fragments follow, see
-// gpu/tc_cl.py cl_fragments):
+// gpu/fused_cl.py cl_fragments):
 //   0: kk -> q = 4h + kk/4, c = kk%4. Lane t's b0 = pixel (ow + 4h + t/2), channels 2(t&1),
 //      2(t&1)+1 (one 32-bit load); b1 = the pixel two columns right. 2 x LDS.32 per mma.
 //   1: kk -> q = 4h + (kk%8)/2, c = 2(kk/8) + kk%2. Lane t's b0 = channels 0,1 and b1 =
@@ -31,8 +61,6 @@
 // so the two output rows of the n-tile sit 16 banks apart; each row touches pixels dx + t' in
 // 0..6 (KORDER 1: 14 words; KORDER 0: 10 words): 0..13 and 16..29 mod 32 -> no two distinct
 // words share a bank (equal words are broadcast), one wavefront per load.
-
-#include <cuda_fp16.h>
 
 #ifndef CL_H
 #define CL_H 40  // input rows (pooled C1 map)
@@ -75,7 +103,6 @@
 #define CL_FEATS (CL_M * CL_WINDOWS)       // pooled features of one image
 #define CL_UNITS (CL_WINDOWS / CL_NV)      // warp work items: CL_NV windows of one column
 #define CL_THREADS (CL_WARPS * 32)
-#define CL_NEG_INF (__int_as_float(0xff800000u))
 
 static_assert(CL_K >= 1 && CL_K <= 8 && CL_M >= 1 && CL_M <= 16, "one 16-row A operand");
 static_assert(CL_HP >= 1 && CL_WP >= 1, "no complete 4x4 pool window");
@@ -86,24 +113,15 @@ static_assert((CL_H * CL_W) % 2 == 0 && (CL_ROWS * CL_W) % 2 == 0,
 static_assert(CL_NV >= 1 && CL_HP % CL_NV == 0, "CL_NV must divide the pooled rows");
 
 __device__ __forceinline__ void cl_mma(float (&d)[4], const uint4& a, unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void cl_cp_async16(void* dst, const void* src) {
-  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(saddr), "l"(src) : "memory");
+  mma_f16_m16n8k16(d, a.x, a.y, a.z, a.w, b0, b1);
 }
 
 // Chunks [lo, hi) of 16 bytes (2 pixels) of the image -> the same offsets in shared memory.
 __device__ __forceinline__ void cl_stage(uint4* dst, const uint4* __restrict__ src, int lo,
                                          int hi) {
   for (int i = lo + static_cast<int>(threadIdx.x); i < hi; i += CL_THREADS)
-    cl_cp_async16(dst + i, src + i);
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cp_async16(dst + i, src + i);
+  cp_async_commit();
 }
 
 // One warp-iteration: the CL_NV pool windows (ph0 + v, pw), v < CL_NV, of unit u, stacked
@@ -162,7 +180,7 @@ __device__ __forceinline__ void cl_unit(const uint2* in_s, float* out_s,
 }
 
 // x: fp16 channels-last [B][CL_H][CL_W][4] (16-byte chunks); afrag: (CL_STEPS, 32 lanes) uint4
-// A fragments from gpu/tc_cl.py; y: fp32 [B][CL_M][CL_HP][CL_WP]. One block per image.
+// A fragments from gpu/fused_cl.py; y: fp32 [B][CL_M][CL_HP][CL_WP]. One block per image.
 extern "C" __global__ void __launch_bounds__(CL_THREADS, CL_MINB)
 fcp_mma_cl(const uint4* __restrict__ x, const uint4* __restrict__ afrag,
            const float* __restrict__ bias, float* __restrict__ y) {
@@ -192,15 +210,15 @@ fcp_mma_cl(const uint4* __restrict__ x, const uint4* __restrict__ afrag,
   const float b_hi = g + 8 < CL_M ? __ldg(&bias[g + 8]) : 0.f;
 
 #if CL_SPLIT
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  cp_async_wait<1>();
   __syncthreads();
   for (int u = warp; u < CL_UNITS_A; u += CL_WARPS) cl_unit(in_s, out_s, af, u, b_lo, b_hi);
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  cp_async_wait<0>();
   __syncthreads();
   for (int u = CL_UNITS_A + warp; u < CL_UNITS; u += CL_WARPS)
     cl_unit(in_s, out_s, af, u, b_lo, b_hi);
 #else
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  cp_async_wait<0>();
   __syncthreads();
   for (int u = warp; u < CL_UNITS; u += CL_WARPS) cl_unit(in_s, out_s, af, u, b_lo, b_hi);
 #endif
