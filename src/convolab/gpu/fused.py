@@ -91,7 +91,7 @@ def fused_conv_pool_impl(pool: int, precision: str = "fp32") -> ConvImpl:
         space={"warps": [2, 4, 5, 8], "minb": [1, 2, 3, 4]},
         defaults={"warps": 0, "minb": 0},
         tolerance=TOLERANCE[precision],
-        rung=17 if pool == 2 else 18,
+        rung=13,
         kernel_file=_tc_file(pool),
         compile_variants=lambda: _tc_variants(pool),
         pool=pool,

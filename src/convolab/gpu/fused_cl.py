@@ -1,7 +1,7 @@
-"""Host side of rung 19, the fused LeNet's fp16 path through a channels-last intermediate
+"""Host side of kernel 19, the fused LeNet's fp16 path through a channels-last intermediate
 (kernels/19_lenet_fp16_channels_last.cu):
 
-    conv1  `fcp_mma_toe_cl`: rung 17's Toeplitz kernel writing the pooled C1 map as fp16
+    conv1  `fcp_mma_toe_cl`: kernel 17's Toeplitz kernel writing the pooled C1 map as fp16
            channels-last [b][40][40][4] (8 bytes a pixel) instead of fp32 NCHW
     conv2  `fcp_mma_cl`: reads that map with plain 16-byte cp.async (no conversion, no
            shifted copy), writes fp32 features in NCHW flatten order, so kernels/20
@@ -164,12 +164,12 @@ def prepare_conv2_cl(shape: ConvShape, w: Any, b: Any,
 
 
 # ---------------------------------------------------------------------------------------------
-# conv1: fcp_mma_toe_cl, rung 17's Toeplitz kernel with the fp16 channels-last store
+# conv1: fcp_mma_toe_cl, kernel 17's Toeplitz kernel with the fp16 channels-last store
 # ---------------------------------------------------------------------------------------------
 
 
 # conv1 with the channels-last store: a block per image (TC_TPH = all 40 pooled rows, the
-# input staged once) measured 0.246 ms vs 0.250 with rung 17's 20 rows (H100, B=10000).
+# input staged once) measured 0.246 ms vs 0.250 with kernel 17's 20 rows (H100, B=10000).
 TOE_CL_TPH = 40
 
 
@@ -180,8 +180,8 @@ def _toe_smem(shape: ConvShape, tph: int) -> int:
 
 def toe_cl_plan(shape: ConvShape,
                 params: Mapping[str, Any] | None = None) -> tuple[dict[str, int], int, int]:
-    """(defines, tiles_h, warps) of fcp_mma_toe_cl: rung 17's fp16 toeplitz plan; params may
-    set warps, minb (passed to tc_plan) and tph (pooled rows a block; 0 = rung 17's choice;
+    """(defines, tiles_h, warps) of fcp_mma_toe_cl: kernel 17's fp16 toeplitz plan; params may
+    set warps, minb (passed to tc_plan) and tph (pooled rows a block; 0 = kernel 17's choice;
     default min(pooled rows, TOE_CL_TPH) where it fits shared memory)."""
     params = dict(params or {})
     tph = params.pop("tph", None)
@@ -195,10 +195,10 @@ def toe_cl_plan(shape: ConvShape,
     defines = dict(plan.defines)
     hp, _ = pooled_hw(shape, 2)
     tiles_h = plan.tiles_h
-    if tph:  # 0: rung 17's tile height
+    if tph:  # 0: kernel 17's tile height
         defines["TC_TPH"] = int(tph)
         tiles_h = ceil_div(hp, int(tph))
-        if not params.get("warps"):  # rung 17's rule of thumb, for the new tile height
+        if not params.get("warps"):  # kernel 17's rule of thumb, for the new tile height
             ng = ceil_div(2 * pooled_hw(shape, 2)[1], 8)
             defines["TC_WARPS"] = min(2, ceil_div(int(tph) * ng, 8))
     return defines, tiles_h, defines["TC_WARPS"]

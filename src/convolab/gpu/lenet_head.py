@@ -1,4 +1,4 @@
-"""Host side of rung 20, `lenet_head` (kernels/20_lenet_head.cu): the fused LeNet's F5 + ReLU +
+"""Host side of kernel 20, `lenet_head` (kernels/20_lenet_head.cu): the fused LeNet's F5 + ReLU +
 F6 + softmax in one persistent kernel. Define sets, shared memory, grid, and run(). Nothing
 here imports CuPy at module import time.
 """

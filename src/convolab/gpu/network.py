@@ -2,11 +2,11 @@
 
     C1 conv 1->4 K7 + ReLU + pool 2   a fused conv+pool rung (13/16 fp32 FFMA, 17 tf32;
     C3 conv 4->16 K7 + ReLU + pool 4   15 fp32, 18 tf32; 19 in mode 'fp16')
-    F5 + ReLU, F6, softmax            rung 20, kernels/20_lenet_head.cu: 10 floats out
+    F5 + ReLU, F6, softmax            kernel 20, kernels/20_lenet_head.cu: 10 floats out
 
 Three launches per batch; the only full-size intermediate is the pooled C1 map (25.6 KB an
 image in fp32 NCHW). Mode 'fp16' passes it as fp16 channels-last instead (12.8 KB an image):
-rung 19's fcp_mma_toe_cl then fcp_mma_cl (gpu/fused_cl.py), which stages it with plain 16-byte
+kernel 19's fcp_mma_toe_cl then fcp_mma_cl (gpu/fused_cl.py), which stages it with plain 16-byte
 copies. docs/fused.md records why this split and not one kernel per image.
 
 `FusedLeNet` takes a plain dict {name: array} (the ece408 model's parameters, see

@@ -1,5 +1,5 @@
 // Rung 18 — fused-conv-pool on tensor cores, weights as A: fcp_mma_wa. The fusion of rung 13
-// with the convolution as mma.sync, for conv2-like layers (up to 16 output channels): rung 17's
+// with the convolution as mma.sync, for conv2-like layers (up to 16 output channels): kernel 17's
 // Toeplitz mapping would waste the A rows, so here the weights are the 16-row A operand and
 // stay in registers for the whole kernel; B is the implicit im2col of the input (8 positions
 // per n-tile), gathered straight from the shared-memory tile. The GEMM k axis is the filter

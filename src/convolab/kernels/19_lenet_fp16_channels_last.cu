@@ -9,7 +9,7 @@
 // Measured: conv1 0.246 ms (a block per image), conv2 0.181 ms, whole fp16 forward 0.501 ms
 // (H100, B=10000).
 //
-// fcp_mma_toe_cl — rung 17's Toeplitz kernel (fp16, TC_PREC 0) with a channels-last fp16 store.
+// fcp_mma_toe_cl — kernel 17's Toeplitz kernel (fp16, TC_PREC 0) with a channels-last fp16 store.
 
 #include "fused_mma.cuh"
 
@@ -30,7 +30,7 @@ fcp_mma_toe_cl(const float* __restrict__ x, const uint2* __restrict__ bfrag,
 
 // =============================================================================================
 // fcp_mma_cl — conv2 on tensor cores, reading the pooled C1 map as fp16 channels-last. Same
-// fusion and same pool-4 window mapping as rung 18's fcp_mma_wa (weights = the 16-row A
+// fusion and same pool-4 window mapping as kernel 18's fcp_mma_wa (weights = the 16-row A
 // operand, kept in registers; B = implicit im2col, 8 positions per n-tile; one 4x4 pool window
 // = 2 n-tiles in one quad, pooled by a max over registers and 2 shuffles). What it adds over fcp_mma_wa, and why:
 //   * its input is the map fcp_mma_toe_cl above writes: fp16 [b][40][40][4], 8 bytes a
