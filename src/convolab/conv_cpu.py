@@ -298,13 +298,12 @@ _LANES = 16
 
 
 @functools.cache
-def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]:
-    """(conv_direct, conv_relu_pool), both parallel over the batch.
+def _conv_row_kernel(k_spec: int, unit_stride: bool) -> Callable:
+    """conv_row: one output row h of all M channels into a per-thread buffer.
 
-    For one output row h the M output rows are accumulated in a per-thread buffer; each
-    input row used is first copied into a zero-padded per-thread row so the innermost loop
-    (along the output row: contiguous when S == 1, so LLVM emits SIMD FMAs) can run a whole
-    number of vectors without reading past the input. The K taps of one weight row are
+    Each input row used is first copied into a zero-padded per-thread row so the innermost
+    loop (along the output row: contiguous when S == 1, so LLVM emits SIMD FMAs) can run a
+    whole number of vectors without reading past the input. The K taps of one weight row are
     unrolled when K is a compile-time constant; k_spec == 0 and unit_stride False fall back
     to run-time K and S.
     """
@@ -334,6 +333,16 @@ def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]
                         for q in range(K):
                             s += wrow[q] * xpad[ow * S + q]
                         arow[ow] = s
+
+    return conv_row
+
+
+@functools.cache
+def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]:
+    """(conv_direct, conv_relu_pool), both parallel over the batch, built on conv_row."""
+    import numba
+
+    conv_row = _conv_row_kernel(k_spec, unit_stride)
 
     @numba.njit(cache=False, parallel=True)
     def conv_direct(x, w, bias, stride, y):

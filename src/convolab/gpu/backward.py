@@ -1,7 +1,8 @@
 """GPU backward passes for training: convolution, max-pool and the textbook's subsampling.
 
-Plain functions on CuPy float32 arrays; the kernels are kernels/20_conv_backward_direct.cu,
-21_conv_backward_gemm.cu and 22_pool_backward.cu, compiled through `convolab.gpu.compile`.
+Plain functions on CuPy float32 arrays; the kernels are kernels/22_conv_backward_direct.cu,
+23_conv_backward_gemm.cu, 21_pool_forward.cu and 24_pool_backward.cu, compiled through
+`convolab.gpu.compile`.
 
 - `conv2d_backward(x, w, dy, stride, method)` -> (dx, dw, db). Two methods:
   'direct' (gather kernels straight from the definition) and 'gemm' (im2col + cuBLAS + col2im).
