@@ -265,9 +265,10 @@ def test_tc_fragment_mapping_pool2_odd_shape_emulated(precision: str,
 
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
 def test_tc_fragment_mapping_conv1_emulated(precision: str, rng: np.random.Generator) -> None:
-    x = rng.random((1, 1, 40, 38)).astype(np.float32)
-    w = (rng.standard_normal((4, 1, 7, 7)) * 0.2).astype(np.float32)
-    b = (rng.standard_normal(4) * 0.1).astype(np.float32)
+    x = rng.random((1, 1, 40, 38)).astype(np.float32)  # conv1's filters on an odd-sized image
+    shapes = param_shapes("ece408")
+    w = (rng.standard_normal(shapes["c1.weight"]) * 0.2).astype(np.float32)
+    b = (rng.standard_normal(shapes["c1.bias"]) * 0.1).astype(np.float32)
     got = emulate_toe(x, w, b, precision)
     assert rel_l2(got, reference_conv_relu_pool(x, w, b, 1, 2)) < TOLERANCE[precision]
 

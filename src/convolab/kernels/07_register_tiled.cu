@@ -51,34 +51,6 @@
 #error "TM must be a multiple of 4 (weights are read as float4)"
 #endif
 
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 4 bytes global -> shared, or 4 zero bytes when !valid (src is then never read).
-__device__ __forceinline__ void copy_async_4(float* dst, const float* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(dst)),
-               "l"(src), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void copy_async_16(float* dst, const float* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
-               "l"(src));
-}
-
-__device__ __forceinline__ void copy_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void copy_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Wait for every committed group but the most recent one (the prefetch of the next stage).
-__device__ __forceinline__ void copy_async_wait_all_but_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
 struct Tile {
   int b, ho0, wo0;
 };
@@ -101,7 +73,7 @@ __device__ __forceinline__ void stage_chunk(const float* __restrict__ x,
   // Weights of this chunk: one contiguous, 16-byte aligned run of w_arranged (zero-padded
   // for channels m >= M by the host).
   const float* w_src = w_arranged + ((size_t)blockIdx.y * C + c0) * KK * TM;
-  for (int i = tid; i < nc * KK * TM / 4; i += nthreads) copy_async_16(s_w + 4 * i, w_src + 4 * i);
+  for (int i = tid; i < nc * KK * TM / 4; i += nthreads) cp_async16(s_w + 4 * i, w_src + 4 * i);
   const int hi0 = t.ho0 * S, wi0 = t.wo0 * S;
   for (int cl = 0; cl < nc; ++cl) {
     const float* x_c = x + ((size_t)t.b * C + c0 + cl) * H * (size_t)W;
@@ -111,7 +83,7 @@ __device__ __forceinline__ void stage_chunk(const float* __restrict__ x,
       for (int col = tx; col < in_cols; col += bx) {
         const int wi = wi0 + col;
         const bool valid = hi < H && wi < W;
-        copy_async_4(dst + r * in_cols + col, valid ? x_c + (size_t)hi * W + wi : x, valid);
+        cp_async4(dst + r * in_cols + col, valid ? x_c + (size_t)hi * W + wi : x, valid);
       }
     }
   }
@@ -206,7 +178,7 @@ conv_register_tiled(const float* __restrict__ x, const float* __restrict__ w_arr
   for (int c0 = 0; c0 < C; c0 += cch) {
     const int nc = min(cch, C - c0);
     stage_chunk(x, w_arranged, s_w, s_in, t, c0, nc, C, H, W, S, in_rows, in_cols);
-    copy_async_wait_all();
+    cp_async_wait_all();
     __syncthreads();
     accumulate_chunk(s_w, s_in, nc, S, in_rows, in_cols, acc);
     __syncthreads();
@@ -242,7 +214,7 @@ conv_register_tiled_pipelined(const float* __restrict__ x, const float* __restri
     stage_chunk(x, w_arranged, buf, buf + w_floats,
                 tile_at(t_index, tiles_w, tiles_per_image, blockDim.y), c0, min(cch, C - c0),
                 C, H, W, S, in_rows, in_cols);
-    copy_async_commit();
+    cp_async_commit();
   };
 
   float acc[TM][TN];
@@ -251,9 +223,9 @@ conv_register_tiled_pipelined(const float* __restrict__ x, const float* __restri
   for (long long s = 0; s < n_stages; ++s) {
     if (s + 1 < n_stages) {
       stage(s + 1);  // its buffer was released by the barrier that ended stage s - 1
-      copy_async_wait_all_but_one();
+      cp_async_wait<1>();
     } else {
-      copy_async_wait_all();
+      cp_async_wait_all();
     }
     __syncthreads();
     const float* buf = buffers + (s & 1) * buffer_floats;
