@@ -183,7 +183,7 @@ def test_multi_chunk_shapes_fall_back_to_fcp_exact() -> None:
     assert fused_ffma.exact_plan(ConvShape(1, 1, 40, 40, 2, 3), 9, {"pipe": 1}) is None  # simple
 
 
-def test_defaults_are_the_measured_choice() -> None:
+def test_defaults_follow_the_documented_rule() -> None:
     """The documented rule (fused_ffma.with_measured_defaults): fcp_exact_cw where cw_fits,
     else the register-weight pipe where C*K*K fits the register budget, else the pipe with
     fcp_exact's tile for single-chunk shapes, fcp_exact for multi-chunk shapes."""
