@@ -50,7 +50,7 @@ def test_forward_is_softmax_of_logits_and_predict(rng: np.random.Generator) -> N
     np.testing.assert_allclose(probs.sum(axis=1), 1.0)
     np.testing.assert_array_equal(probs.argmax(axis=1), logits.argmax(axis=1))
     net.to("cpu")  # float32 from here on
-    x32 = x.astype(np.float32)
+    x32 = rng.random((5, 1, 11, 11), dtype=np.float32)  # predict takes pixels in [0, 1]
     np.testing.assert_array_equal(net.predict(x32, batch=2), net.logits(x32).argmax(axis=1))
     assert net.layers[0].training  # predict restores the mode it found
 

@@ -13,6 +13,13 @@
 ``conv_relu_pool_cpu`` is the same direct kernel with bias + ReLU + max-pool fused in, for
 inference: the conv output never reaches memory.
 
+NaN policy: NaN propagates. A NaN anywhere in a pool window's conv outputs makes that pooled
+output NaN, in every CPU path alike — the fused kernel, the unfused layers (``ReLU`` is
+``x * (x > 0)``, ``MaxPool2d`` is ``np.maximum``) and the fp64 reference — so bad input is
+never laundered into a finite, plausible answer. The GPU fused kernels (13, 18, 19 and the
+LeNet head) use ``fmaxf``, which returns the other operand when one is NaN: they drop NaN
+instead, so on NaN input they can return finite values where the CPU returns NaN.
+
 Numba is imported only inside the kernel builders, never at import time: this module is
 imported by the registry on every machine, including GPU hosts where Numba must not load.
 
@@ -70,9 +77,7 @@ def _validate_call(
         for label, a in (("input", x), ("weights", w)):
             if not isinstance(a, np.ndarray) or a.ndim != 4:
                 raise ValueError(f"{label} must be a 4-D NumPy array")
-    if isinstance(stride, bool) or not isinstance(stride, int | np.integer):
-        raise TypeError(f"stride must be an int, got {type(stride).__name__}")
-    shape = ConvShape.of(x.shape, w.shape, int(stride))
+    shape = ConvShape.of(x.shape, w.shape, stride)
     if b is not None:
         if require_f32:
             _check_array("bias", b, 1)
@@ -385,11 +390,16 @@ def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]
                         for pw in range(Wp):
                             v = best[m, pw]
                             for j in range(P):
-                                v = max(v, acc[m, pw * P + j])
+                                a = acc[m, pw * P + j]
+                                # NaN propagates (module docstring): once v is NaN, a > v
+                                # stays False and v keeps it.
+                                if a > v or a != a:
+                                    v = a
                             best[m, pw] = v
                 for m in range(M):
                     for pw in range(Wp):
-                        y[b, m, ph, pw] = max(best[m, pw], np.float32(0.0))
+                        v = best[m, pw]
+                        y[b, m, ph, pw] = v if (v > 0 or v != v) else np.float32(0.0)
 
     return conv_direct, conv_relu_pool
 

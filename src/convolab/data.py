@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from convolab.errors import DataError
+from convolab.errors import DataError, InputError
 
 Split = Literal["train", "test"]
 
@@ -415,7 +415,11 @@ def resize_bilinear(images: np.ndarray, size: int = 86) -> np.ndarray:
     """
     images = np.asarray(images)
     if images.ndim != 3:
-        raise ValueError(f"images must have shape (N, H, W), got {images.shape}")
+        raise InputError(f"images must have shape (N, H, W), got {images.shape}")
+    if 0 in images.shape:
+        raise InputError(
+            f"images must be non-empty on every axis (N, H, W >= 1), got shape {images.shape}"
+        )
     if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
         raise ValueError(f"size must be a positive int, got {size!r}")
     is_uint8 = images.dtype == np.uint8

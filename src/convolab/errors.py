@@ -11,3 +11,15 @@ class DataError(ConvolabError):
 
 class WeightsError(ConvolabError):
     """A weights file is missing, unreadable or does not fit the model."""
+
+
+class InputError(ConvolabError, ValueError):
+    """An argument of the library API has a bad value, shape or range (a ValueError too)."""
+
+
+class InputTypeError(ConvolabError, TypeError):
+    """An argument of the library API has the wrong type or dtype (a TypeError too)."""
+
+
+class CallOrderError(ConvolabError, RuntimeError):
+    """A method was called before the one it depends on (e.g. backward before forward)."""

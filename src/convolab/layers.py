@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import xp_of
+from convolab.errors import CallOrderError, InputError
 from convolab.shapes import ConvShape
 
 Array = Any  # numpy.ndarray or cupy.ndarray
@@ -64,6 +65,24 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+    def _saved(self, attr: str) -> Array:
+        """What the last training-mode forward kept for the backward; one clear error if none
+        (backward before any forward, or after an eval-mode forward or a consuming backward)."""
+        value = getattr(self, attr, None)
+        if value is None:
+            raise CallOrderError(
+                f"{self.name}: backward called before forward (it needs the values a "
+                "training-mode forward keeps; none are kept in eval mode or after a backward)"
+            )
+        return value
+
+    def _check_4d(self, x: Array) -> None:
+        if getattr(x, "ndim", None) != 4:
+            raise InputError(
+                f"{self.name}: expected a 4-D input (B, C, H, W), got shape "
+                f"{tuple(getattr(x, 'shape', ()))}"
+            )
 
 
 def _windows(n_out: int, start: int, stride: int) -> slice:
@@ -192,9 +211,10 @@ class Conv2d(Layer):
     def backward(self, grad: Array) -> Array | None:
         xp = xp_of(grad)
         if xp is not np:  # GPU: hand-written backward kernels (convolab.gpu.backward)
+            self._saved("_x")
             from convolab.gpu.backward import conv2d_layer_backward
             return conv2d_layer_backward(self, grad)
-        x, k, stride = self._x, self.kernel_size, self.stride
+        x, k, stride = self._saved("_x"), self.kernel_size, self.stride
         s = ConvShape.of(x.shape, self.weight.shape, stride)
         w2 = self.weight.reshape(s.M, -1)
         dtype = xp.result_type(x, grad, self.weight)
@@ -225,7 +245,7 @@ class ReLU(Layer):
         return x * self._mask
 
     def backward(self, grad: Array) -> Array:
-        return grad * self._mask
+        return grad * self._saved("_mask")
 
 
 class _Pool(Layer):
@@ -241,10 +261,11 @@ class _Pool(Layer):
             raise ValueError(f"pool stride must be a positive int, got {stride!r}")
 
     def _out_hw(self, x: Array) -> tuple[int, int]:
+        self._check_4d(x)
         k, s = self.kernel_size, self.stride
         h, w = x.shape[2:]
         if h < k or w < k:
-            raise ValueError(f"{self.name}: input {h}x{w} is smaller than the {k}x{k} window")
+            raise InputError(f"{self.name}: input {h}x{w} is smaller than the {k}x{k} window")
         return (h - k) // s + 1, (w - k) // s + 1
 
     def _offsets(self, ho: int, wo: int) -> list[tuple[slice, slice]]:
@@ -274,10 +295,10 @@ class MaxPool2d(_Pool):
         xp = xp_of(grad)
         if xp is not np:
             from convolab.gpu.backward import maxpool2d_backward
-            dx = maxpool2d_backward(self._x, self._y, grad, self.kernel_size, self.stride)
+            dx = maxpool2d_backward(self._saved("_x"), self._y, grad, self.kernel_size, self.stride)
             self._x = self._y = None
             return dx
-        x, y = self._x, self._y
+        x, y = self._saved("_x"), self._y
         dx = xp.zeros(x.shape, dtype=xp.result_type(x, grad))
         # The first maximum of each window (in offset order) gets the whole gradient: a valid
         # subgradient on ties, and a tie never counts twice.
@@ -320,13 +341,14 @@ class AvgPool2d(_Pool):
 
     def backward(self, grad: Array) -> Array:
         xp = xp_of(grad)
+        x_shape = self._saved("_x_shape")
         if self.subsample:
             dz = grad * self._out * (1 - self._out)
             self._grads["weight"] = (dz * self._avg).sum(axis=(0, 2, 3))
             self._grads["bias"] = dz.sum(axis=(0, 2, 3))
             grad = dz * self.weight[:, None, None]
         share = grad / self.kernel_size**2
-        dx = xp.zeros(self._x_shape, dtype=grad.dtype)
+        dx = xp.zeros(x_shape, dtype=grad.dtype)
         for r, c in self._offsets(*grad.shape[2:]):
             dx[:, :, r, c] += share
         return dx
@@ -351,13 +373,13 @@ class Linear(Layer):
 
     def forward(self, x: Array) -> Array:
         if x.ndim != 2 or x.shape[1] != self.in_features:
-            raise ValueError(f"{self.name}: expected input (B, {self.in_features}), got {x.shape}")
+            raise InputError(f"{self.name}: expected input (B, {self.in_features}), got {x.shape}")
         self._x = x if self.training else None
         y = x @ self.weight.T
         return y + self.bias if self.bias is not None else y
 
     def backward(self, grad: Array) -> Array | None:
-        self._grads["weight"] = grad.T @ self._x
+        self._grads["weight"] = grad.T @ self._saved("_x")
         if self.bias is not None:
             self._grads["bias"] = grad.sum(axis=0)
         self._x = None
@@ -368,11 +390,12 @@ class Flatten(Layer):
     """(B, C, H, W) -> (B, C*H*W) in (C, H, W) order."""
 
     def forward(self, x: Array) -> Array:
+        self._check_4d(x)
         self._x_shape = x.shape
         return x.reshape(x.shape[0], -1)
 
     def backward(self, grad: Array) -> Array:
-        return grad.reshape(self._x_shape)
+        return grad.reshape(self._saved("_x_shape"))
 
 
 class Softmax(Layer):
@@ -385,5 +408,5 @@ class Softmax(Layer):
         return self._y
 
     def backward(self, grad: Array) -> Array:
-        y = self._y
+        y = self._saved("_y")
         return y * (grad - (grad * y).sum(axis=1, keepdims=True))

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import to_device, to_numpy, xp_of
+from convolab.errors import CallOrderError, InputError, InputTypeError
 from convolab.layers import Layer, Softmax
 
 Array = Any
@@ -29,6 +30,7 @@ class Network:
             self.layers[0].needs_input_grad = False
 
     def _run(self, x: Array, layers: list[Layer]) -> Array:
+        _check_float_images(x, self.name)
         self._ran = layers
         for layer in layers:
             x = layer.forward(x)
@@ -48,7 +50,7 @@ class Network:
     def backward(self, grad: Array) -> None:
         """Back-propagate dE/d(output of the last forward/logits call); fills layers' grads."""
         if not self._ran:
-            raise RuntimeError("backward called before forward")
+            raise CallOrderError(f"network {self.name!r}: backward called before forward")
         for layer in reversed(self._ran):
             grad = layer.backward(grad)
 
@@ -83,7 +85,22 @@ class Network:
         return self
 
     def predict(self, x: Array, batch: int = 1000) -> np.ndarray:
-        """Predicted class of every image, in eval mode, `batch` images at a time (NumPy out)."""
+        """Predicted class of every image, in eval mode, `batch` images at a time (NumPy out).
+
+        The images must be floating point scaled to [0, 1] (what `data.load_images` and
+        `data.resize_bilinear` return): raw 0..255 pixels would run, and give confident
+        nonsense, so they are refused here. Memory is bounded by `batch`, not by len(x)."""
+        if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
+            raise InputError(f"predict: batch must be a positive int, got {batch!r}")
+        _check_float_images(x, self.name)
+        low, high = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+        if not (low >= 0.0 and high <= 1.0):  # NaN fails too; reductions, no temporary array
+            raise InputError(
+                f"predict: network {self.name!r} expects pixels scaled to [0, 1], got values "
+                f"in [{low:g}, {high:g}]; divide 0..255 pixels by 255 "
+                "(convolab.data.resize_bilinear scales and resizes)"
+            )
+        batch = int(batch)
         was_training = self.layers[0].training
         self.eval()
         try:
@@ -97,14 +114,43 @@ class Network:
         return f"Network({self.name!r}, {[repr(layer) for layer in self.layers]})"
 
 
+def _check_float_images(x: Array, name: str) -> None:
+    """Refuse integer pixels (0..255) at the network's door: a cheap dtype test, no pass over x."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not np.issubdtype(dtype, np.floating):
+        shown = dtype if dtype is not None else type(x).__name__
+        raise InputTypeError(
+            f"network {name!r} takes floating-point images scaled to [0, 1], got {shown}; "
+            "scale 0..255 pixels by 1/255 and resize them first (convolab.data.resize_bilinear)"
+        )
+
+
+def _check_loss_inputs(logits: Array, labels: Array) -> None:
+    """One clear error for labels the loss cannot index with, before any arithmetic."""
+    xp = xp_of(logits)
+    shape = getattr(labels, "shape", None)
+    if logits.ndim != 2 or shape != (logits.shape[0],):
+        raise InputError(f"CrossEntropyLoss: logits (B, classes) and labels (B,), "
+                         f"got {logits.shape} and {shape}")
+    if logits.shape[0] == 0:
+        raise InputError("CrossEntropyLoss: empty batch (no images, so no mean loss)")
+    if not np.issubdtype(labels.dtype, np.integer) or labels.dtype == np.bool_:
+        raise InputTypeError(f"CrossEntropyLoss: labels must be integer class indices, "
+                             f"got dtype {labels.dtype}")
+    classes = logits.shape[1]
+    low, high = int(xp.min(labels)), int(xp.max(labels))
+    if low < 0 or high >= classes:
+        bad = low if low < 0 else high
+        raise InputError(f"CrossEntropyLoss: label {bad} is outside [0, {classes}) "
+                         f"for {classes} classes")
+
+
 class CrossEntropyLoss:
     """Mean negative log-likelihood of softmax(logits), fused (log-sum-exp) for stability."""
 
     def __call__(self, logits: Array, labels: Array) -> tuple[float, Array]:
         xp = xp_of(logits)
-        if logits.ndim != 2 or labels.shape != (logits.shape[0],):
-            raise ValueError(f"CrossEntropyLoss: logits (B, classes) and labels (B,), "
-                             f"got {logits.shape} and {labels.shape}")
+        _check_loss_inputs(logits, labels)
         n = logits.shape[0]
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_z = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from convolab.errors import InputError, InputTypeError
 
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def check_stride(stride: Any) -> int:
+    """The stride as an int, refusing what int() would silently truncate (1.9 -> 1), bools
+    and anything below 1."""
+    if isinstance(stride, bool | np.bool_) or not isinstance(stride, int | np.integer):
+        raise InputTypeError(f"stride must be a positive int, got {stride!r}")
+    if stride < 1:
+        raise InputError(f"stride must be a positive int, got {stride!r}")
+    return int(stride)
 
 
 @dataclass(frozen=True)
@@ -24,10 +39,10 @@ class ConvShape:
     def __post_init__(self) -> None:
         for field in ("B", "C", "H", "W", "M", "K", "S"):
             value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ConvShape.{field} must be a positive int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"ConvShape.{field} must be a positive int, got {value!r}")
         if self.K > self.H or self.K > self.W:
-            raise ValueError(f"kernel K={self.K} is larger than the input {self.H}x{self.W}")
+            raise InputError(f"kernel K={self.K} is larger than the input {self.H}x{self.W}")
 
     @property
     def H_out(self) -> int:
@@ -65,17 +80,18 @@ class ConvShape:
     @classmethod
     def of(cls, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: int = 1) -> ConvShape:
         """Build from array shapes, checking that they agree."""
+        stride = check_stride(stride)
         if len(x_shape) != 4:
-            raise ValueError(f"input must be 4-D (B, C, H, W), got shape {tuple(x_shape)}")
+            raise InputError(f"input must be 4-D (B, C, H, W), got shape {tuple(x_shape)}")
         if len(w_shape) != 4 or w_shape[2] != w_shape[3]:
-            raise ValueError(f"weights must be 4-D (M, C, K, K), got shape {tuple(w_shape)}")
+            raise InputError(f"weights must be 4-D (M, C, K, K), got shape {tuple(w_shape)}")
         if x_shape[1] != w_shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"input has {x_shape[1]} channels but weights expect {w_shape[1]} "
                 f"(x {tuple(x_shape)}, w {tuple(w_shape)})"
             )
         B, C, H, W = (int(v) for v in x_shape)
-        return cls(B, C, H, W, int(w_shape[0]), int(w_shape[2]), int(stride))
+        return cls(B, C, H, W, int(w_shape[0]), int(w_shape[2]), stride)
 
     def __str__(self) -> str:
         return (
