@@ -12,7 +12,9 @@ The cache is one versioned JSON file: $CONVOLAB_CACHE/tune.json if that variable
 else $XDG_CACHE_HOME/convolab/tune.json (~/.cache/convolab/tune.json). A file of another
 version, or one that does not parse, is reported with a warning and ignored — never
 trusted — and is replaced on the next save. Saves are atomic (temporary file in the same
-folder, then os.replace), so a crash never leaves a half-written cache.
+folder, then os.replace), so a crash never leaves a half-written cache, and `update_cache`
+holds an exclusive lock (``tune.json.lock`` beside it) across its read-merge-write, so tuners
+running at once never drop each other's entries.
 
 Everything above the `main` section is pure Python and is tested without a GPU.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import fcntl
 import itertools
 import json
 import math
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from convolab import models
+from convolab.fsutil import created_file_mode
 from convolab.gpu.device import gpu_name
 from convolab.precision import TOLERANCE, TUNE_MODES
 from convolab.shapes import ConvShape
@@ -195,6 +199,7 @@ def save_cache(entries: Iterable[TuneEntry], path: Path | None = None) -> Path:
     payload = {"version": CACHE_VERSION, "entries": [e.to_json() for e in entries]}
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, created_file_mode())  # mkstemp's 0600 is not what the user asked for
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(payload, fh, indent=1, sort_keys=True)
             fh.flush()
@@ -205,6 +210,29 @@ def save_cache(entries: Iterable[TuneEntry], path: Path | None = None) -> Path:
             os.unlink(tmp_name)
         raise
     return path
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterable[None]:
+    """An exclusive flock on `path` + '.lock' (created beside it, never deleted: deleting it
+    would let a waiter lock a file a newcomer no longer sees)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, created_file_mode())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def update_cache(new: Iterable[TuneEntry], path: Path | None = None) -> Path:
+    """Merge `new` into the cache on disk (new winners replace same-key ones) under the lock,
+    so concurrent updates all survive; returns the cache path."""
+    path = cache_path() if path is None else Path(path)
+    new = list(new)
+    with _locked(path):
+        return save_cache(merge(load_cache(path), new), path)
 
 
 def merge(old: Iterable[TuneEntry], new: Iterable[TuneEntry]) -> list[TuneEntry]:
@@ -562,7 +590,7 @@ def main(
         trials = sweep(plan, cap, reps, budget_s, progress)
     date = _dt.date.today().isoformat()
     found = winners(trials, gpu, dict(layers), date)
-    path = save_cache(merge(load_cache(), found))
+    path = update_cache(found)
     print_winners(console, found, layers, f"convolab tune: {model}, B={batch}, {gpu}")
     rejected = [t for t in trials if not t.ok]
     console.print(
