@@ -10,6 +10,9 @@ Look-up order (first match wins; see `find_dataset`):
 4. ``SYSTEM_DATA_DIR`` (``/usr/share/datasets/fashion-mnist``, Debian ``dataset-fashion-mnist``),
 5. a download from the official mirror (``$CONVOLAB_MIRROR`` overrides it) into the user cache.
 
+With a split named (`load_split` always names one), only that split's two files are needed:
+`classify` never fetches the 30 MB training set.
+
 A folder named explicitly (1 or 2) must hold all four files; a missing one is an error rather
 than a silent fall-through, because the user asked for that folder.
 
@@ -22,24 +25,41 @@ so a persistent stamp file would save almost nothing; instead the parsed, verifi
 memoised in-process, keyed by (resolved path, size, mtime_ns), so repeated loads in one process
 are free and a file changed on disk is re-read and re-verified. Downloads are verified before
 they are moved into the cache, so the cache only ever holds files that passed.
+
+Downloads have an overall deadline (``DOWNLOAD_DEADLINE_S``, overridden by
+``$CONVOLAB_DOWNLOAD_DEADLINE_S``) on top of the per-read time-out, so a mirror that trickles
+bytes cannot hang a run; progress lines go to stderr when it is a terminal or once a download
+has taken more than a second. A file being downloaded is a hidden ``.part`` file beside its
+target, held under an flock: SIGTERM and Ctrl-C remove it before the process ends (SIGTERM is
+then re-raised), and parts left by a killed run (no lock holder) are removed on the next start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import hashlib
+import math
 import os
+import signal
+import sys
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import numpy as np
 
 from convolab.errors import DataError, InputError
+from convolab.fsutil import created_file_mode
 
 Split = Literal["train", "test"]
 
@@ -67,7 +87,14 @@ CLASS_NAMES: tuple[str, ...] = (
 # Module constants rather than literals so tests can point them elsewhere.
 SYSTEM_DATA_DIR = Path("/usr/share/datasets/fashion-mnist")
 DEFAULT_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
-DOWNLOAD_TIMEOUT_S = 30.0
+DOWNLOAD_TIMEOUT_S = 30.0  # per read: no byte for this long is a dead connection
+DOWNLOAD_DEADLINE_S = 600.0  # whole download() call: the four files are about 30 MB
+DEADLINE_ENV = "CONVOLAB_DOWNLOAD_DEADLINE_S"
+MIRROR_ENV = "CONVOLAB_MIRROR"
+_MIRROR_SCHEMES = ("http", "https", "file")
+# A .part file unlocked and untouched this long belongs to no live download.
+_STALE_PART_AGE_S = 5.0
+_PROGRESS_AFTER_S = 1.0
 
 IMAGE_SIDE = 28
 IMAGES_MAGIC = 0x00000803  # unsigned byte data, 3 dimensions
@@ -242,12 +269,44 @@ def cache_dir() -> Path:
 
 
 def mirror_url() -> str:
-    """Base URL the four files are downloaded from ($CONVOLAB_MIRROR overrides the official one)."""
-    return os.environ.get("CONVOLAB_MIRROR") or DEFAULT_MIRROR
+    """Base URL the four files are downloaded from ($CONVOLAB_MIRROR overrides the official one).
+
+    Raises DataError naming the variable and its value when it is not an http(s):// or
+    file:// URL, before anything is fetched."""
+    value = os.environ.get(MIRROR_ENV)
+    if not value:
+        return DEFAULT_MIRROR
+    parsed = urlparse(value)
+    if parsed.scheme not in _MIRROR_SCHEMES or (parsed.scheme != "file" and not parsed.netloc):
+        raise DataError(
+            f"${MIRROR_ENV}={value!r} is not a mirror URL: expected "
+            f"{' or '.join(f'{scheme}://...' for scheme in _MIRROR_SCHEMES)} "
+            f"(unset it to use {DEFAULT_MIRROR})"
+        )
+    return value
 
 
-def _missing(folder: Path) -> list[str]:
-    return [name for name in FILES if not (folder / name).is_file()]
+def download_deadline_s() -> float:
+    """Seconds one download() may take in all: ${DEADLINE_ENV}, else DOWNLOAD_DEADLINE_S."""
+    value = os.environ.get(DEADLINE_ENV)
+    if not value:
+        return DOWNLOAD_DEADLINE_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise DataError(f"${DEADLINE_ENV}={value!r} must be a positive number of seconds")
+    return seconds
+
+
+def _needed(split: Split | None) -> tuple[str, ...]:
+    """The files a split needs (all four when no split is named)."""
+    return tuple(FILES) if split is None else split_files(split)
+
+
+def _missing(folder: Path, split: Split | None = None) -> list[str]:
+    return [name for name in _needed(split) if not (folder / name).is_file()]
 
 
 def _explicit_dir(data_dir: Path | str | None) -> tuple[Path, str] | None:
@@ -260,62 +319,152 @@ def _explicit_dir(data_dir: Path | str | None) -> tuple[Path, str] | None:
     return None
 
 
-def _check_explicit(folder: Path, origin: str) -> None:
+def _check_explicit(folder: Path, origin: str, split: Split | None = None) -> None:
     if not folder.is_dir():
         raise DataError(f"{origin} {folder}: no such directory")
-    missing = _missing(folder)
+    missing = _missing(folder, split)
     if missing:
+        needed = _needed(split)
         raise DataError(
             f"{origin} {folder}: missing {', '.join(missing)} "
-            f"(need all four Fashion-MNIST .gz files: {', '.join(FILES)})"
+            f"(need the Fashion-MNIST .gz files {', '.join(needed)})"
         )
 
 
-def find_dataset(data_dir: Path | str | None = None) -> Path:
-    """The folder holding the four Fashion-MNIST files, downloading them into the cache if no
-    folder in the look-up order (module docstring) has them.
+def find_dataset(data_dir: Path | str | None = None, split: Split | None = None) -> Path:
+    """The folder holding the Fashion-MNIST files (all four, or only `split`'s two when it is
+    named), downloading the missing ones into the cache if no folder in the look-up order
+    (module docstring) has them.
 
     Only presence is checked here for local folders; contents are verified when read
     (`load_split`). Downloaded files are verified before they enter the cache.
     Raises DataError naming the folder and file when an explicitly named folder lacks a file,
     or when a download fails.
     """
+    if split is not None:
+        split_files(split)  # an unknown split is a ValueError before any look-up
     explicit = _explicit_dir(data_dir)
     if explicit is not None:
         folder, origin = explicit
-        _check_explicit(folder, origin)
+        _check_explicit(folder, origin, split)
         return folder
     cache = cache_dir()
-    if not _missing(cache):
+    if not _missing(cache, split):
         return cache
-    if SYSTEM_DATA_DIR.is_dir() and not _missing(SYSTEM_DATA_DIR):
+    if SYSTEM_DATA_DIR.is_dir() and not _missing(SYSTEM_DATA_DIR, split):
         return SYSTEM_DATA_DIR
-    download(cache)
+    download(cache, split=split)
     return cache
 
 
 # ----------------------------------------------------------------------------- download
 
 
-def _download_one(name: str, cache: Path, base_url: str) -> None:
+class _Terminated(BaseException):
+    """SIGTERM arrived during a download: unwinds like Ctrl-C so every cleanup runs."""
+
+
+@contextlib.contextmanager
+def _terminate_cleanly() -> Iterator[None]:
+    """While downloading, SIGTERM unwinds the stack (removing the .part file on the way) and is
+    then re-delivered with the handler that was there before, so the process still ends the
+    way SIGTERM ends it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None  # if the old handler let us live
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def remove_stale_parts(cache: Path) -> list[Path]:
+    """Delete the .part files of downloads that no process is running any more (killed runs):
+    a live download holds an flock on its part file. Returns the files removed."""
+    removed = []
+    for part in cache.glob(".*.part"):
+        try:
+            if time.time() - part.stat().st_mtime < _STALE_PART_AGE_S:
+                continue  # may be a download that has not taken its lock yet
+            with open(part, "rb") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                part.unlink()
+            removed.append(part)
+        except OSError:  # locked by a live download, or already gone
+            continue
+    return removed
+
+
+class _Progress:
+    """Periodic 'downloading' lines on stderr: at once on a terminal, else only once a
+    download has taken more than a second (tests and logs of fast runs stay quiet)."""
+
+    def __init__(self, name: str, total: int | None) -> None:
+        self.name, self.total = name, total
+        self.started = self.last = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    def update(self, received: int, done: bool = False) -> None:
+        now = time.monotonic()
+        due = self.tty or now - self.started > _PROGRESS_AFTER_S
+        if not due or (not done and now - self.last < _PROGRESS_AFTER_S and self.shown):
+            return
+        if done and not self.shown:
+            return
+        of = f" of {self.total / 2**20:.1f}" if self.total else ""
+        state = "done" if done else f"{now - self.started:.0f} s"
+        print(f"downloading {self.name}: {received / 2**20:.1f}{of} MiB ({state})",
+              file=sys.stderr, flush=True)
+        self.last, self.shown = now, True
+
+
+def _fetch(url: str, name: str, out: Any, deadline: float, limit_s: float) -> None:
+    """Stream url into out, refusing more than _MAX_DOWNLOAD_BYTES or a run past `deadline`."""
+    remaining = deadline - time.monotonic()
+    timeout = max(0.001, min(DOWNLOAD_TIMEOUT_S, remaining))
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        length = response.headers.get("Content-Length")
+        progress = _Progress(name, int(length) if length and length.isdigit() else None)
+        received = 0
+        # read1: whatever has arrived (at most a chunk), so a trickle still reaches the check.
+        while chunk := response.read1(_DOWNLOAD_CHUNK):
+            received += len(chunk)
+            if received > _MAX_DOWNLOAD_BYTES:
+                raise DataError(
+                    f"{name}: download from {url} exceeds {_MAX_DOWNLOAD_BYTES} bytes; "
+                    "the mirror is not serving Fashion-MNIST"
+                )
+            out.write(chunk)
+            progress.update(received)
+            if time.monotonic() > deadline:
+                raise DataError(
+                    f"{name}: download from {url} did not finish within the {limit_s:g} s "
+                    f"deadline ({received} bytes received; set ${DEADLINE_ENV} to allow more)"
+                )
+        progress.update(received, done=True)
+
+
+def _download_one(name: str, cache: Path, base_url: str, deadline: float, limit_s: float) -> None:
     url = base_url.rstrip("/") + "/" + name
     destination = cache / name
     # Hidden name + .part suffix: never mistaken for a finished file by _missing().
     fd, temp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=cache)
     temp_path = Path(temp_name)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # marks the part as live for remove_stale_parts
         with os.fdopen(fd, "wb") as out:
             try:
-                with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-                    received = 0
-                    while chunk := response.read(_DOWNLOAD_CHUNK):
-                        received += len(chunk)
-                        if received > _MAX_DOWNLOAD_BYTES:
-                            raise DataError(
-                                f"{name}: download from {url} exceeds {_MAX_DOWNLOAD_BYTES} bytes; "
-                                "the mirror is not serving Fashion-MNIST"
-                            )
-                        out.write(chunk)
+                _fetch(url, name, out, deadline, limit_s)
             except urllib.error.HTTPError as exc:
                 raise DataError(
                     f"{name}: download from {url} failed: HTTP {exc.code} {exc.reason}"
@@ -324,29 +473,38 @@ def _download_one(name: str, cache: Path, base_url: str) -> None:
                 reason = getattr(exc, "reason", exc)
                 raise DataError(f"{name}: download from {url} failed: {reason}") from None
         _read_verified(temp_path, name, display=f"{name} (downloaded from {url})")
+        os.chmod(temp_path, created_file_mode())  # mkstemp's 0600 is not the user's mode
         os.replace(temp_path, destination)
     except BaseException:
-        # Also on KeyboardInterrupt: a half-written file must never stay in the cache.
+        # Also on Ctrl-C and SIGTERM: a half-written file must never stay in the cache.
         temp_path.unlink(missing_ok=True)
         raise
 
 
-def download(cache: Path | None = None, base_url: str | None = None) -> Path:
+def download(
+    cache: Path | None = None, base_url: str | None = None, split: Split | None = None
+) -> Path:
     """Download the files missing from `cache` (default `cache_dir()`) from `base_url`
-    (default `mirror_url()`), each verified before an atomic os.replace into the cache.
+    (default `mirror_url()`), each verified before an atomic os.replace into the cache; only
+    `split`'s two files when a split is named.
 
     Files already verified and in place are kept, so a failed run resumes where it stopped.
-    On failure the failing file leaves nothing behind (no partial or temporary file) and
-    DataError names it and the URL.
+    On failure, on the deadline (`download_deadline_s`), on Ctrl-C and on SIGTERM the failing
+    file leaves nothing behind (no partial or temporary file) and DataError names it and the
+    URL. Part files of earlier, killed runs are removed first.
     """
     cache = Path(cache) if cache is not None else cache_dir()
     base_url = base_url or mirror_url()
+    limit_s = download_deadline_s()
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"cannot create the dataset cache {cache}: {exc}") from None
-    for name in _missing(cache):
-        _download_one(name, cache, base_url)
+    remove_stale_parts(cache)
+    deadline = time.monotonic() + limit_s
+    with _terminate_cleanly():
+        for name in _missing(cache, split):
+            _download_one(name, cache, base_url, deadline, limit_s)
     return cache
 
 
@@ -370,7 +528,7 @@ def load_split(
             raise ValueError(
                 f"limit must be between 1 and {total} for the {split} split, got {limit}"
             )
-    folder = find_dataset(data_dir)
+    folder = find_dataset(data_dir, split=split)
     images = _load_file(folder, images_name)
     labels = _load_file(folder, labels_name)
     if len(images) != len(labels):  # guaranteed by the layouts; kept as the contract's check
@@ -497,9 +655,13 @@ def dataset_status(data_dir: Path | str | None = None, verify: bool = True) -> d
         "verified": None,
         "reason": None,
         "cache_dir": str(cache_dir()),
-        "mirror": mirror_url(),
+        "mirror": None,
         "searched": [],
     }
+    try:
+        status["mirror"] = mirror_url()
+    except DataError as exc:
+        status["mirror_error"] = str(exc)
     explicit = _explicit_dir(data_dir)
     if explicit is not None:
         candidates = [(explicit[1], explicit[0])]
@@ -520,12 +682,34 @@ def dataset_status(data_dir: Path | str | None = None, verify: bool = True) -> d
                 status.update(verified=False, reason=str(exc))
         return status
     if explicit is not None:
+        origin, folder = explicit[1], explicit[0]
+        if not folder.is_dir():
+            status["reason"] = (
+                f"{origin} {folder}: no such directory; a named folder is never downloaded "
+                "into, so runs will fail until it exists and holds the files"
+            )
+        else:
+            status["reason"] = f"{origin} {folder} lacks {', '.join(status['searched'][0][2])}"
+    elif "mirror_error" in status:
         status["reason"] = (
-            f"{explicit[1]} {explicit[0]} lacks {', '.join(status['searched'][0][2])}"
+            f"not in the cache or {SYSTEM_DATA_DIR}, and cannot be downloaded: "
+            f"{status['mirror_error']}"
         )
     else:
         status["reason"] = (
             f"not in the cache or {SYSTEM_DATA_DIR}; it will be downloaded from "
-            f"{status['mirror']} on first use (or: apt-get install dataset-fashion-mnist)"
+            f"{status['mirror']} into {status['cache_dir']} on first use "
+            "(or: apt-get install dataset-fashion-mnist)"
         )
     return status
+
+
+def describe_dataset(data_dir: Path | str | None = None) -> str:
+    """One line for `convolab info`: where the dataset is and whether it verified, else why
+    not and what a run will do (the reason includes a checksum or structure failure)."""
+    status = dataset_status(data_dir)
+    if status["found"] and status["verified"]:
+        return f"{status['path']} ({status['source']}, SHA-256 verified)"
+    if status["found"]:
+        return f"{status['path']} ({status['source']}, FAILED verification: {status['reason']})"
+    return f"not found: {status['reason']}"

@@ -82,11 +82,7 @@ def weights_lines() -> list[str]:
 def dataset_line(data_dir: Path | None) -> str:
     from convolab import data
 
-    status = data.dataset_status(data_dir)
-    if status.get("found"):
-        checked = "SHA-256 verified" if status.get("verified") else "not verified"
-        return f"{status['path']} ({status.get('source')}, {checked})"
-    return f"not found: {status.get('reason')}; would download into {status.get('cache_dir')}"
+    return data.describe_dataset(data_dir)
 
 
 def tuner_line() -> str:
