@@ -8,8 +8,13 @@ import gzip
 import hashlib
 import math
 import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +24,7 @@ import numpy as np
 import pytest
 
 from convolab import data, models
-from convolab.errors import DataError
+from convolab.errors import DataError, InputError
 
 SIZE = models.spec("ece408").input_size  # the course network's input side
 REAL_DIR = data.SYSTEM_DATA_DIR  # captured before any test monkeypatches it
@@ -107,6 +112,7 @@ class Mirror:
     url: str
     statuses: dict[str, int] = field(default_factory=dict)  # file name -> forced HTTP error
     stall_s: float = 0.0
+    trickle_s: float = 0.0  # > 0: send one byte per this many seconds, claiming 1 MB
     requests: list[str] = field(default_factory=list)
 
 
@@ -121,9 +127,22 @@ class _MirrorHandler(SimpleHTTPRequestHandler):
             if name in mirror.statuses:
                 self.send_error(mirror.statuses[name])
                 return
+            if mirror.trickle_s:
+                self._trickle(mirror.trickle_s)
+                return
             super().do_GET()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up first (the time-out test): expected, not worth a trace
+
+    def _trickle(self, every_s: float) -> None:
+        """A mirror that never stalls long enough for a per-read time-out, and never ends."""
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        for _ in range(1 << 20):
+            self.wfile.write(b"\x1f")
+            self.wfile.flush()
+            time.sleep(every_s)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (base signature)
         pass
@@ -515,3 +534,124 @@ def test_resize_rejects_bad_input(
 ) -> None:
     with pytest.raises(error, match=match):
         data.resize_bilinear(images, size)
+
+
+# ----------------------------------------------------------------------------- robust downloads
+
+
+def part_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.part")) + sorted(
+        p.name for p in folder.glob(".*.part"))
+
+
+def test_trickling_mirror_hits_the_overall_deadline(
+    mirror: Mirror, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mirror.trickle_s = 0.02  # far below the per-read time-out: only a deadline can stop it
+    monkeypatch.setenv(data.DEADLINE_ENV, "0.6")
+    started = time.perf_counter()
+    with pytest.raises(DataError, match=rf"{IMAGES}.*0\.6 s deadline.*{data.DEADLINE_ENV}"):
+        data.find_dataset(split="test")
+    assert time.perf_counter() - started < 3.0
+    assert cache_names(isolated) == set()  # no .part, no half file
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "nan", "inf"])
+def test_bad_deadline_setting_is_named(
+    mirror: Mirror, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(data.DEADLINE_ENV, value)
+    with pytest.raises(DataError, match=rf"\${data.DEADLINE_ENV}='{value}'"):
+        data.download()
+
+
+@pytest.mark.parametrize("value", ["notaurl", "ftp//x", "http:/", "://nothing", "gopher://x"])
+def test_bad_mirror_setting_is_named(
+    monkeypatch: pytest.MonkeyPatch, isolated: Path, value: str
+) -> None:
+    monkeypatch.setenv("CONVOLAB_MIRROR", value)
+    monkeypatch.setattr(data, "SYSTEM_DATA_DIR", isolated / "no-system")
+    with pytest.raises(DataError, match=rf"\$CONVOLAB_MIRROR='{re.escape(value)}'"):
+        data.load_split("test")
+    assert "$CONVOLAB_MIRROR" in data.dataset_status()["reason"]  # info says so, never raises
+
+
+_DOWNLOAD_SCRIPT = """
+import sys
+from pathlib import Path
+from convolab import data
+data.download(Path(sys.argv[1]), base_url=sys.argv[2], split="test")
+"""
+
+
+def test_sigterm_mid_download_leaves_no_part_and_next_run_cleans_stale_parts(
+    mirror: Mirror, isolated: Path, tmp_path: Path
+) -> None:
+    mirror.trickle_s = 0.01
+    env = {**os.environ, "PYTHONPATH": str(Path(data.__file__).parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", _DOWNLOAD_SCRIPT, str(isolated), mirror.url],
+                             env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not (isolated.is_dir() and part_files(isolated)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert part_files(isolated), "the child never started its download"
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=20)
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGTERM  # terminated by the signal, not a traceback
+    assert part_files(isolated) == []
+    # A part left by a run killed harder (SIGKILL): old and unlocked, removed on the next start.
+    stale = isolated / f".{LABELS}.abc123.part"
+    stale.write_bytes(b"half")
+    os.utime(stale, (time.time() - 60, time.time() - 60))
+    mirror.trickle_s = 0.0
+    mirror.statuses = {name: 404 for name in data.FILES}
+    with pytest.raises(DataError, match="HTTP 404"):
+        data.download(isolated, split="test")
+    assert part_files(isolated) == []
+
+
+@needs_real
+def test_test_split_fetches_only_the_test_files(mirror: Mirror, isolated: Path) -> None:
+    linked_copy(mirror.root)
+    images, labels = data.load_split("test", limit=10)  # what classify does
+    assert images.shape == (10, 28, 28) and labels.shape == (10,)
+    assert sorted(mirror.requests) == sorted(data.split_files("test"))
+    assert cache_names(isolated) == set(data.split_files("test"))
+    mirror.requests.clear()
+    data.load_split("train", limit=10)  # training then fetches its own split only
+    assert sorted(mirror.requests) == sorted(data.split_files("train"))
+
+
+@needs_real
+def test_info_line_names_checksum_failure_and_missing_folder(tmp_path: Path) -> None:
+    broken = linked_copy(tmp_path / "broken", skip=(LABELS,))
+    (broken / LABELS).write_bytes(one_byte_changed(real_payload(LABELS)))
+    line = data.describe_dataset(broken)
+    assert "FAILED" in line and "checksum mismatch" in line and LABELS in line
+    missing = tmp_path / "missing"
+    line = data.describe_dataset(missing)
+    assert "no such directory" in line and str(missing) in line
+    assert "download" not in line.replace("never downloaded", "")
+
+
+@pytest.mark.parametrize("shape", [(1, 0, 28), (0, 28, 28), (2, 28, 0)])
+def test_resize_refuses_empty_axes(shape: tuple[int, int, int]) -> None:
+    with pytest.raises(InputError, match="non-empty"):
+        data.resize_bilinear(np.zeros(shape, np.uint8))
+
+
+def test_resize_of_many_images_stays_in_bounded_memory(rng: np.random.Generator) -> None:
+    images = rng.integers(0, 256, size=(5000, 28, 28), dtype=np.uint8)
+    out_bytes = 5000 * SIZE * SIZE * 4
+    tracemalloc.start()
+    try:
+        out = data.resize_bilinear(images, SIZE)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.shape == (5000, 1, SIZE, SIZE)
+    # The output itself plus chunk-sized temporaries, not a second copy of the batch.
+    assert peak < out_bytes + 64 * 2**20, f"peak {peak / 2**20:.0f} MiB"
