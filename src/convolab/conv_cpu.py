@@ -16,9 +16,11 @@ inference: the conv output never reaches memory.
 NaN policy: NaN propagates. A NaN anywhere in a pool window's conv outputs makes that pooled
 output NaN, in every CPU path alike — the fused kernel, the unfused layers (``ReLU`` is
 ``x * (x > 0)``, ``MaxPool2d`` is ``np.maximum``) and the fp64 reference — so bad input is
-never laundered into a finite, plausible answer. The GPU fused kernels (13, 18, 19 and the
-LeNet head) use ``fmaxf``, which returns the other operand when one is NaN: they drop NaN
-instead, so on NaN input they can return finite values where the CPU returns NaN.
+never laundered into a finite, plausible answer. The GPU fused kernels follow the same policy
+(their pooling max and ReLU are ``fmax_nan`` in kernels/common.cuh, IEEE maximum): every
+output whose receptive field holds a NaN is NaN. The tensor-core variants (kernels 17-19) may
+in addition turn a neighbouring output NaN, because their padded filter taps multiply the NaN
+by a zero weight.
 
 Numba is imported only inside the kernel builders, never at import time: this module is
 imported by the registry on every machine, including GPU hosts where Numba must not load.

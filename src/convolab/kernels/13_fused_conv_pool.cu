@@ -95,9 +95,9 @@ extern "C" __global__ void fcp_simple(const float* __restrict__ x, const float* 
             for (int q = 0; q < K; ++q)
               acc = fmaf(x[((b * C + c) * H + oh * S + p) * (size_t)W + ow * S + q],
                          w[(((size_t)m * C + c) * K + p) * K + q], acc);
-        mx = fmaxf(mx, acc);
+        mx = fmax_nan(mx, acc);
       }
-    y[i] = fmaxf(mx + bias[m], 0.f);
+    y[i] = fmax_nan(mx + bias[m], 0.f);
   }
 }
 

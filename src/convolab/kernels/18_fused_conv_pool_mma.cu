@@ -123,14 +123,14 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
         tc_mma(acc, af[s].x, af[s].y, af[s].z, af[s].w, b0, b1);
       }
 #endif
-      vmax_lo = fmaxf(vmax_lo, fmaxf(acc[0], acc[1]));  // channel g, columns 2t, 2t+1
-      vmax_hi = fmaxf(vmax_hi, fmaxf(acc[2], acc[3]));  // channel g + 8
+      vmax_lo = fmax_nan(vmax_lo, fmax_nan(acc[0], acc[1]));  // channel g, columns 2t, 2t+1
+      vmax_hi = fmax_nan(vmax_hi, fmax_nan(acc[2], acc[3]));  // channel g + 8
     }
-    vmax_lo = fmaxf(vmax_lo, __shfl_xor_sync(0xffffffffu, vmax_lo, 1));
-    vmax_hi = fmaxf(vmax_hi, __shfl_xor_sync(0xffffffffu, vmax_hi, 1));
+    vmax_lo = fmax_nan(vmax_lo, __shfl_xor_sync(0xffffffffu, vmax_lo, 1));
+    vmax_hi = fmax_nan(vmax_hi, __shfl_xor_sync(0xffffffffu, vmax_hi, 1));
 #if TC_P == 4
-    vmax_lo = fmaxf(vmax_lo, __shfl_xor_sync(0xffffffffu, vmax_lo, 2));
-    vmax_hi = fmaxf(vmax_hi, __shfl_xor_sync(0xffffffffu, vmax_hi, 2));
+    vmax_lo = fmax_nan(vmax_lo, __shfl_xor_sync(0xffffffffu, vmax_lo, 2));
+    vmax_hi = fmax_nan(vmax_hi, __shfl_xor_sync(0xffffffffu, vmax_hi, 2));
     const bool writer = t == 0;
     const int wi = u;
 #else
@@ -139,8 +139,8 @@ fcp_mma_wa(const float* __restrict__ x, const uint4* __restrict__ afrag,
 #endif
     const int ph = tile_y * TC_TPH + wi / TC_TPW, pw = tile_x * TC_TPW + wi % TC_TPW;
     if (writer && wi < WA_WINDOWS && ph < Hp && pw < Wp) {
-      if (g < M) y[((b * M + g) * Hp + ph) * (size_t)Wp + pw] = fmaxf(vmax_lo + b_lo, 0.f);
-      if (g + 8 < M) y[((b * M + g + 8) * Hp + ph) * (size_t)Wp + pw] = fmaxf(vmax_hi + b_hi, 0.f);
+      if (g < M) y[((b * M + g) * Hp + ph) * (size_t)Wp + pw] = fmax_nan(vmax_lo + b_lo, 0.f);
+      if (g + 8 < M) y[((b * M + g + 8) * Hp + ph) * (size_t)Wp + pw] = fmax_nan(vmax_hi + b_hi, 0.f);
     }
   }
 }

@@ -164,17 +164,17 @@ __device__ __forceinline__ void cl_unit(const uint2* in_s, float* out_s,
     // acc[.][0..1]: channel g, positions 2t, 2t+1; acc[.][2..3]: channel g + 8.
     const float(&a)[4] = acc[2 * v];
     const float(&c)[4] = acc[2 * v + 1];
-    float lo = fmaxf(fmaxf(a[0], a[1]), fmaxf(c[0], c[1]));
-    float hi = fmaxf(fmaxf(a[2], a[3]), fmaxf(c[2], c[3]));
-    lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
-    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
-    lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
-    hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
+    float lo = fmax_nan(fmax_nan(a[0], a[1]), fmax_nan(c[0], c[1]));
+    float hi = fmax_nan(fmax_nan(a[2], a[3]), fmax_nan(c[2], c[3]));
+    lo = fmax_nan(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+    hi = fmax_nan(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+    lo = fmax_nan(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
+    hi = fmax_nan(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
     const int wi = (ph0 + v) * CL_WP + pw;
     if (t == 0) {
       // max(acc) + b == max(acc + b) exactly (rounding is monotonic); ReLU commutes with max.
-      if (g < CL_M) out_s[g * CL_WINDOWS + wi] = fmaxf(lo + b_lo, 0.f);
-      if (g + 8 < CL_M) out_s[(g + 8) * CL_WINDOWS + wi] = fmaxf(hi + b_hi, 0.f);
+      if (g < CL_M) out_s[g * CL_WINDOWS + wi] = fmax_nan(lo + b_lo, 0.f);
+      if (g + 8 < CL_M) out_s[(g + 8) * CL_WINDOWS + wi] = fmax_nan(hi + b_hi, 0.f);
     }
   }
 }

@@ -200,7 +200,7 @@ lenet_head(const float* __restrict__ feat, const float* __restrict__ w5t,
       float h = b5r[m];
 #pragma unroll
       for (int w = 0; w < HEAD_WARPS; ++w) h += rb[(w * HEAD_IMGS + eimg) * HEAD_HID + q + HEAD_EPT * m];
-      h = fmaxf(h, 0.f);
+      h = fmax_nan(h, 0.f);
 #pragma unroll
       for (int o = 0; o < HEAD_OUT; ++o) logit[o] = fmaf(h, w6r[o][m], logit[o]);
     }

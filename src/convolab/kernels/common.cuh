@@ -82,6 +82,15 @@ __device__ __forceinline__ float tf32_round(float v) {
   return __uint_as_float(u);
 }
 
+// IEEE maximum: NaN if either operand is NaN (one FMNMX.NAN on sm_80+). The fused kernels pool
+// and apply ReLU with it, so a NaN input gives a NaN output exactly as the unfused layers and
+// the CPU paths do; fmaxf would return the other operand and hide it.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // Two fp32 values as one half2 register, the first in the low half (mma's k order).
 __device__ __forceinline__ __half2 pack_half2(float lo, float hi) {
   return __floats2half2_rn(lo, hi);

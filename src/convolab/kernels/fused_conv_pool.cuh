@@ -175,8 +175,8 @@ __device__ __forceinline__ void fcp_store(const float (&acc)[FCP_MT][FCP_P][FCP_
 #pragma unroll
         for (int dy = 0; dy < FCP_P; ++dy)
 #pragma unroll
-          for (int dx = 0; dx < FCP_P; ++dx) mx = fmaxf(mx, acc[m][dy][k * FCP_P + dx]);
-        y[((b * M + m0 + m) * Hp + ph) * (size_t)Wp + pw0 + k] = fmaxf(mx + bm, 0.f);
+          for (int dx = 0; dx < FCP_P; ++dx) mx = fmax_nan(mx, acc[m][dy][k * FCP_P + dx]);
+        y[((b * M + m0 + m) * Hp + ph) * (size_t)Wp + pw0 + k] = fmax_nan(mx + bm, 0.f);
       }
     }
   }

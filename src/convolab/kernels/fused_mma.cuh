@@ -185,8 +185,8 @@ __device__ __forceinline__ void toe_conv_pool(const float* __restrict__ x,
       float out[TC_M];
 #pragma unroll
       for (int n = 0; n < TC_M; ++n) {
-        const float v = fmaxf(fmaxf(acc[n][0], acc[n][1]), fmaxf(acc[n][2], acc[n][3]));
-        out[n] = fmaxf(v + bm[n], 0.f);
+        const float v = fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
+        out[n] = fmax_nan(v + bm[n], 0.f);
       }
       store(b, ph, pw, out);
     }
