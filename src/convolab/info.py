@@ -84,8 +84,17 @@ def dataset_line(data_dir: Path | None) -> str:
 
     status = data.dataset_status(data_dir)
     if status.get("found"):
-        checked = "SHA-256 verified" if status.get("verified") else "not verified"
-        return f"{status['path']} ({status.get('source')}, {checked})"
+        if status.get("verified"):
+            return f"{status['path']} ({status.get('source')}, SHA-256 verified)"
+        reason = status.get("reason") or "not checked"
+        return f"{status['path']} ({status.get('source')}, NOT usable: {reason})"
+    searched = status.get("searched") or [[None]]
+    origin, folder = searched[0][0], searched[0][1] if len(searched[0]) > 1 else None
+    if origin in ("--data-dir", "$CONVOLAB_DATA"):
+        # A folder the user named is used as it is: nothing is downloaded into it.
+        if folder is not None and not Path(folder).is_dir():
+            return f"not found: {origin} {folder}: no such directory"
+        return f"not found: {status.get('reason')}"
     return f"not found: {status.get('reason')}; would download into {status.get('cache_dir')}"
 
 
