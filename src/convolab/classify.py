@@ -39,7 +39,7 @@ GPU_THROUGHPUT_CHUNK = 65_536  # host images per fused-network call: ~1.9 GB of 
 
 
 def say(message: str) -> None:
-    console.print(message, markup=False)
+    console.print(message, markup=False, soft_wrap=True)
 
 
 @dataclass

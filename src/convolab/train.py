@@ -57,8 +57,8 @@ def check_options(epochs: int, batch: int, lr: float, optimizer: str, seed: int,
 def plan_files(out: Path | str, force: bool = False) -> tuple[Path, Path]:
     """(weights, sidecar) checked before training: usable paths, not one file, not the shipped
     weights, and no unrelated file replaced by the sidecar (unless `force`)."""
-    out = Path(out)
-    if str(out).strip() and out.suffix == ".json":
+    out = outputs.check_file(out, "--out", force=force)
+    if out.suffix == ".json":
         raise ConvolabError(f"--out {out}: the JSON sidecar goes beside the weights as "
                             f"{sidecar_path(out).name}; name a .safetensors file")
     files = outputs.plan_outputs({"--out": out, "sidecar": sidecar_path(out)}, force=force)
