@@ -10,7 +10,6 @@ times can be printed for any rung.
 from __future__ import annotations
 
 import datetime
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from convolab import data, models, precision
+from convolab import data, models, outputs, precision
 from convolab.backend import require_cupy, to_numpy
 from convolab.errors import ConvolabError
 from convolab.gpu.device import gpu_name
@@ -33,10 +32,14 @@ from convolab.shapes import COURSE_SELF_TESTS, ConvShape
 console = Console(highlight=False)
 CPU_CHUNK = 500  # images per step on the CPU: bounded memory and a moving progress bar
 GPU_CHUNK = 10_000
+# --throughput streams its images in chunks (host memory stays bounded at any N); the limit
+# only keeps a typo (an extra zero or three) from starting a run of days.
+MAX_THROUGHPUT = 10_000_000
+GPU_THROUGHPUT_CHUNK = 65_536  # host images per fused-network call: ~1.9 GB of input
 
 
 def say(message: str) -> None:
-    console.print(message, markup=False)
+    console.print(message, markup=False, soft_wrap=True)
 
 
 @dataclass
@@ -49,7 +52,22 @@ class LayerTimes:
 
 
 @dataclass
+class Throughput:
+    """The --throughput run: its own images (the first `source_images` test images repeated
+    to make `images`), its own speed and its own accuracy over those images."""
+
+    images: int
+    source_images: int
+    path: str
+    images_per_s: float = 0.0
+    accuracy: float = 0.0
+
+
+@dataclass
 class Report:
+    """`accuracy` and the times are over the first `batch` test images; `throughput` holds
+    the separate streaming run, when asked for."""
+
     model: str
     device: str
     batch: int
@@ -58,7 +76,7 @@ class Report:
     layers: list[LayerTimes] = field(default_factory=list)
     network_op_ms: float | None = None
     network_layer_ms: float | None = None
-    images_per_s: float | None = None
+    throughput: Throughput | None = None
     gpu: str | None = None
     date: str = field(default_factory=lambda: datetime.date.today().isoformat())
 
@@ -228,26 +246,58 @@ def run_fused(network: Network, mode: str, x: np.ndarray, labels: np.ndarray,
     report.accuracy = float((probs.argmax(axis=1) == labels).mean())
 
 
-def run_throughput(network: Network, device: str, n: int, x: np.ndarray, labels: np.ndarray,
-                   mode: str, report: Report) -> None:
-    """Stream n images (the test images repeated) through the fastest path; images/s."""
-    reps = -(-n // len(x))
-    big_x = np.ascontiguousarray(np.tile(x, (reps, 1, 1, 1))[:n])
-    big_labels = np.tile(labels, reps)[:n]
-    if device == "gpu" and network.name == "ece408":
-        from convolab.gpu.network import FusedLeNet
+def streamed(x: np.ndarray, labels: np.ndarray, n: int, chunk: int,
+             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """n images in chunks of at most `chunk`: x repeated, gathered chunk by chunk so memory
+    never grows with n."""
+    for lo, hi in chunks(n, chunk):
+        idx = np.arange(lo, hi) % len(x)
+        yield np.ascontiguousarray(x[idx]), labels[idx]
 
-        fused = FusedLeNet(network.params(), mode=mode)
-        fused.throughput(big_x[: min(n, 1000)])  # warm-up
-        probs, per_s = fused.throughput(big_x)
+
+def _throughput_fused(network: Network, mode: str, x: np.ndarray, labels: np.ndarray,
+                      t: Throughput) -> None:
+    from convolab.gpu.network import FusedLeNet
+
+    fused = FusedLeNet(network.params(), mode=mode)
+    seconds = correct = 0.0
+    for xb, yb in streamed(x, labels, t.images, GPU_THROUGHPUT_CHUNK):
+        probs, per_s = fused.throughput(xb)  # warms up on its first chunk, outside the timing
+        seconds += len(xb) / per_s
+        correct += int((to_numpy(probs).argmax(axis=1) == yb).sum())
+    t.images_per_s = t.images / seconds if seconds > 0 else float("inf")
+    t.accuracy = correct / t.images
+
+
+def _throughput_layers(network: Network, impl: ConvImpl, device: str, x: np.ndarray,
+                       labels: np.ndarray, t: Throughput) -> None:
+    runner = LayerRunner(network, impl, device)
+    chunk = CPU_CHUNK if device == "cpu" else GPU_CHUNK
+    seconds = correct = 0.0
+    with progress() as bar:
+        task = bar.add_task(f"throughput ({impl.name})", total=t.images)
+        for xb, yb in streamed(x, labels, t.images, chunk):
+            t0 = time.perf_counter()
+            probs = to_numpy(runner.forward(xb if device == "cpu"
+                                            else require_cupy().asarray(xb)))
+            seconds += time.perf_counter() - t0
+            correct += int((probs.argmax(axis=1) == yb).sum())
+            bar.advance(task, len(xb))
+    t.images_per_s = t.images / seconds if seconds > 0 else float("inf")
+    t.accuracy = correct / t.images
+
+
+def run_throughput(network: Network, impl: ConvImpl | None, device: str, n: int,
+                   x: np.ndarray, labels: np.ndarray, mode: str) -> Throughput:
+    """Stream n images (the test images repeated) host to host: the fused network on the
+    GPU (impl None), else layer by layer with `impl`; images/s and accuracy over those n."""
+    if impl is None:
+        t = Throughput(n, len(x), f"fused network ({mode})")
+        _throughput_fused(network, mode, x, labels, t)
     else:
-        t0 = time.perf_counter()
-        probs = network.forward(big_x) if device == "cpu" else None
-        per_s = n / (time.perf_counter() - t0)
-        if probs is None:
-            raise ConvolabError("--throughput on the GPU is available for the ece408 model")
-    report.images_per_s = float(per_s)
-    report.accuracy = float((to_numpy(probs).argmax(axis=1) == big_labels).mean())
+        t = Throughput(n, len(x), f"per layer ({impl.name})")
+        _throughput_layers(network, impl, device, x, labels, t)
+    return t
 
 
 def print_report(report: Report) -> None:
@@ -259,23 +309,47 @@ def print_report(report: Report) -> None:
         say(f"Whole network [{report.path}], B={report.batch}")
         say(f"  Op Time: {report.network_op_ms:.3f} ms")
         say(f"  Layer Time: {report.network_layer_ms:.3f} ms")
-    if report.images_per_s is not None:
-        say(f"Throughput: {report.images_per_s:,.0f} images/s")
-    say(f"Test Accuracy: {report.accuracy:.4f}")
+    say(f"Test Accuracy: {report.accuracy:.4f} (first {report.batch} test images)")
+    t = report.throughput
+    if t is not None:
+        say(f"Throughput [{t.path}]: {t.images:,} images (the first {t.source_images} test "
+            f"images repeated), {t.images_per_s:,.0f} images/s, accuracy {t.accuracy:.4f} "
+            f"over those {t.images:,}")
+
+
+def check_throughput(n: int | None) -> None:
+    if n is not None and not 1 <= n <= MAX_THROUGHPUT:
+        raise ConvolabError(f"--throughput must be between 1 and {MAX_THROUGHPUT:,} images "
+                            f"(streamed in chunks), got {n}")
+
+
+def resolve_mode(mode: str | None, device: str, model: str, fused: bool) -> str:
+    """The fused network's precision mode; --mode given where no fused network runs (the CPU,
+    --per-layer, --impl, other models) is refused rather than ignored."""
+    try:
+        network_mode = precision.network_mode(mode or "exact")
+    except ValueError as err:
+        raise ConvolabError(f"--{err}") from None
+    if mode is not None and not fused:
+        where = ("on the CPU every implementation computes in fp32" if device == "cpu" else
+                 "--per-layer/--impl run the named fp32 implementation" if model == "ece408"
+                 else f"model {model} has no fused network")
+        raise ConvolabError(f"--mode selects the GPU fused ece408 network's precision; {where}")
+    return network_mode
 
 
 def main(*, model: str, batch: int, impl: str | None, device: str, weights: Path | None,
-         data_dir: Path | None, per_layer: bool, mode: str, throughput: int | None,
+         data_dir: Path | None, per_layer: bool, mode: str | None, throughput: int | None,
          self_test: bool, json_out: Path | None) -> None:
+    """Classify the first `batch` test images (and stream `throughput` more, if asked);
+    every option and the --json path are checked before anything is loaded."""
     spec = models.spec(model)
-    try:
-        network_mode = precision.network_mode(mode)
-    except ValueError as err:
-        raise ConvolabError(f"--{err}") from None
-    if throughput is not None and throughput <= 0:
-        raise ConvolabError(f"--throughput must be a positive number of images, got {throughput}")
+    check_throughput(throughput)
     fused = (device == "gpu" and model == "ece408" and impl is None and not per_layer)
+    network_mode = resolve_mode(mode, device, model, fused)
     chosen = None if fused else choose_impl(impl, device)  # cheap checks before any loading
+    if json_out is not None:
+        json_out = outputs.check_file(json_out, "--json")
     network = models.load(model, weights)
     x, labels = data.load_images("test", n=batch, size=spec.input_size, data_dir=data_dir)
     report = Report(model=model, device=device, batch=batch, path="")
@@ -283,17 +357,17 @@ def main(*, model: str, batch: int, impl: str | None, device: str, weights: Path
         report.gpu = gpu_name()
         network.to("gpu")
     if chosen is None:
-        report.path = f"fused network ({mode})"
+        report.path = f"fused network ({mode or 'exact'})"
         run_fused(network, network_mode, x, labels, report)
     else:
         if self_test:
             run_self_test(chosen)
         report.path = f"per layer ({chosen.name})"
         run_per_layer(network, chosen, device, x, labels, report)
-    if throughput is not None:
-        run_throughput(network, device, throughput, x, labels,
-                       network_mode, report)
+    if throughput is not None:  # the same path as above: the fused network or `chosen`
+        report.throughput = run_throughput(network, chosen, device, throughput, x, labels,
+                                           network_mode)
     print_report(report)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(asdict(report), indent=2))
+        outputs.write_json(json_out, asdict(report))
+        say(f"wrote {json_out}")

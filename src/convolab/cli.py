@@ -32,7 +32,9 @@ DeviceOpt = Annotated[
 DataDirOpt = Annotated[
     Path | None, typer.Option("--data-dir", help="folder with the four IDX .gz files")
 ]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="also write the results as JSON here")]
+JsonOpt = Annotated[
+    Path | None, typer.Option("--json", help="also write the results as JSON to this file")
+]
 
 
 def fail(message: str) -> NoReturn:
@@ -71,19 +73,23 @@ def classify(
         bool, typer.Option("--per-layer", help="GPU: layer by layer, not the fused network")
     ] = False,
     mode: Annotated[
-        str,
-        typer.Option("--mode", help=f"GPU fused network: {', '.join(MODE_ALIASES)} "
-                     "(tensor-core = fp16)"),
-    ] = "exact",
+        str | None,
+        typer.Option("--mode", help=f"GPU fused ece408 network only: {', '.join(MODE_ALIASES)} "
+                     "(tensor-core = fp16; default exact); refused where no fused network runs"),
+    ] = None,
     throughput: Annotated[
-        int | None, typer.Option("--throughput", help="stream N images (any N) and report images/s")
+        int | None,
+        typer.Option("--throughput", help="also stream N images (1 to 10,000,000: the test "
+                     "images repeated, in chunks) through the same path; images/s and accuracy "
+                     "over those N"),
     ] = None,
     no_self_test: Annotated[
         bool, typer.Option("--no-self-test", help="skip the course self-tests")
     ] = False,
     json_out: JsonOpt = None,
 ) -> None:
-    """Run the first N test images: per conv layer Op Time and Layer Time, then Test Accuracy."""
+    """Run the first N test images: per conv layer Op Time and Layer Time, then Test Accuracy
+    (default N: 10000 on the GPU, 1000 on the CPU)."""
     from convolab import classify as run
 
     dev = resolve_device(device)
@@ -107,7 +113,9 @@ def classify(
 @app.command()
 def verify(
     device: Annotated[
-        str | None, typer.Option("--device", "-d", help="cpu, gpu or both (default)")
+        str | None,
+        typer.Option("--device", "-d", help="cpu or gpu (default: every implementation this "
+                     "machine can run)"),
     ] = None,
     impl: Annotated[
         list[str] | None, typer.Option("--impl", "-i", help="only these (repeatable)")
@@ -142,29 +150,36 @@ def info(data_dir: DataDirOpt = None) -> None:
 def train(
     model: ModelOpt = "ece408",
     epochs: Annotated[int, typer.Option(help="passes over the 60,000 training images")] = 3,
-    batch: Annotated[int, typer.Option("--batch", "-b", help="mini-batch size")] = 64,
-    lr: Annotated[float, typer.Option(help="learning rate")] = 1e-3,
+    batch: Annotated[int, typer.Option("--batch", "-b", help="mini-batch size (1 to 4096)")] = 64,
+    lr: Annotated[float, typer.Option(help="learning rate (positive, finite)")] = 1e-3,
     optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
-    seed: Annotated[int, typer.Option(help="random seed (deterministic on the CPU)")] = 0,
-    device: DeviceOpt = "cpu",
+    seed: Annotated[int, typer.Option(help="random seed, 0 or more (deterministic on the CPU)")
+                    ] = 0,
+    device: Annotated[
+        str, typer.Option("--device", "-d", help="cpu or gpu (default: cpu, deterministic)")
+    ] = "cpu",
     limit: Annotated[int | None, typer.Option(help="use only the first N training images")] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", "-o", help="safetensors file to write")
+        Path | None,
+        typer.Option("--out", "-o", help="safetensors file to write (default: ./MODEL.safetensors"
+                     "); its JSON record goes beside it as the same name with .json"),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="allow replacing convolab's shipped weights, or a "
+                           "file at the sidecar's path that convolab train did not write")
+    ] = False,
     data_dir: DataDirOpt = None,
 ) -> None:
-    """Train a zoo model with convolab's own forward and backward."""
+    """Train a zoo model with convolab's own forward and backward; then classify with
+    --weights OUT."""
+    from convolab import models
     from convolab import train as run
 
+    run.check_options(epochs, batch, lr, optimizer, seed, limit)
+    models.spec(model)
+    out_path = out if out is not None else run.default_out(model)
+    run.plan_files(out_path, force)
     dev = resolve_device(device)
-    if epochs <= 0:
-        fail(f"--epochs must be positive, got {epochs}")
-    if batch <= 0:
-        fail(f"--batch must be positive, got {batch}")
-    if lr <= 0:
-        fail(f"--lr must be positive, got {lr}")
-    if optimizer not in ("adam", "sgd"):
-        fail(f"--optimizer must be 'adam' or 'sgd', not {optimizer!r}")
     run.main(
         model=model,
         epochs=epochs,
@@ -174,8 +189,9 @@ def train(
         seed=seed,
         device=dev,
         limit=limit,
-        out=out,
+        out=out_path,
         data_dir=data_dir,
+        force=force,
     )
 
 
@@ -259,9 +275,12 @@ def profile(
 ) -> None:
     """Nsight Compute metrics per kernel (needs `ncu` on PATH)."""
     from convolab.gpu import profile as run
+    from convolab.outputs import check_file
 
     resolve_device("gpu")
     check_batch(batch)
+    if json_out is not None:
+        json_out = check_file(json_out, "--json")
     run.main(model=model, batch=batch, names=impl or None, json_out=json_out)
 
 
@@ -269,7 +288,7 @@ def main() -> None:
     debug = bool(os.environ.get("CONVOLAB_DEBUG"))
     try:
         app()
-    except (ConvolabError, ValueError, KeyError, FileNotFoundError, TypeError) as err:
+    except (ConvolabError, ValueError, KeyError, OSError, TypeError) as err:
         if debug:
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)

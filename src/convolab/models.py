@@ -136,8 +136,9 @@ def load(name: str, path: str | os.PathLike | None = None) -> Network:
 
     file = Path(path) if path is not None else weights_path(name)
     if not file.is_file():
-        hint = (f"train them with `convolab train --model {name} --out {file}`"
-                if path is None else "check the path")
+        hint = (f"train them with `convolab train --model {name}` (writes ./{name}.safetensors) "
+                f"and pass `--weights ./{name}.safetensors`" if path is None
+                else "check the path")
         raise WeightsError(f"no weights for model {name!r} at {file}: {hint}")
     network = build(name)
     weights.load_into(network, file)

@@ -6,7 +6,6 @@ operation is a fixed sequence of NumPy/BLAS calls on the same shapes."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import os
 import time
@@ -18,12 +17,56 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from convolab import __version__, data, models, weights
+from convolab import __version__, data, models, outputs, weights
 from convolab.backend import to_device, to_numpy
+from convolab.errors import ConvolabError
 from convolab.network import CrossEntropyLoss, Network
 from convolab.optim import SGD, Adam, Optimizer, cosine_lr
 
 console = Console()
+
+# A mini-batch's activations and gradients take about 1.5 MB per image on the CPU (ece408);
+# this keeps one step within a few GB, far below where MemoryError would end the run.
+MAX_BATCH = 4096
+TRAIN_IMAGES = 60_000
+
+
+def sidecar_path(out: Path) -> Path:
+    """The JSON record written beside the weights."""
+    return out.with_suffix(".json")
+
+
+def check_options(epochs: int, batch: int, lr: float, optimizer: str, seed: int,
+                  limit: int | None) -> None:
+    """Every hyper-parameter, before any loading: one ConvolabError naming the option."""
+    if epochs <= 0:
+        raise ConvolabError(f"--epochs must be positive, got {epochs}")
+    if not 1 <= batch <= MAX_BATCH:
+        raise ConvolabError(f"--batch must be between 1 and {MAX_BATCH} (the limit keeps a "
+                            f"training step's memory bounded), got {batch}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ConvolabError(f"--lr must be a positive finite number, got {lr}")
+    if optimizer not in ("adam", "sgd"):
+        raise ConvolabError(f"--optimizer must be 'adam' or 'sgd', not {optimizer!r}")
+    if seed < 0:
+        raise ConvolabError(f"--seed must be 0 or more, got {seed}")
+    if limit is not None and not 1 <= limit <= TRAIN_IMAGES:
+        raise ConvolabError(f"--limit must be between 1 and {TRAIN_IMAGES}, got {limit}")
+
+
+def plan_files(out: Path | str, force: bool = False) -> tuple[Path, Path]:
+    """(weights, sidecar) checked before training: usable paths, not one file, not the shipped
+    weights, and no unrelated file replaced by the sidecar (unless `force`)."""
+    out = outputs.check_file(out, "--out", force=force)
+    if out.suffix == ".json":
+        raise ConvolabError(f"--out {out}: the JSON sidecar goes beside the weights as "
+                            f"{sidecar_path(out).name}; name a .safetensors file")
+    files = outputs.plan_outputs({"--out": out, "sidecar": sidecar_path(out)}, force=force)
+    sidecar = files["sidecar"]
+    if sidecar.exists() and not force and not outputs.is_train_sidecar(sidecar):
+        raise ConvolabError(f"--out {out}: the sidecar {sidecar} would replace an existing file "
+                            "that convolab train did not write; pass --force to replace it")
+    return files["--out"], sidecar
 
 
 def command_line(model: str, epochs: int, batch: int, lr: float, optimizer: str, seed: int,
@@ -35,6 +78,11 @@ def command_line(model: str, epochs: int, batch: int, lr: float, optimizer: str,
         parts.append(f"--limit {limit}")
     parts.append(f"--out {out}")
     return " ".join(parts)
+
+
+def default_out(model: str) -> Path:
+    """Where `convolab train` writes when no --out is given: the current folder."""
+    return Path(f"{model}.safetensors")
 
 
 def evaluate(network: Network, x: np.ndarray, y: np.ndarray, device: str,
@@ -99,6 +147,11 @@ def _train_epoch(loop: _Loop, epoch: int, epochs: int, order: np.ndarray, step: 
             loop.opt.lr = cosine_lr(loop.lr, step, loop.total_steps)
             logits = loop.network.logits(xb)
             loss, grad = loop.loss_fn(logits, yb)
+            if not math.isfinite(float(loss)):
+                raise ConvolabError(
+                    f"training diverged: the loss became {float(loss)} at epoch {epoch}, step "
+                    f"{step + 1 - (epoch - 1) * steps_per_epoch}; nothing was written (try a "
+                    f"smaller --lr than {loop.lr:g})")
             loop.network.backward(grad)
             loop.opt.step()
             step += 1
@@ -113,28 +166,27 @@ def _train_epoch(loop: _Loop, epoch: int, epochs: int, order: np.ndarray, step: 
     return loss_sum / seen, correct / seen, step
 
 
-def _write_results(network: Network, out: Path, result: dict[str, Any], command: str) -> Path:
-    """The weights, then the JSON sidecar beside them (written atomically)."""
+def _write_results(network: Network, out: Path, sidecar: Path, result: dict[str, Any],
+                   command: str) -> None:
+    """The weights, then the JSON sidecar beside them (each written atomically)."""
     weights.save(network.to("cpu"), out, {"test_accuracy": f"{result['test_accuracy']:.4f}",
                                           "command": command})
-    sidecar = out.with_suffix(".json")
-    tmp = sidecar.with_name(f".{sidecar.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, sidecar)
-    return sidecar
+    outputs.write_json(sidecar, result)
 
 
 def main(model: str = "ece408", epochs: int = 3, batch: int = 64, lr: float = 1e-3,
          optimizer: str = "adam", seed: int = 0, device: str = "cpu", limit: int | None = None,
          out: Path | str | None = None, data_dir: Path | str | None = None,
-         quiet: bool = False, test_limit: int | None = None) -> dict[str, Any]:
+         quiet: bool = False, test_limit: int | None = None, force: bool = False,
+         ) -> dict[str, Any]:
     """Train, evaluate on the 10k test images after each epoch, write weights + JSON sidecar.
 
-    `test_limit` evaluates on the first N test images only (fast tests); `quiet` prints nothing."""
+    `out` defaults to ./<model>.safetensors; the shipped weights are replaced only with
+    `force`. `test_limit` evaluates on the first N test images only (fast tests); `quiet`
+    prints nothing. Options and output paths are checked before anything is loaded."""
     spec = models.spec(model)
-    if epochs <= 0 or batch <= 0 or lr <= 0:
-        raise ValueError(f"epochs, batch and lr must be positive, got {epochs}, {batch}, {lr}")
-    out = Path(out) if out is not None else Path.cwd() / f"{model}.safetensors"
+    check_options(epochs, batch, lr, optimizer, seed, limit)
+    out, sidecar = plan_files(out if out is not None else default_out(model), force)
     command = command_line(model, epochs, batch, lr, optimizer, seed, device, limit, out)
 
     x_train, y_train = data.load_images("train", n=limit, size=spec.input_size, data_dir=data_dir)
@@ -176,7 +228,7 @@ def main(model: str = "ece408", epochs: int = 3, batch: int = 64, lr: float = 1e
         "date": dt.date.today().isoformat(), "convolab_version": __version__,
         "cpu_threads": os.cpu_count(),
     }
-    sidecar = _write_results(network, out, result, command)
+    _write_results(network, out, sidecar, result, command)
     if not quiet:
         console.print(f"test accuracy {result['test_accuracy']:.4f}; wrote {out} and {sidecar}")
     return result

@@ -203,7 +203,14 @@ def _row(r: Result) -> tuple[str, ...]:
     return (r.impl, r.case, compact(r.shape), error, f"{r.tolerance:.0e}", status, ms)
 
 
-def print_results(results: Sequence[Result]) -> None:
+def skipped_gpu(device: str | None, names: Sequence[str] | None) -> int:
+    """How many GPU implementations `select_impls` left out because no GPU is usable here."""
+    if names or device == "cpu" or gpu_available():
+        return 0
+    return sum(i.device == "gpu" for i in registry.all_impls("gpu", include_reference=False))
+
+
+def print_results(results: Sequence[Result], skipped: int = 0) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -223,12 +230,21 @@ def print_results(results: Sequence[Result]) -> None:
         table.add_row(*_row(r))
     console = Console()
     console.print(table)
+    console.print(summary(results, skipped))
+
+
+def summary(results: Sequence[Result], skipped: int = 0) -> str:
+    """The verdict line: checks run, and what was not checked and why."""
     bad = [r for r in results if r.status in ("FAIL", "ERROR")]
     checked = sum(r.status != "UNSUPPORTED" for r in results)
-    if bad:
-        console.print(f"[bold red]{len(bad)} of {checked} checks FAILED[/]")
-    else:
-        console.print(f"[green]all {checked} checks PASSED[/]")
+    unsupported = len(results) - checked
+    line = (f"[bold red]{len(bad)} of {checked} checks FAILED[/]" if bad
+            else f"[green]all {checked} checks PASSED[/]")
+    if unsupported:
+        line += f"; {unsupported} case(s) UNSUPPORTED by their implementation, not run"
+    if skipped:
+        line += f"; {skipped} GPU implementations skipped: no CUDA GPU usable here"
+    return line
 
 
 def main(device: str | None = None, names: list[str] | None = None) -> bool:
@@ -237,5 +253,5 @@ def main(device: str | None = None, names: list[str] | None = None) -> bool:
     if not impls:
         raise ConvolabError("no implementation to verify here")
     results = verify(impls)
-    print_results(results)
+    print_results(results, skipped_gpu(device, names))
     return all(r.status in ("PASS", "UNSUPPORTED") for r in results)

@@ -6,7 +6,6 @@ so a file that does not fit gives one WeightsError naming the file and the probl
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,11 +15,13 @@ from convolab import __version__
 from convolab.backend import to_numpy, xp_of
 from convolab.errors import WeightsError
 from convolab.network import Network
+from convolab.outputs import write_atomic
 
 
 def save(network: Network, path: str | os.PathLike, metadata: Mapping[str, str] | None = None,
          ) -> Path:
-    """Write the network's parameters atomically (temp file in the same folder + os.replace)."""
+    """Write the network's parameters atomically (temp file in the same folder + os.replace),
+    with the user's normal file mode; parameters holding NaN/Inf are refused."""
     from safetensors.numpy import save as to_bytes
 
     path = Path(path)
@@ -28,19 +29,10 @@ def save(network: Network, path: str | os.PathLike, metadata: Mapping[str, str] 
     meta.update(model=network.name, convolab_version=__version__)
     tensors = {k: np.ascontiguousarray(to_numpy(v), dtype=np.float32)
                for k, v in network.params().items()}
-    payload = to_bytes(tensors, metadata=meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    bad = [k for k, v in tensors.items() if not np.isfinite(v).all()]
+    if bad:
+        raise WeightsError(f"not writing {path}: {', '.join(bad)} hold NaN or Inf")
+    return write_atomic(path, to_bytes(tensors, metadata=meta))
 
 
 def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -79,6 +71,8 @@ def load_into(network: Network, path: str | os.PathLike) -> dict[str, str]:
             problems.append(f"{name} has shape {got}, the model needs {want}")
         elif tensors[name].dtype != np.float32:
             problems.append(f"{name} is {tensors[name].dtype}, expected float32")
+        elif not np.isfinite(tensors[name]).all():
+            problems.append(f"{name} holds NaN or Inf")
     if problems:
         raise WeightsError(f"weights file {path} does not fit model {network.name!r}: "
                            + "; ".join(problems))

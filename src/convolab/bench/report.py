@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import json
 import re
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from typing import Any
 from convolab.bench.cases import LayerCase
 from convolab.bench.measure import Row
 from convolab.errors import ConvolabError
+from convolab.outputs import write_atomic
 
 RESULTS_ROOT = Path("benchmarks/results")
 CSV_FIELDS = ("case", "impl", "device", "rung", "anchor", "shape", "batch", "precision",
@@ -112,14 +114,19 @@ def csv_row(r: Row) -> dict[str, Any]:
 
 
 def write_results(out_dir: Path, report: dict[str, Any], rows: Sequence[dict[str, Any]]) -> Path:
-    """out_dir/results.json (the report) and out_dir/results.csv (flat rows); returns the dir."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(report, indent=1, default=str))
+    """out_dir/results.json (the report) and out_dir/results.csv (flat rows), each replaced
+    whole; returns the dir."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConvolabError(f"cannot create results folder {out_dir}: {err.strerror}") from None
+    write_atomic(out_dir / "results.json", json.dumps(report, indent=1, default=str))
     fields = list(dict.fromkeys(k for row in rows for k in row))
-    with (out_dir / "results.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(out_dir / "results.csv", text.getvalue())
     return out_dir
 
 
@@ -174,6 +181,8 @@ def plot_rows(path: Path, cases: Sequence[LayerCase], rows: Sequence[Row]) -> No
     fig.suptitle(f"convolab bench ({device}): blue fp32-accurate, orange TF32/FP16 accuracy, "
                  "grey anchors")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda fh: fig.savefig(fh, dpi=110, format="png"))
+    finally:
+        plt.close(fig)

@@ -30,6 +30,7 @@ from convolab.bench.report import (
 )
 from convolab.environment import describe
 from convolab.errors import ConvolabError
+from convolab.outputs import check_dir
 from convolab.roofline import Ceilings, measure_cpu_ceilings, measure_gpu_ceilings
 
 
@@ -150,7 +151,7 @@ def main(runs: Sequence[RunConfig], out: Path | None = None, plan: str | None = 
             console.print(f"[yellow]note:[/yellow] {p.config.label}: {note}")
     report = {**describe(gpu, command), "plan": plan, "ceilings": {},
               "runs": [_run_record(p) for p in prepared]}
-    out_dir = out if out is not None else results_dir(report["device"], plan)
+    out_dir = check_dir(out if out is not None else results_dir(report["device"], plan), "--out")
 
     def save() -> None:
         write_results(out_dir, _report_json(report), _flat_rows(report))
@@ -159,6 +160,7 @@ def main(runs: Sequence[RunConfig], out: Path | None = None, plan: str | None = 
         ceilings = measure_ceilings(gpu, console)
         report["ceilings"] = {k: v.as_dict() for k, v in ceilings.items()}
     rng = np.random.default_rng()
+    written = ["results.json", "results.csv"]
     for p, record in zip(prepared, report["runs"], strict=True):
         if p.config.network:
             record["rows"] = run_network(p.config, console, report["device"])
@@ -168,5 +170,6 @@ def main(runs: Sequence[RunConfig], out: Path | None = None, plan: str | None = 
         if p.config.plot and not p.config.network:
             name = "plot.png" if len(prepared) == 1 else f"plot_{p.config.label}.png"
             plot_rows(out_dir / name, p.cases, record["rows"])
-    console.print(f"wrote {out_dir}/results.json and results.csv")
+            written.append(name)
+    console.print(f"wrote {', '.join(str(out_dir / name) for name in written)}")
     return report

@@ -338,8 +338,9 @@ def _write_json(json_out: Path, model: str, batch: int, ncu: str, rows: Sequence
 
     report = {**describe(True, "profile"), "model": model, "batch": batch, "ncu": ncu,
               "metrics": list(_metrics_in_use[0]), "rows": list(rows), "failures": failures}
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(report, indent=1, default=str))
+    from convolab.outputs import write_atomic
+
+    write_atomic(json_out, json.dumps(report, indent=1, default=str))
 
 
 def _child_main(argv: Sequence[str] | None = None) -> None:
