@@ -15,15 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from convolab.errors import ConvolabError
-
-FILE_MODE = 0o666  # what open() asks for; the umask takes its share
-
-
-def umask() -> int:
-    """The process umask (reading it means setting it: restored at once)."""
-    current = os.umask(0o022)
-    os.umask(current)
-    return current
+from convolab.fsutil import created_file_mode
 
 
 def _shipped_dir() -> Path:
@@ -121,7 +113,7 @@ def write_atomic(path: Path | str, content: bytes | str | Writer) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         # mkstemp creates 0600; the file should look like any other the user writes.
-        os.chmod(tmp, FILE_MODE & ~umask())
+        os.chmod(tmp, created_file_mode())
         os.replace(tmp, path)
         tmp = None
     except OSError as err:
