@@ -130,6 +130,8 @@ template <class T> inline T __ldg(const T* p) { return *p; }
 using std::min;
 inline float __int_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float fmaxf(float a, float b) { return std::fmax(a, b); }
+// common.cuh's IEEE maximum (max.NaN.f32): NaN if either operand is NaN.
+inline float fmax_nan(float a, float b) { return (a != a || b != b) ? NAN : std::fmax(a, b); }
 inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
 inline float expf(float a) { return std::exp(a); }
 std::barrier<>* block_bar;
