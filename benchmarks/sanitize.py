@@ -4,7 +4,7 @@ kernel and also proves each launch computed the right numbers.
 
     python3 benchmarks/sanitize.py --list            what it would launch (no CuPy needed)
     python3 benchmarks/sanitize.py [--seed N]        launch and check everything (GPU)
-    python3 benchmarks/sanitize.py --summarize DIR   DIR/sanitize_<tool>.txt -> DIR/sanitize_summary.txt
+    python3 benchmarks/sanitize.py --summarize DIR   the tools' logs -> DIR/sanitize_summary.txt
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize.py
 
 Covered: every registered GPU implementation (registry.all_impls("gpu"): each rung, the fused
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from convolab.conv_cpu import conv_reference, reference_conv_relu_pool, reference_forward
+from convolab.conv_cpu import reference_conv_relu_pool, reference_forward
 from convolab.gpu.lenet_head import HEAD_IMGS_CHOICES
 from convolab.precision import NETWORK_MODES, TOLERANCE
 from convolab.registry import ConvImpl, all_impls
@@ -129,7 +129,8 @@ def _head_launch(imgs: int) -> Launch:
             dev["f6.weight"], dev["f6.bias"], probs)
         cp.cuda.Device().synchronize()
         f = {k: v.astype(np.float64) for k, v in p.items()}
-        a = np.maximum(feat @ f["f5.weight"].T + f["f5.bias"], 0.0) @ f["f6.weight"].T + f["f6.bias"]
+        hidden = np.maximum(feat @ f["f5.weight"].T + f["f5.bias"], 0.0)
+        a = hidden @ f["f6.weight"].T + f["f6.bias"]
         z = np.exp(a - a.max(axis=1, keepdims=True))
         return rel_l2(probs, z / z.sum(axis=1, keepdims=True))
 
