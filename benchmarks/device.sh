@@ -6,7 +6,10 @@
 #   1. the GPU test suite (pytest -m gpu)                       -> pytest_gpu.txt
 #   2. convolab verify --device gpu                             -> verify.txt
 #   3. each PLAN (a name in benchmarks/plans/ or a path): convolab bench --plan -> PLAN/
-#   4. --sanitize: compute-sanitizer memcheck over the GPU tests and the backward kernels
+#   4. --sanitize: benchmarks/sanitize.py (every GPU kernel once, checked against fp64) under
+#      compute-sanitizer memcheck, racecheck, initcheck, synccheck, each limited to
+#      $SANITIZE_LIMIT s (default 130; $SANITIZE_TOOLS picks tools)  -> sanitize_<tool>.txt,
+#      sanitize_summary.txt (per tool: errors, racecheck hazards, launches checked)
 #   5. --profile: convolab profile (Nsight Compute) on the model's layers -> profile.json
 #
 # Everything lands in one dated folder: $OUT/<date>_<gpu>_device, or benchmarks/results/...
@@ -55,14 +58,15 @@ done
 if [ "$SANITIZE" = 1 ]; then
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
-    stamp "compute-sanitizer memcheck"
-    "$SAN" --tool memcheck --error-exitcode 1 $PY -m pytest -q -p no:cacheprovider -m gpu \
-      -k "not slow" tests > "$DIR/memcheck.txt" 2>&1 || status=1
-    "$SAN" --tool memcheck --error-exitcode 1 $PY benchmarks/sanitize_backward.py \
-      > "$DIR/memcheck_backward.txt" 2>&1 || status=1
-    tail -n 5 "$DIR/memcheck.txt" "$DIR/memcheck_backward.txt"
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
+      stamp "compute-sanitizer $tool (limit ${SANITIZE_LIMIT:-130} s)"
+      timeout -k 10 "${SANITIZE_LIMIT:-130}" "$SAN" --tool "$tool" --error-exitcode 1 \
+        $PY benchmarks/sanitize.py > "$DIR/sanitize_$tool.txt" 2>&1 || status=1
+      tail -n 2 "$DIR/sanitize_$tool.txt"
+    done
+    $PY benchmarks/sanitize.py --summarize "$DIR" || status=1
   else
-    echo "compute-sanitizer not found: skipped" | tee "$DIR/memcheck.txt"
+    echo "compute-sanitizer not found: skipped" | tee "$DIR/sanitize_summary.txt"
   fi
 fi
 

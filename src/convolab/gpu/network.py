@@ -23,18 +23,62 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import to_numpy
+from convolab.errors import ConvolabError
 from convolab.gpu.lenet_head import HEAD_DEFAULT_IMGS, head_defines, prepare_head
 from convolab.models import conv_blocks, param_shapes
 from convolab.precision import NETWORK_MODES
 
 MODEL = "ece408"
 PARAM_SHAPES = param_shapes(MODEL)
+# Share of the free device memory one forward's buffers may take: the rest is left for the
+# memory pool's rounding and fragmentation, the conv rungs' own workspaces and other processes.
+DEVICE_MEMORY_SHARE = 0.8
 
 
 def image_shape() -> tuple[int, int, int]:
     """(C, H, W) of one input image: the first conv block's input."""
     shape = conv_blocks(MODEL)[0].shape
     return (shape.C, shape.H, shape.W)
+
+
+def bytes_per_image(mode: str, with_input: bool = True) -> int:
+    """Device bytes one image needs in a forward: its input (when the forward allocates it),
+    the pooled C1 map (fp16 in mode 'fp16'), the pooled C3 features and 10 probabilities."""
+    b1, b3 = conv_blocks(MODEL, 1)
+    a1 = b1.shape.M * (b1.shape.H_out // b1.pool) * (b1.shape.W_out // b1.pool)
+    a3 = b3.shape.M * (b3.shape.H_out // b3.pool) * (b3.shape.W_out // b3.pool)
+    x = int(np.prod(image_shape())) if with_input else 0
+    return a1 * (2 if mode == "fp16" else 4) + 4 * (a3 + 10 + x)
+
+
+def chunk_for(batch: int, free_bytes: int, per_image: int, slots: int = 1) -> int:
+    """Images per device step so that `slots` steps' buffers fit in DEVICE_MEMORY_SHARE of
+    `free_bytes`: `batch` itself when it fits, else the largest chunk that does. Raises
+    ConvolabError when not even one image fits."""
+    if batch < 1:
+        return batch
+    budget = int(free_bytes * DEVICE_MEMORY_SHARE)
+    fit = budget // (per_image * slots)
+    if fit < 1:
+        raise ConvolabError(
+            f"FusedLeNet: a batch of {batch} images needs {per_image * slots:,} bytes of GPU "
+            f"memory for even one image per step ({per_image:,} per image x {slots} streams); "
+            f"{budget:,} of {free_bytes:,} free bytes are usable")
+    return min(batch, fit)
+
+
+def device_free_bytes() -> int:
+    """Free device memory, counting blocks CuPy's pool holds but does not use."""
+    from convolab.backend import require_cupy
+
+    cp = require_cupy()
+    return int(cp.cuda.runtime.memGetInfo()[0]) + int(cp.get_default_memory_pool().free_bytes())
+
+
+def _out_of_memory(what: str, batch: int, need: int) -> ConvolabError:
+    free = device_free_bytes()
+    return ConvolabError(f"FusedLeNet: out of GPU memory for {what} of a batch of {batch} images "
+                         f"(about {need:,} bytes needed, {free:,} free)")
 
 
 def check_params(params: Mapping[str, Any]) -> None:
@@ -85,33 +129,44 @@ class FusedLeNet:
 
     # ---- device forward -------------------------------------------------------------------
     def _plan(self, batch: int, slot: int = 0) -> tuple[Callable, Callable, Any, Any]:
-        """Prepared conv runs and intermediate buffers for one batch size (per stream slot)."""
+        """The cached plan of one batch size and stream slot; one ConvolabError where its
+        buffers do not fit on the device."""
         key = (batch, slot)
         if key not in self._plans:
-            cp, p = self._cp, self.params
-            c1p, c3p = self._kernel_params.get("c1", {}), self._kernel_params.get("c3", {})
-            b1, b3 = conv_blocks(MODEL, batch)
-            hp1, wp1 = b1.shape.H_out // b1.pool, b1.shape.W_out // b1.pool
-            hp3, wp3 = b3.shape.H_out // b3.pool, b3.shape.W_out // b3.pool
-            if self.channels_last:
-                from convolab.gpu import fused_cl
-
-                c1 = fused_cl.prepare_conv1_cl(b1.shape, p["c1.weight"], p["c1.bias"], c1p)
-                c3 = fused_cl.prepare_conv2_cl(b3.shape, p["c3.weight"], p["c3.bias"], c3p)
-                a1 = cp.empty((batch, hp1, wp1, b1.shape.M), cp.float16)  # fp16 channels-last
-            else:
-                from convolab.gpu.fused import fused_conv_pool_impl
-
-                prec = NETWORK_MODES[self.mode]
-                c1 = fused_conv_pool_impl(b1.pool, prec).prepare(
-                    b1.shape, p["c1.weight"], p["c1.bias"], c1p)
-                c3 = fused_conv_pool_impl(b3.pool, prec).prepare(
-                    b3.shape, p["c3.weight"], p["c3.bias"], c3p)
-                a1 = cp.empty((batch, b1.shape.M, hp1, wp1), cp.float32)
-            # == the head's (batch, 1024) features
-            a3 = cp.empty((batch, b3.shape.M, hp3, wp3), cp.float32)
-            self._plans[key] = (c1, c3, a1, a3)
+            try:
+                self._plans[key] = self._new_plan(batch)
+            except self._cp.cuda.memory.OutOfMemoryError:
+                self._plans.clear()  # cached buffers of other sizes go first
+                self._cp.get_default_memory_pool().free_all_blocks()
+                raise _out_of_memory("the intermediates", batch,
+                                     batch * bytes_per_image(self.mode, False)) from None
         return self._plans[key]
+
+    def _new_plan(self, batch: int) -> tuple[Callable, Callable, Any, Any]:
+        """Prepared conv runs and intermediate buffers for one batch size (per stream slot)."""
+        cp, p = self._cp, self.params
+        c1p, c3p = self._kernel_params.get("c1", {}), self._kernel_params.get("c3", {})
+        b1, b3 = conv_blocks(MODEL, batch)
+        hp1, wp1 = b1.shape.H_out // b1.pool, b1.shape.W_out // b1.pool
+        hp3, wp3 = b3.shape.H_out // b3.pool, b3.shape.W_out // b3.pool
+        if self.channels_last:
+            from convolab.gpu import fused_cl
+
+            c1 = fused_cl.prepare_conv1_cl(b1.shape, p["c1.weight"], p["c1.bias"], c1p)
+            c3 = fused_cl.prepare_conv2_cl(b3.shape, p["c3.weight"], p["c3.bias"], c3p)
+            a1 = cp.empty((batch, hp1, wp1, b1.shape.M), cp.float16)  # fp16 channels-last
+        else:
+            from convolab.gpu.fused import fused_conv_pool_impl
+
+            prec = NETWORK_MODES[self.mode]
+            c1 = fused_conv_pool_impl(b1.pool, prec).prepare(
+                b1.shape, p["c1.weight"], p["c1.bias"], c1p)
+            c3 = fused_conv_pool_impl(b3.pool, prec).prepare(
+                b3.shape, p["c3.weight"], p["c3.bias"], c3p)
+            a1 = cp.empty((batch, b1.shape.M, hp1, wp1), cp.float32)
+        # == the head's (batch, 1024) features
+        a3 = cp.empty((batch, b3.shape.M, hp3, wp3), cp.float32)
+        return (c1, c3, a1, a3)
 
     def forward_into(self, x: Any, probs: Any, slot: int = 0) -> None:
         """Enqueue the forward of device batch x on the current stream, writing probs."""
@@ -127,9 +182,28 @@ class FusedLeNet:
         if not isinstance(x, cp.ndarray):
             raise TypeError("FusedLeNet(x): x must be a CuPy array (use forward_chunks for host)")
         self._check_batch(x)
-        probs = cp.empty((x.shape[0], 10), cp.float32)
-        if x.shape[0]:
-            self.forward_into(cp.ascontiguousarray(x), probs)
+        n = int(x.shape[0])
+        try:
+            probs = cp.empty((n, 10), cp.float32)
+            x = cp.ascontiguousarray(x)
+        except cp.cuda.memory.OutOfMemoryError:
+            raise _out_of_memory("the input and output", n,
+                                 n * 4 * (10 + int(np.prod(image_shape())))) from None
+        step = n if (n, 0) in self._plans else chunk_for(
+            n, device_free_bytes(), bytes_per_image(self.mode, with_input=False))
+        if step >= n:
+            if n:
+                self.forward_into(x, probs)
+            return probs
+        # Too large for the device at once: a chunk at a time. The chunk's buffers go back to
+        # the pool before the last, shorter chunk plans its own, and neither stays cached.
+        full, rest = divmod(n, step)
+        for i in range(full):
+            self.forward_into(x[i * step:(i + 1) * step], probs[i * step:(i + 1) * step])
+        self._plans.pop((step, 0), None)
+        if rest:
+            self.forward_into(x[full * step:], probs[full * step:])
+            self._plans.pop((rest, 0), None)
         return probs
 
     @staticmethod
@@ -144,6 +218,9 @@ class FusedLeNet:
     def forward_chunks(self, x_host: np.ndarray, chunk: int = 8192, streams: int = 2,
                        out: np.ndarray | None = None) -> np.ndarray:
         """Probabilities for a host batch of any size (it need not fit on the GPU).
+
+        A `chunk` whose device buffers do not fit in the free memory is reduced until they do
+        (chunk_for); where not even one image fits, one ConvolabError says so.
 
         Chunks rotate through `streams` slots, each with its own pinned staging buffers,
         device buffers and CUDA stream, so chunk i's host->device copy, chunk i-1's kernels
@@ -162,7 +239,19 @@ class FusedLeNet:
         if n == 0:
             return out
         chunk = min(chunk, n)
+        if (chunk, 0) not in self._plans:  # a chunk that does not fit becomes smaller chunks
+            # one step more than the streams: the last, shorter chunk plans buffers of its own
+            chunk = chunk_for(chunk, device_free_bytes(), bytes_per_image(self.mode), streams + 1)
         slots = min(streams, -(-n // chunk))
+        try:
+            return self._stream_chunks(x_host, out, chunk, slots)
+        except cp.cuda.memory.OutOfMemoryError:
+            raise _out_of_memory("the streaming buffers", chunk,
+                                 slots * chunk * bytes_per_image(self.mode)) from None
+
+    def _stream_chunks(self, x_host: np.ndarray, out: np.ndarray, chunk: int,
+                       slots: int) -> np.ndarray:
+        cp, n = self._cp, x_host.shape[0]
         img = image_shape()
         img_bytes = 4 * int(np.prod(img))
         pin_in = [_pinned(cp, (chunk, *img)) for _ in range(slots)]

@@ -1,0 +1,336 @@
+"""Launch every GPU kernel once at a small shape and check each output against fp64, so that a
+compute-sanitizer run (memcheck, racecheck, initcheck, synccheck) over this script covers every
+kernel and also proves each launch computed the right numbers.
+
+    python3 benchmarks/sanitize.py --list            what it would launch (no CuPy needed)
+    python3 benchmarks/sanitize.py [--seed N]        launch and check everything (GPU)
+    python3 benchmarks/sanitize.py --summarize DIR   the tools' logs -> DIR/sanitize_summary.txt
+    compute-sanitizer --tool racecheck python3 benchmarks/sanitize.py
+
+Covered: every registered GPU implementation (registry.all_impls("gpu"): each rung, the fused
+conv+pool rungs, tensor-core variants, auto) on the first small shape it supports, FusedLeNet in
+every network mode, the LeNet head in each tile variant, and the training kernels of
+gpu/backward.py. Nothing here imports Numba (broken on the device image): the fp64 references
+are NumPy. Exit status 1 when any launch misses its tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from convolab.conv_cpu import reference_conv_relu_pool, reference_forward
+from convolab.gpu.lenet_head import HEAD_IMGS_CHOICES
+from convolab.precision import NETWORK_MODES, TOLERANCE
+from convolab.registry import ConvImpl, all_impls
+from convolab.shapes import ConvShape
+
+SANITIZER_TOOLS: tuple[str, ...] = ("memcheck", "racecheck", "initcheck", "synccheck")
+# Small shapes first: an odd, strided one, then one the tensor-core rungs accept (their tiles
+# need C*K*K and M to fit an MMA fragment).
+CANDIDATE_SHAPES: tuple[ConvShape, ...] = (
+    ConvShape(B=3, C=3, H=13, W=11, M=5, K=3, S=2),
+    ConvShape(B=2, C=2, H=20, W=20, M=8, K=5, S=1),
+    ConvShape(B=2, C=4, H=24, W=24, M=16, K=7, S=1),
+)
+NETWORK_BATCH = 19  # not a multiple of any head tile: the last tile is partial
+BACKWARD_TOLERANCE = TOLERANCE["fp32"]
+SUMMARY_FILE = "sanitize_summary.txt"
+
+Rng = np.random.Generator
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One checked launch: `check(rng)` runs it and returns its relative L2 error vs fp64."""
+
+    name: str
+    what: str
+    tolerance: float
+    check: Callable[[Rng], float]
+
+
+def rel_l2(got: Any, want: np.ndarray) -> float:
+    from convolab.backend import to_numpy
+
+    got64 = np.asarray(to_numpy(got), np.float64)
+    if got64.shape != want.shape:
+        raise ValueError(f"output shape {got64.shape}, expected {want.shape}")
+    denom = float(np.linalg.norm(want))
+    return float(np.linalg.norm(got64 - want)) / (denom if denom > 0 else 1.0)
+
+
+def _normal(rng: Rng, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def shape_for(impl: ConvImpl) -> ConvShape | None:
+    return next((s for s in CANDIDATE_SHAPES if impl.supports(s)), None)
+
+
+def _conv_launch(impl: ConvImpl, shape: ConvShape) -> Launch:
+    def check(rng: Rng) -> float:
+        import cupy as cp
+
+        x, w, b = _normal(rng, *shape.x_shape), _normal(rng, *shape.w_shape), _normal(rng, shape.M)
+        y = impl.forward(cp.asarray(x), cp.asarray(w), cp.asarray(b), shape.S)
+        cp.cuda.Device().synchronize()
+        return rel_l2(y, reference_conv_relu_pool(x, w, b, shape.S, impl.pool))
+
+    return Launch(f"conv:{impl.name}", f"rung {impl.rung} {impl.kernel_file} on {shape}",
+                  impl.tolerance, check)
+
+
+def _random_params(rng: Rng) -> dict[str, np.ndarray]:
+    from convolab.gpu.network import PARAM_SHAPES
+
+    # Scaled so that activations stay O(1) through both conv blocks and F5.
+    return {k: (_normal(rng, *s) / np.sqrt(np.prod(s[1:]) if len(s) > 1 else 1.0)).astype(
+        np.float32) for k, s in PARAM_SHAPES.items()}
+
+
+def _network_launch(mode: str) -> Launch:
+    def check(rng: Rng) -> float:
+        import cupy as cp
+
+        from convolab.gpu.network import FusedLeNet, image_shape
+
+        params = _random_params(rng)
+        x = rng.random((NETWORK_BATCH, *image_shape())).astype(np.float32)
+        probs = FusedLeNet(params, mode=mode)(cp.asarray(x))
+        cp.cuda.Device().synchronize()
+        return rel_l2(probs, reference_forward(params, x))
+
+    return Launch(f"network:{mode}", f"FusedLeNet mode {mode}, batch {NETWORK_BATCH}",
+                  TOLERANCE[NETWORK_MODES[mode]], check)
+
+
+def _head_launch(imgs: int) -> Launch:
+    def check(rng: Rng) -> float:
+        import cupy as cp
+
+        from convolab.gpu.lenet_head import head_defines, prepare_head
+
+        p = _random_params(rng)
+        feat = rng.random((NETWORK_BATCH, 1024)).astype(np.float32)
+        probs = cp.empty((NETWORK_BATCH, 10), cp.float32)
+        dev = {k: cp.asarray(v) for k, v in p.items()}
+        prepare_head(head_defines(imgs))(
+            cp.asarray(feat), cp.ascontiguousarray(dev["f5.weight"].T), dev["f5.bias"],
+            dev["f6.weight"], dev["f6.bias"], probs)
+        cp.cuda.Device().synchronize()
+        f = {k: v.astype(np.float64) for k, v in p.items()}
+        hidden = np.maximum(feat @ f["f5.weight"].T + f["f5.bias"], 0.0)
+        a = hidden @ f["f6.weight"].T + f["f6.bias"]
+        z = np.exp(a - a.max(axis=1, keepdims=True))
+        return rel_l2(probs, z / z.sum(axis=1, keepdims=True))
+
+    return Launch(f"head:imgs{imgs}", f"lenet_head tiles of {imgs}, batch {NETWORK_BATCH}",
+                  TOLERANCE["fp32"], check)
+
+
+# ---- fp64 references of the training kernels -------------------------------------------------
+def conv_backward_reference(x: np.ndarray, w: np.ndarray, dy: np.ndarray,
+                            stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    k, (ho, wo) = w.shape[2], dy.shape[2:]
+    dx = np.zeros_like(x64)
+    dw = np.zeros_like(w64)
+    for p in range(k):
+        for q in range(k):
+            xs = x64[:, :, p:p + stride * (ho - 1) + 1:stride, q:q + stride * (wo - 1) + 1:stride]
+            dw[:, :, p, q] = np.einsum("bmhw,bchw->mc", dy64, xs)
+            dx[:, :, p:p + stride * (ho - 1) + 1:stride, q:q + stride * (wo - 1) + 1:stride] += \
+                np.einsum("bmhw,mc->bchw", dy64, w64[:, :, p, q])
+    return dx, dw, dy64.sum(axis=(0, 2, 3))
+
+
+def _pool_windows(x: np.ndarray, k: int, s: int) -> np.ndarray:
+    """(B, C, Ho, Wo, k, k) windows of x, floor mode."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    return sliding_window_view(x, (k, k), axis=(2, 3))[:, :, ::s, ::s]
+
+
+def _spread(per_window: np.ndarray, x_shape: tuple[int, ...], k: int, s: int) -> np.ndarray:
+    """Adds (B, C, Ho, Wo, k, k) window values back onto an x-shaped array."""
+    out = np.zeros(x_shape, np.float64)
+    ho, wo = per_window.shape[2:4]
+    for p in range(k):
+        for q in range(k):
+            out[:, :, p:p + s * (ho - 1) + 1:s, q:q + s * (wo - 1) + 1:s] += per_window[..., p, q]
+    return out
+
+
+def pool_references(x: np.ndarray, dy: np.ndarray, coef: np.ndarray, bias: np.ndarray,
+                    k: int, s: int) -> dict[str, np.ndarray]:
+    """fp64 max-pool, subsampling and average-pool forward and backward."""
+    win = _pool_windows(x.astype(np.float64), k, s)
+    b, c, ho, wo = win.shape[:4]
+    flat = win.reshape(b, c, ho, wo, k * k)
+    first_max = np.zeros_like(flat)
+    np.put_along_axis(first_max, flat.argmax(axis=-1)[..., None], 1.0, axis=-1)
+    dy64 = dy.astype(np.float64)
+    mean = win.mean(axis=(4, 5))
+    sig = 1.0 / (1.0 + np.exp(-(coef[None, :, None, None] * mean + bias[None, :, None, None])))
+    dz = dy64 * sig * (1.0 - sig)
+    ones = np.ones((1, 1, 1, 1, k, k))
+    return {
+        "maxpool_y": win.max(axis=(4, 5)),
+        "maxpool_dx": _spread((first_max * dy64[..., None]).reshape(win.shape), x.shape, k, s),
+        "subsample_y": sig,
+        "subsample_dx": _spread((dz * coef[None, :, None, None])[..., None, None] * ones / (k * k),
+                                x.shape, k, s),
+        "subsample_dcoef": (dz * mean).sum(axis=(0, 2, 3)),
+        "subsample_dbias": dz.sum(axis=(0, 2, 3)),
+        "avgpool_dx": _spread(dy64[..., None, None] * ones / (k * k), x.shape, k, s),
+    }
+
+
+def _conv_backward_launch(stride: int, method: str, max_taps_k: int, need_dx: bool) -> Launch:
+    def check(rng: Rng) -> float:
+        import cupy as cp
+
+        from convolab.gpu import backward
+
+        backward.GEMM_WORKSPACE_FLOATS = 2 * 3 * 5 * 5 * 64  # forces several GEMM chunks
+        backward.MAX_TAPS_K = max_taps_k  # 0: the one-block-per-weight dW kernel
+        x, w = _normal(rng, 5, 3, 13, 11), _normal(rng, 4, 3, 5, 5)
+        dy = _normal(rng, 5, 4, (13 - 5) // stride + 1, (11 - 5) // stride + 1)
+        got = backward.conv2d_backward(cp.asarray(x), cp.asarray(w), cp.asarray(dy), stride,
+                                       method, need_dx=need_dx)
+        cp.cuda.Device().synchronize()
+        want = conv_backward_reference(x, w, dy, stride)
+        return max(rel_l2(g, r) for g, r in zip(got, want, strict=True) if g is not None)
+
+    return Launch(f"backward:conv s{stride} {method} taps{max_taps_k} dx={need_dx}",
+                  "conv2d_backward x (5,3,13,11) w (4,3,5,5)", BACKWARD_TOLERANCE, check)
+
+
+def _pool_launch(k: int, s: int) -> Launch:
+    def check(rng: Rng) -> float:
+        import cupy as cp
+
+        from convolab.gpu import backward as bw
+
+        x = _normal(rng, 2, 3, 11, 10)
+        ho, wo = (11 - k) // s + 1, (10 - k) // s + 1
+        dy, coef, bias = _normal(rng, 2, 3, ho, wo), _normal(rng, 3), _normal(rng, 3)
+        ref = pool_references(x, dy, coef, bias, k, s)
+        xd, dyd, cd, bd = (cp.asarray(a) for a in (x, dy, coef, bias))
+        y = bw.maxpool2d_forward(xd, k, s)
+        sub = bw.subsample_forward(xd, cd, bd, k, s)
+        got = {"maxpool_y": y, "maxpool_dx": bw.maxpool2d_backward(xd, y, dyd, k, s),
+               "subsample_y": sub, "avgpool_dx": bw.avgpool2d_backward(dyd, x.shape, k, s)}
+        errs = [rel_l2(bw.maxpool2d_backward(xd, None, dyd, k, s), ref["maxpool_dx"])]
+        for s_in in (sub, None):
+            dx, dcoef, dbias = bw.subsample_backward(xd, s_in, dyd, cd, bd, k, s)
+            errs += [rel_l2(dx, ref["subsample_dx"]), rel_l2(dcoef, ref["subsample_dcoef"]),
+                     rel_l2(dbias, ref["subsample_dbias"])]
+        cp.cuda.Device().synchronize()
+        return max(errs + [rel_l2(v, ref[key]) for key, v in got.items()])
+
+    return Launch(f"backward:pool k{k} s{s}", "max-pool, subsample, avg-pool x (2,3,11,10)",
+                  BACKWARD_TOLERANCE, check)
+
+
+def launches() -> list[Launch]:
+    """Everything the script launches, in order; built without CuPy."""
+    out: list[Launch] = []
+    for impl in all_impls("gpu"):
+        shape = shape_for(impl)
+        if shape is None:
+            raise ValueError(f"sanitize: no candidate shape fits {impl.name!r}; add one to "
+                             "CANDIDATE_SHAPES")
+        out.append(_conv_launch(impl, shape))
+    out += [_network_launch(mode) for mode in NETWORK_MODES]
+    out += [_head_launch(imgs) for imgs in HEAD_IMGS_CHOICES]
+    out += [_conv_backward_launch(stride, method, taps, need_dx)
+            for stride in (1, 2, 3)
+            for method, taps in (("gemm", 9), ("direct", 9), ("direct", 0))
+            for need_dx in (True, False)]
+    out += [_pool_launch(k, s) for k, s in ((2, 2), (4, 4), (3, 2), (2, 1))]
+    return out
+
+
+def run_all(seed: int) -> int:
+    """Runs every launch; prints one line each; returns how many missed their tolerance."""
+    rng = np.random.default_rng(seed)
+    failed = 0
+    for launch in launches():
+        err = launch.check(rng)
+        ok = bool(np.isfinite(err)) and err <= launch.tolerance
+        failed += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {launch.name:45s} rel_l2 {err:.2e} "
+              f"(tol {launch.tolerance:.0e})  {launch.what}", flush=True)
+    print(f"sanitize: {len(launches())} launches, {failed} failed (seed {seed})")
+    return failed
+
+
+# ---- summary of the sanitizer logs -----------------------------------------------------------
+_ERRORS = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error")
+_HAZARDS = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazard")
+_LAUNCHES = re.compile(r"sanitize: (\d+) launches, (\d+) failed")
+
+
+def summarize_log(tool: str, text: str) -> str:
+    """One line for one tool's log: errors (hazards for racecheck), launches checked."""
+    errors = _ERRORS.search(text)
+    hazards = _HAZARDS.search(text)
+    done = _LAUNCHES.search(text)
+    parts = [f"{tool:9s}"]
+    parts.append(f"errors {errors.group(1) if errors else '?'}")
+    if tool == "racecheck":
+        parts.append(f"hazards {hazards.group(1) if hazards else '?'}")
+    if done:
+        parts.append(f"launches {done.group(1)} ({done.group(2)} wrong vs fp64)")
+    else:
+        parts.append("did not finish (timed out or crashed: see the log)")
+    return "  ".join(parts)
+
+
+def write_summary(folder: Path) -> Path:
+    lines = [f"compute-sanitizer over benchmarks/sanitize.py ({len(launches())} launches: "
+             f"{len(all_impls('gpu'))} GPU implementations, {len(NETWORK_MODES)} network modes, "
+             f"{len(HEAD_IMGS_CHOICES)} head variants, training kernels)"]
+    for tool in SANITIZER_TOOLS:
+        log = folder / f"sanitize_{tool}.txt"
+        lines.append(summarize_log(tool, log.read_text(errors="replace")) if log.is_file()
+                     else f"{tool:9s}  not run")
+    target = folder / SUMMARY_FILE
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{SUMMARY_FILE}.")
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", "--dry-run", action="store_true", dest="list_only",
+                        help="print what would be launched; needs no GPU")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--summarize", type=Path, metavar="DIR",
+                        help=f"write DIR/{SUMMARY_FILE} from DIR/sanitize_<tool>.txt")
+    args = parser.parse_args(argv)
+    if args.summarize is not None:
+        print(write_summary(args.summarize).read_text(), end="")
+        return 0
+    if args.list_only:
+        for launch in launches():
+            print(f"{launch.name:45s} {launch.what}")
+        return 0
+    return 1 if run_all(args.seed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
