@@ -244,10 +244,10 @@ def _maxpool_3d() -> None:
 
 
 def _load_nan_weights(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
     from convolab import models, weights
     from convolab.errors import WeightsError
-
-    from safetensors.numpy import save_file
 
     net = models.build("ece408", seed=0)
     tensors = {k: np.ascontiguousarray(v) for k, v in net.params().items()}
