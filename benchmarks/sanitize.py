@@ -277,7 +277,8 @@ def run_all(seed: int) -> int:
 
 
 # ---- summary of the sanitizer logs -----------------------------------------------------------
-_ERRORS = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error")
+# racecheck reports "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)"
+_ERRORS = re.compile(r"(?:ERROR SUMMARY:\s*|hazards displayed \()(\d+)\s+error")
 _HAZARDS = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazard")
 _LAUNCHES = re.compile(r"sanitize: (\d+) launches, (\d+) failed")
 

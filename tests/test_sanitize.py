@@ -105,4 +105,10 @@ def test_summary_reads_each_tools_counts(sanitize, tmp_path: Path) -> None:
     assert "hazards 3" in lines["racecheck"] and "errors 3" in lines["racecheck"]
     assert "did not finish" in lines["initcheck"]
     assert "not run" in lines["synccheck"]
+    # what racecheck really prints (no ERROR SUMMARY line): its errors are still read
+    (tmp_path / "sanitize_racecheck.txt").write_text(
+        done + "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+    text = sanitize.write_summary(tmp_path).read_text()
+    racecheck = next(line for line in text.splitlines() if line.startswith("racecheck"))
+    assert "errors 0" in racecheck and "hazards 0" in racecheck
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
