@@ -227,6 +227,11 @@ def bench(
         typer.Option("--out", help="results folder (default benchmarks/results/DATE_DEVICE_PLAN)"),
     ] = None,
     plot: Annotated[bool, typer.Option("--plot", help="also write plot.png")] = False,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", "-d", help="--network: cpu (against ONNX Runtime when "
+                     "installed) or gpu (default)"),
+    ] = None,
 ) -> None:
     """Time implementations on conv layers (or the whole network) against PyTorch/cuDNN."""
     from convolab import bench as run
@@ -239,6 +244,7 @@ def bench(
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),
                                           ("--network", network), ("--plot", plot),
+                                          ("--device", device),
                                           ("--model", "model" in explicit),
                                           ("--batch", "batch" in explicit),
                                           ("--reps", "reps" in explicit)) if value]
@@ -248,7 +254,7 @@ def bench(
         return
     check_batch(batch, limit=1_000_000)
     config = run.from_flags(model, batch, reps, impl or (), shapes, shape or (), network,
-                            variant or (), plot)
+                            variant or (), plot, device)
     run.main([config], out=out, command=command)
 
 

@@ -25,16 +25,25 @@ by a zero weight.
 Numba is imported only inside the kernel builders, never at import time: this module is
 imported by the registry on every machine, including GPU hosts where Numba must not load.
 
-The kernels are closures specialised by (K, stride, parallel) and are deliberately NOT
-cached on disk: Numba's cache keys closures by qualified name, and cached closures loaded
-into one process were observed to resolve to the wrong specialisation (wrong results).
-Each process pays the compile once per specialisation (about 1-2 s).
+The cpu-fused kernels are generated source (one top-level function per (K, stride)
+specialisation, each with its own name) written to the user cache and compiled with
+``cache=True``: the multi-second compile happens once per machine, later processes load the
+machine code (see ``_kernel_module``). cpu-loops (a teaching rung) is compiled per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import importlib.util
+import os
+import string
+import sys
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -293,123 +302,183 @@ def _prepare_im2col(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any])
 
 # --------------------------------------------------------------------------- cpu-fused
 
-
-def _spec_k(K: int) -> int:
-    return K if K in _SPECIALISED_K else 0
-
-
 # Output rows are computed in whole SIMD vectors (16 float32 lanes = one AVX-512 register);
 # the few extra columns land in the row buffer and are never stored. Without this the
 # W_out % 16 leftover columns run scalar and, at W_out = 34, cost as much as the rest.
 _LANES = 16
 
-
-@functools.cache
-def _conv_row_kernel(k_spec: int, unit_stride: bool) -> Callable:
-    """conv_row: one output row h of all M channels into a per-thread buffer.
-
-    Each input row used is first copied into a zero-padded per-thread row so the innermost
-    loop (along the output row: contiguous when S == 1, so LLVM emits SIMD FMAs) can run a
-    whole number of vectors without reading past the input. The K taps of one weight row are
-    unrolled when K is a compile-time constant; k_spec == 0 and unit_stride False fall back
-    to run-time K and S.
-    """
-    import numba
-
-    @numba.njit(cache=False, fastmath={"contract"})
-    def conv_row(x, w, bias, stride, b, h, n_cols, xpad, acc):
-        # acc[m, :n_cols] = bias[m] + sum_{c,p,q} w[m,c,p,q] * x[b, c, h*S+p, ow*S+q]
-        C, W = x.shape[1], x.shape[3]
-        M = w.shape[0]
-        K = k_spec if k_spec != 0 else w.shape[2]
-        S = 1 if unit_stride else stride
-        for m in range(M):
-            bm = bias[m]
-            for ow in range(n_cols):
-                acc[m, ow] = bm
-        for c in range(C):
-            for p in range(K):
-                xrow = x[b, c, h * S + p]
-                for i in range(W):
-                    xpad[i] = xrow[i]
-                for m in range(M):
-                    wrow = w[m, c, p]
-                    arow = acc[m]
-                    for ow in range(n_cols):
-                        s = arow[ow]
-                        for q in range(K):
-                            s += wrow[q] * xpad[ow * S + q]
-                        arow[ow] = s
-
-    return conv_row
+# The direct kernels' source, instantiated once per (K, unit stride) as top-level functions
+# with distinct names (see _kernel_module). $K and $S are compile-time constants where
+# specialised (the K taps unroll, S == 1 makes the innermost loop contiguous) and run-time
+# values otherwise; $TAG makes every function name unique.
+_KERNEL_TEMPLATE = string.Template('''
+@numba.njit(cache=True, fastmath={"contract"})
+def conv_row_$TAG(x, w, bias, stride, b, h, n_cols, xpad, acc):
+    # acc[m, :n_cols] = bias[m] + sum_{c,p,q} w[m,c,p,q] * x[b, c, h*S+p, ow*S+q]. Each input
+    # row used is first copied into a zero-padded per-thread row so the innermost loop (along
+    # the output row: SIMD FMAs when S == 1) runs whole vectors without reading past the input.
+    C, W = x.shape[1], x.shape[3]
+    M = w.shape[0]
+    K = $K
+    S = $S
+    for m in range(M):
+        bm = bias[m]
+        for ow in range(n_cols):
+            acc[m, ow] = bm
+    for c in range(C):
+        for p in range(K):
+            xrow = x[b, c, h * S + p]
+            for i in range(W):
+                xpad[i] = xrow[i]
+            for m in range(M):
+                wrow = w[m, c, p]
+                arow = acc[m]
+                for ow in range(n_cols):
+                    s = arow[ow]
+                    for q in range(K):
+                        s += wrow[q] * xpad[ow * S + q]
+                    arow[ow] = s
 
 
-@functools.cache
-def _direct_kernels(k_spec: int, unit_stride: bool) -> tuple[Callable, Callable]:
-    """(conv_direct, conv_relu_pool), both parallel over the batch, built on conv_row."""
-    import numba
+@numba.njit(cache=True, parallel=True)
+def conv_direct_$TAG(x, w, bias, stride, y):
+    W = x.shape[3]
+    M = w.shape[0]
+    K = $K
+    S = $S
+    B, H_out, W_out = y.shape[0], y.shape[2], y.shape[3]
+    n_cols = (W_out + LANES - 1) // LANES * LANES
+    for b in numba.prange(B):
+        acc = np.empty((M, n_cols), dtype=np.float32)
+        xpad = np.zeros((n_cols - 1) * S + K + W, dtype=np.float32)
+        for h in range(H_out):
+            conv_row_$TAG(x, w, bias, stride, b, h, n_cols, xpad, acc)
+            for m in range(M):
+                for ow in range(W_out):
+                    y[b, m, h, ow] = acc[m, ow]
 
-    conv_row = _conv_row_kernel(k_spec, unit_stride)
 
-    @numba.njit(cache=False, parallel=True)
-    def conv_direct(x, w, bias, stride, y):
-        B, W = x.shape[0], x.shape[3]
-        M, K = w.shape[0], w.shape[2]
-        S = 1 if unit_stride else stride
-        H_out, W_out = y.shape[2], y.shape[3]
-        n_cols = (W_out + _LANES - 1) // _LANES * _LANES
-        for b in numba.prange(B):
-            acc = np.empty((M, n_cols), dtype=np.float32)
-            xpad = np.zeros((n_cols - 1) * S + K + W, dtype=np.float32)
-            for h in range(H_out):
-                conv_row(x, w, bias, stride, b, h, n_cols, xpad, acc)
-                for m in range(M):
-                    for ow in range(W_out):
-                        y[b, m, h, ow] = acc[m, ow]
-
-    @numba.njit(cache=False, parallel=True)
-    def conv_relu_pool(x, w, bias, stride, P, y):
-        # Each pooled row needs P conv rows: computed one after another into the same
-        # buffer and folded into a running max, so the conv output never reaches memory.
-        # ReLU goes after the max (they commute).
-        B, W = x.shape[0], x.shape[3]
-        M, K = w.shape[0], w.shape[2]
-        S = 1 if unit_stride else stride
-        Hp, Wp = y.shape[2], y.shape[3]
-        # Conv columns past the last full pool window are never needed (floor pooling).
-        n_cols = (Wp * P + _LANES - 1) // _LANES * _LANES
-        for b in numba.prange(B):
-            acc = np.empty((M, n_cols), dtype=np.float32)
-            best = np.empty((M, Wp), dtype=np.float32)
-            xpad = np.zeros((n_cols - 1) * S + K + W, dtype=np.float32)
-            for ph in range(Hp):
-                for m in range(M):
-                    for pw in range(Wp):
-                        best[m, pw] = -np.inf
-                for r in range(P):
-                    conv_row(x, w, bias, stride, b, ph * P + r, n_cols, xpad, acc)
-                    for m in range(M):
-                        for pw in range(Wp):
-                            v = best[m, pw]
-                            for j in range(P):
-                                a = acc[m, pw * P + j]
-                                # NaN propagates (module docstring): once v is NaN, a > v
-                                # stays False and v keeps it.
-                                if a > v or a != a:
-                                    v = a
-                            best[m, pw] = v
+@numba.njit(cache=True, parallel=True)
+def conv_relu_pool_$TAG(x, w, bias, stride, P, y):
+    # Each pooled row needs P conv rows: computed one after another into the same buffer and
+    # folded into a running max, so the conv output never reaches memory. ReLU goes after
+    # the max (they commute).
+    W = x.shape[3]
+    M = w.shape[0]
+    K = $K
+    S = $S
+    B, Hp, Wp = y.shape[0], y.shape[2], y.shape[3]
+    # Conv columns past the last full pool window are never needed (floor pooling).
+    n_cols = (Wp * P + LANES - 1) // LANES * LANES
+    for b in numba.prange(B):
+        acc = np.empty((M, n_cols), dtype=np.float32)
+        best = np.empty((M, Wp), dtype=np.float32)
+        xpad = np.zeros((n_cols - 1) * S + K + W, dtype=np.float32)
+        for ph in range(Hp):
+            for m in range(M):
+                for pw in range(Wp):
+                    best[m, pw] = -np.inf
+            for r in range(P):
+                conv_row_$TAG(x, w, bias, stride, b, ph * P + r, n_cols, xpad, acc)
                 for m in range(M):
                     for pw in range(Wp):
                         v = best[m, pw]
-                        y[b, m, ph, pw] = v if (v > 0 or v != v) else np.float32(0.0)
+                        for j in range(P):
+                            a = acc[m, pw * P + j]
+                            # NaN propagates: once v is NaN, a > v stays False and v keeps it.
+                            if a > v or a != a:
+                                v = a
+                        best[m, pw] = v
+            for m in range(M):
+                for pw in range(Wp):
+                    v = best[m, pw]
+                    y[b, m, ph, pw] = v if (v > 0 or v != v) else np.float32(0.0)
+''')
 
-    return conv_direct, conv_relu_pool
+
+def _kernel_tag(k_spec: int, unit_stride: bool) -> str:
+    return f"k{k_spec or 'n'}_s{1 if unit_stride else 'n'}"
+
+
+def kernel_source() -> str:
+    """The generated kernel module: every (K, stride) specialisation as its own top-level
+    function. Distinct names are what make Numba's on-disk cache safe: it indexes compiled
+    code by qualified name, and same-named closures resolved to the wrong specialisation."""
+    parts = ["import numba\nimport numpy as np\n", f"LANES = {_LANES}\n"]
+    for k_spec in (*_SPECIALISED_K, 0):
+        for unit in (True, False):
+            parts.append(_KERNEL_TEMPLATE.substitute(
+                TAG=_kernel_tag(k_spec, unit), K=str(k_spec) if k_spec else "w.shape[2]",
+                S="1" if unit else "stride"))
+    return "\n".join(parts)
+
+
+def kernel_cache_dir() -> Path:
+    """Where the generated kernels and Numba's compiled code for them live: the user cache
+    ($CONVOLAB_CACHE, else $XDG_CACHE_HOME/convolab, else ~/.cache/convolab), /numba."""
+    from convolab.gpu.tune import cache_dir  # the one definition of the user cache folder
+
+    return cache_dir() / "numba"
+
+
+def _write_once(path: Path, text: str) -> None:
+    """Write `text` to `path` unless it is already there (whole: temp file + os.replace, so
+    a concurrent process never imports half a module)."""
+    if path.is_file() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@functools.cache
+def _kernel_module() -> ModuleType:
+    """Import the generated kernels from a file in the user cache, so Numba caches their
+    machine code next to it (cache=True): compiled once per machine, not once per process.
+    Where the cache cannot be written the kernels compile in a temporary folder instead
+    (correct, just compiled again in every process). The file name holds a hash of the
+    source and the Numba version, so a changed kernel is never matched with stale code."""
+    import numba
+
+    source = kernel_source()
+    digest = hashlib.sha256(f"{numba.__version__}\n{source}".encode()).hexdigest()[:16]
+    name = f"convolab_cpu_kernels_{digest}"
+    try:
+        path = kernel_cache_dir() / f"{name}.py"
+        _write_once(path, source)
+    except OSError:
+        path = Path(tempfile.mkdtemp(prefix="convolab-numba-")) / f"{name}.py"
+        _write_once(path, source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _spec_k(K: int) -> int:
+    return K if K in _SPECIALISED_K else 0
+
+
+def _direct_kernels(K: int, unit_stride: bool) -> tuple[Callable, Callable]:
+    """(conv_direct, conv_relu_pool) for kernel size K, both parallel over the batch."""
+    module = _kernel_module()
+    tag = _kernel_tag(_spec_k(K), unit_stride)
+    return getattr(module, f"conv_direct_{tag}"), getattr(module, f"conv_relu_pool_{tag}")
 
 
 def _prepare_fused(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
     w, b = _prepared_weights("cpu-fused", shape, w, b)
     check = _run_checker("cpu-fused", shape, shape.y_shape)
-    kernel = _direct_kernels(_spec_k(shape.K), shape.S == 1)[0]
+    kernel = _direct_kernels(shape.K, shape.S == 1)[0]
     S = shape.S
 
     def run(x: np.ndarray, y: np.ndarray) -> None:
@@ -435,7 +504,7 @@ def conv_relu_pool_cpu(
     if b is None:
         b = np.zeros(shape.M, dtype=np.float32)
     y = np.empty((shape.B, shape.M, shape.H_out // pool, shape.W_out // pool), dtype=np.float32)
-    kernel = _direct_kernels(_spec_k(shape.K), shape.S == 1)[1]
+    kernel = _direct_kernels(shape.K, shape.S == 1)[1]
     kernel(x, w, b, shape.S, pool, y)
     return y
 

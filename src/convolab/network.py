@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from convolab.backend import to_device, to_numpy, xp_of
 from convolab.errors import CallOrderError, InputError, InputTypeError
-from convolab.layers import Layer, Softmax
+from convolab.layers import Conv2d, Layer, MaxPool2d, ReLU, Softmax
 
 Array = Any
 
@@ -31,6 +32,9 @@ class Network:
 
     def _run(self, x: Array, layers: list[Layer]) -> Array:
         _check_float_images(x, self.name)
+        if _cpu_fusable(layers, x):
+            self._ran = []  # an inference forward keeps nothing a backward could use
+            return _cpu_inference(layers, x)
         self._ran = layers
         for layer in layers:
             x = layer.forward(x)
@@ -112,6 +116,85 @@ class Network:
 
     def __repr__(self) -> str:
         return f"Network({self.name!r}, {[repr(layer) for layer in self.layers]})"
+
+
+# The fused CPU forward runs this many bytes of the widest activation at a time: memory
+# stays bounded for any batch, and each chunk still gives every thread many images.
+CPU_CHUNK_BYTES = 64 * 2**20
+
+
+def _cpu_fusable(layers: Sequence[Layer], x: Array) -> bool:
+    """Inference on NumPy float32: the CPU fused path applies (training needs the layers'
+    saved values, other dtypes their own unroll)."""
+    return (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 4
+            and not any(layer.training for layer in layers))
+
+
+def _fused_block(layers: Sequence[Layer], i: int) -> tuple[int, int]:
+    """(pool, layers consumed) when layers[i:] starts Conv2d + ReLU [+ MaxPool2d with
+    stride = window] on float32 NumPy weights and no chosen impl; (0, 0) otherwise."""
+    conv = layers[i]
+    if not (isinstance(conv, Conv2d) and conv.impl is None and i + 1 < len(layers)
+            and isinstance(layers[i + 1], ReLU)):
+        return 0, 0
+    for a in (conv.weight, conv.bias):
+        if a is not None and not (isinstance(a, np.ndarray) and a.dtype == np.float32):
+            return 0, 0
+    nxt = layers[i + 2] if i + 2 < len(layers) else None
+    if isinstance(nxt, MaxPool2d) and nxt.stride == nxt.kernel_size:
+        return nxt.kernel_size, 3
+    return 1, 2
+
+
+def _cpu_steps(layers: Sequence[Layer]) -> list[Callable[[np.ndarray], np.ndarray]]:
+    """Each conv + ReLU + max-pool block as one fused kernel (conv_relu_pool_cpu: the conv
+    output never reaches memory); every other layer (Flatten, Linear: a BLAS GEMM, Softmax)
+    as its own eval-mode forward."""
+    from convolab.conv_cpu import conv_relu_pool_cpu
+
+    steps: list[Callable[[np.ndarray], np.ndarray]] = []
+    i = 0
+    while i < len(layers):
+        pool, used = _fused_block(layers, i)
+        if used:
+            conv = layers[i]
+            weight = np.ascontiguousarray(conv.weight)
+            steps.append(functools.partial(_conv_block, conv_relu_pool_cpu, weight, conv.bias,
+                                           conv.stride, pool))
+            i += used
+        else:
+            steps.append(layers[i].forward)
+            i += 1
+    return steps
+
+
+def _conv_block(kernel: Callable, w: np.ndarray, b: np.ndarray | None, stride: int, pool: int,
+                x: np.ndarray) -> np.ndarray:
+    return kernel(np.ascontiguousarray(x), w, b, stride, pool)
+
+
+def _cpu_inference(layers: Sequence[Layer], x: np.ndarray) -> np.ndarray:
+    """The fused CPU forward, CPU_CHUNK_BYTES of activations at a time."""
+    steps = _cpu_steps(layers)
+    if x.shape[0] == 0:
+        return _run_steps(steps, x)
+    # The first block's output is the widest activation of a LeNet; its size per image is
+    # estimated from the input (conv channels x input pixels bounds it from above).
+    first = layers[0]
+    channels = first.out_channels if isinstance(first, Conv2d) else x.shape[1]
+    per_image = max(1, channels * x.shape[2] * x.shape[3] * 4)
+    chunk = max(1, CPU_CHUNK_BYTES // per_image)
+    if chunk >= x.shape[0]:
+        return _run_steps(steps, x)
+    parts = [_run_steps(steps, x[i:i + chunk]) for i in range(0, x.shape[0], chunk)]
+    return np.concatenate(parts)
+
+
+def _run_steps(steps: Sequence[Callable[[np.ndarray], np.ndarray]], x: np.ndarray
+               ) -> np.ndarray:
+    for step in steps:
+        x = step(x)
+    return x
 
 
 def _check_float_images(x: Array, name: str) -> None:

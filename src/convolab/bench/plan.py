@@ -13,6 +13,7 @@ with no `[[run]]` is one run). Keys of a run:
     anchors = true                  # PyTorch/cuBLAS rows (default: only when no impl is named)
     plot = true                     # plot.png in the results folder
     network = false                 # whole-network rows instead of per-layer ones
+    device = "cpu"                  # network runs: cpu (vs ONNX Runtime) or gpu (default)
     variants = ["exact", "fp16:head.imgs=32"]   # as --variant (network runs)
     per_layer = true                # network runs: the unfused rung-per-layer rows
     torch = true                    # network runs: the PyTorch rows
@@ -54,6 +55,7 @@ class RunConfig:
     anchors: bool | None = None
     plot: bool = False
     network: bool = False
+    device: str | None = None  # network runs: "cpu" or "gpu"; None is the GPU
     variants: tuple[VariantSpec, ...] = ()
     per_layer: bool = True
     torch: bool = True
@@ -72,6 +74,13 @@ class RunConfig:
             parse_shape(text)
         if self.variants and not self.network:
             raise ConvolabError("--variant describes whole-network rows: add --network")
+        if self.device not in (None, "cpu", "gpu"):
+            raise ConvolabError(f"device must be 'cpu' or 'gpu', not {self.device!r}")
+        if self.device is not None and not self.network:
+            raise ConvolabError("--device picks the whole-network forward's device: add "
+                                "--network (per-layer runs time every usable implementation)")
+        if self.device == "cpu" and self.variants:
+            raise ConvolabError("--variant selects GPU network variants; the CPU network has one")
         if self.network and (self.impls or self.custom_shapes or self.shapes):
             raise ConvolabError("--network times the whole forward: --impl/--shape/--shapes "
                                 "do not apply (use --variant)")
@@ -81,7 +90,7 @@ class RunConfig:
 RUN_KEYS: dict[str, type | tuple[type, ...]] = {
     "label": str, "model": str, "shapes": str, "shape": list, "batch": int, "reps": int,
     "impls": list, "impl": dict, "anchors": bool, "plot": bool, "network": bool,
-    "variants": list, "per_layer": bool, "torch": bool,
+    "device": str, "variants": list, "per_layer": bool, "torch": bool,
 }
 
 
@@ -131,6 +140,7 @@ def _run_from_table(table: Mapping[str, Any], label: str, err: _PlanError) -> Ru
             batch=table.get("batch", DEFAULT_BATCH), reps=table.get("reps", DEFAULT_REPS),
             impls=_impls_of(table, err), anchors=table.get("anchors"),
             plot=table.get("plot", False), network=table.get("network", False),
+            device=table.get("device"),
             variants=tuple(parse_variant(v) for v in table.get("variants", [])),
             per_layer=table.get("per_layer", True), torch=table.get("torch", True))
         config.check()
@@ -165,12 +175,12 @@ def load_plan(path: Path) -> list[RunConfig]:
 
 def from_flags(model: str, batch: int, reps: int, impls: Sequence[str] = (),
                shapes: str | None = None, custom_shapes: Sequence[str] = (),
-               network: bool = False, variants: Sequence[str] = (), plot: bool = False
-               ) -> RunConfig:
+               network: bool = False, variants: Sequence[str] = (), plot: bool = False,
+               device: str | None = None) -> RunConfig:
     """The one run the command-line flags describe."""
     config = RunConfig(model=model, shapes=shapes, custom_shapes=tuple(custom_shapes),
                        batch=batch, reps=reps, impls=tuple(parse_impl(s) for s in impls),
-                       plot=plot, network=network,
+                       plot=plot, network=network, device=device,
                        variants=tuple(parse_variant(v) for v in variants))
     config.check()
     return config

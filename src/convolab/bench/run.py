@@ -56,6 +56,8 @@ def prepare_run(config: RunConfig, gpu: bool) -> Prepared:
     """Resolve shapes and contenders: every input error surfaces before minutes of measuring."""
     if config.plot:
         require_matplotlib()
+    if config.network and config.device == "cpu":
+        return Prepared(config, [], [], [])
     if config.network:
         if not gpu:
             raise ConvolabError("--network times the whole-network GPU forward: no CUDA GPU is "
@@ -107,6 +109,14 @@ def run_layers(p: Prepared, ceilings: dict[str, Ceilings], rng: np.random.Genera
 def run_network(config: RunConfig, console: Any, device: str) -> list[dict[str, Any]]:
     from convolab.bench.network import DEFAULT_VARIANTS, bench_network
 
+    if config.device == "cpu":
+        from convolab.bench.cpu_network import bench_network_cpu
+
+        with console.status(f"whole-network CPU forward, B={config.batch}"):
+            rows = bench_network_cpu(config.model, config.batch, config.reps)
+        print_generic(f"whole-network CPU forward, {config.model}, B={config.batch}", rows,
+                      console)
+        return rows
     with console.status(f"whole-network forward, B={config.batch}"):
         rows = bench_network(config.batch, config.reps, config.variants or DEFAULT_VARIANTS,
                              per_layer=config.per_layer, torch_rows=config.torch)
