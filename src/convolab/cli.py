@@ -318,7 +318,7 @@ def tune(
 def profile(
     model: ModelOpt = "ece408",
     batch: Annotated[
-        int, typer.Option("--batch", "-b", help="images per profiled conv call (1 to 10000)")
+        int, typer.Option("--batch", "-b", help="images per conv call profiled (1 to 10000)")
     ] = 1000,
     impl: Annotated[list[str] | None, typer.Option("--impl", "-i")] = None,
     json_out: JsonOpt = None,
