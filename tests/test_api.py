@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_interop import Bare
 
 import convolab
 from convolab.conv_cpu import conv_reference, reference_conv_relu_pool
 from convolab.errors import ConvolabError, InputError, InputTypeError
-from test_interop import Bare
 
 
 def test_import_stays_light() -> None:

@@ -120,8 +120,9 @@ def identify(path: str | os.PathLike) -> str:
         if set(shapes) == names and all(
                 tuple(tensors[k].shape) == v for k, v in shapes.items()):
             return name
-    raise WeightsError(f"weights file {path} fits none of the zoo models ({', '.join(MODELS)})"
-                       f": it holds {', '.join(f'{k} {tuple(v.shape)}' for k, v in tensors.items())}")
+    held = ", ".join(f"{k} {tuple(v.shape)}" for k, v in tensors.items())
+    raise WeightsError(f"weights file {path} fits none of the zoo models "
+                       f"({', '.join(MODELS)}): it holds {held}")
 
 
 def load_into(network: Network, path: str | os.PathLike) -> dict[str, str]:
