@@ -23,7 +23,7 @@ def convolab(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]
 @pytest.mark.skipif(not SHIPPED.is_file(), reason="shipped ece408 weights not trained yet")
 def test_classify_batch_100_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    result = convolab("classify", "--batch", "100", "--device", "cpu", "--json", str(out))
+    result = convolab("classify", "--images", "100", "--device", "cpu", "--json", str(out))
     assert result.returncode == 0, result.stderr
     for layer in ("c1", "c3"):
         pattern = rf"Conv layer {layer} .*?\n\s+Op Time: ([\d.]+) ms\n\s+Layer Time: ([\d.]+) ms"
@@ -40,10 +40,10 @@ def test_classify_batch_100_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["classify", "--batch", "0", "--device", "cpu"], "between 1 and 10000"),
-        (["classify", "--batch", "10001", "--device", "cpu"], "between 1 and 10000"),
+        (["classify", "--images", "0", "--device", "cpu"], "--images must be between 1 and 100"),
+        (["classify", "-n", "10001", "--device", "cpu"], "--images must be between 1 and 100"),
         (["classify", "--model", "alexnet", "--device", "cpu"], "unknown model 'alexnet'"),
-        (["classify", "--impl", "no-such-rung", "--device", "cpu", "--batch", "5"],
+        (["classify", "--impl", "no-such-rung", "--device", "cpu", "--images", "5"],
          "unknown implementation 'no-such-rung'"),
         (["classify", "--weights", "/nonexistent/w.safetensors", "--device", "cpu"],
          "/nonexistent/w.safetensors"),

@@ -295,3 +295,45 @@ def test_throughput_has_its_own_accuracy_and_honours_impl(
     printed = capsys.readouterr().out
     assert f"Test Accuracy: {report['accuracy']:.4f} (first {batch} test images)" in printed
     assert f"over those {n}" in printed
+
+
+def test_version_prints_the_package_version() -> None:
+    from convolab import __version__
+
+    result = runner.invoke(cli.app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"convolab {__version__}"
+
+
+def test_shell_completion_is_offered() -> None:
+    top = runner.invoke(cli.app, ["--help"]).output
+    assert "--install-completion" in top and "--show-completion" in top
+
+
+def test_each_batch_flag_says_what_it_counts() -> None:
+    """One meaning per flag: classify counts test images (--images; its old --batch is
+    hidden), train's --batch is the mini-batch, bench/tune/profile's the images of one conv
+    call."""
+    import typer.main
+
+    commands = typer.main.get_command(cli.app).commands
+
+    def option(command: str, flag: str) -> object:
+        return next(p for p in commands[command].params if flag in getattr(p, "opts", ()))
+
+    assert "test images" in option("classify", "--images").help
+    assert option("classify", "--batch").hidden
+    assert "mini-batch" in option("train", "--batch").help
+    for command in ("bench", "tune", "profile"):
+        assert "per conv call" in option(command, "--batch").help, command
+
+
+def test_classify_batch_is_a_deprecated_alias_of_images(monkeypatch: pytest.MonkeyPatch,
+                                                        ) -> None:
+    seen: dict[str, int] = {}
+    monkeypatch.setattr(classify, "main", lambda **kw: seen.update(batch=kw["batch"]))
+    result = runner.invoke(cli.app, ["classify", "--batch", "7", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"batch": 7} and "--images" in result.output
+    result = runner.invoke(cli.app, ["classify", "--images", "9", "--device", "cpu"])
+    assert seen == {"batch": 9} and "note" not in result.output
+    refused(["classify", "--images", "5", "--batch", "5", "--device", "cpu"], "only --images")

@@ -17,7 +17,7 @@ app = typer.Typer(
     name="convolab",
     help="A measured ladder of convolution kernels, running LeNet-5 on Fashion-MNIST.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
@@ -54,20 +54,60 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def check_batch(batch: int, limit: int = MAX_TEST_IMAGES) -> None:
+def check_batch(batch: int, limit: int = MAX_TEST_IMAGES, flag: str = "--batch") -> None:
     if batch <= 0 or batch > limit:
-        fail(f"--batch must be between 1 and {limit}, got {batch}")
+        fail(f"{flag} must be between 1 and {limit}, got {batch}")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from convolab import __version__
+
+        typer.echo(f"convolab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                           help="print the version and exit")
+    ] = False,
+) -> None:
+    """A measured ladder of convolution kernels, running LeNet-5 on Fashion-MNIST."""
+
+
+def images_option(images: int | None, batch: int | None, device: str) -> int:
+    """classify's number of test images: --images, or the deprecated --batch spelling."""
+    if batch is not None:
+        if images is not None:
+            fail("--batch is the old spelling of --images: give only --images")
+        typer.secho("note: classify --batch is now --images (the number of test images)",
+                    err=True)
+        images = batch
+    n = images if images is not None else (MAX_TEST_IMAGES if device == "gpu" else 1000)
+    check_batch(n, flag="--images")
+    return n
 
 
 @app.command()
 def classify(
     model: ModelOpt = "ece408",
-    batch: Annotated[int | None, typer.Option("--batch", "-b", help="first N test images")] = None,
+    images: Annotated[
+        int | None, typer.Option("--images", "-n", help="how many test images to classify "
+                                 "(the first N; default 10000 on the GPU, 1000 on the CPU)")
+    ] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", "-b", hidden=True, help="old name of --images")
+    ] = None,
     impl: Annotated[
         str | None, typer.Option("--impl", "-i", help="conv implementation or 'auto'")
     ] = None,
     device: DeviceOpt = None,
-    weights: Annotated[Path | None, typer.Option("--weights", help="safetensors file")] = None,
+    weights: Annotated[
+        Path | None, typer.Option("--weights", help="safetensors file, or a PyTorch state_dict "
+                                   "(.pt/.pth, needs torch) with the zoo model's tensor names")
+    ] = None,
     data_dir: DataDirOpt = None,
     per_layer: Annotated[
         bool, typer.Option("--per-layer", help="GPU: layer by layer, not the fused network")
@@ -93,8 +133,7 @@ def classify(
     from convolab import classify as run
 
     dev = resolve_device(device)
-    n = batch if batch is not None else (10_000 if dev == "gpu" else 1000)
-    check_batch(n)
+    n = images_option(images, batch, dev)
     run.main(
         model=model,
         batch=n,
@@ -150,7 +189,10 @@ def info(data_dir: DataDirOpt = None) -> None:
 def train(
     model: ModelOpt = "ece408",
     epochs: Annotated[int, typer.Option(help="passes over the 60,000 training images")] = 3,
-    batch: Annotated[int, typer.Option("--batch", "-b", help="mini-batch size (1 to 4096)")] = 64,
+    batch: Annotated[
+        int, typer.Option("--batch", "-b", help="mini-batch: images per optimizer step "
+                          "(1 to 4096)")
+    ] = 64,
     lr: Annotated[float, typer.Option(help="learning rate (positive, finite)")] = 1e-3,
     optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
     seed: Annotated[int, typer.Option(help="random seed, 0 or more (deterministic on the CPU)")
@@ -198,7 +240,10 @@ def train(
 @app.command()
 def bench(
     model: ModelOpt = "ece408",
-    batch: Annotated[int, typer.Option("--batch", "-b")] = 10_000,
+    batch: Annotated[
+        int, typer.Option("--batch", "-b", help="images per conv call: the B of every layer "
+                          "shape timed (1 to 1,000,000)")
+    ] = 10_000,
     impl: Annotated[
         list[str] | None,
         typer.Option("--impl", "-i", help="NAME[:key=value,...], repeatable: only these"),
@@ -261,7 +306,10 @@ def bench(
 @app.command()
 def tune(
     model: ModelOpt = "ece408",
-    batch: Annotated[int, typer.Option("--batch", "-b")] = 10_000,
+    batch: Annotated[
+        int, typer.Option("--batch", "-b", help="images per conv call the candidates are "
+                          "timed and cached at (1 to 1,000,000)")
+    ] = 10_000,
     reps: Annotated[int, typer.Option(help="timed repetitions per candidate")] = 10,
 ) -> None:
     """Sweep every GPU rung's parameters on this GPU; cache the winner per layer shape."""
@@ -275,7 +323,9 @@ def tune(
 @app.command()
 def profile(
     model: ModelOpt = "ece408",
-    batch: Annotated[int, typer.Option("--batch", "-b")] = 1000,
+    batch: Annotated[
+        int, typer.Option("--batch", "-b", help="images per conv call profiled (1 to 10000)")
+    ] = 1000,
     impl: Annotated[list[str] | None, typer.Option("--impl", "-i")] = None,
     json_out: JsonOpt = None,
 ) -> None:
