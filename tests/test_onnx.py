@@ -204,3 +204,23 @@ def test_export_refuses_bad_opset_and_wrong_size(tmp_path):
     with pytest.raises(ConvolabError, match="f5.*1024 features"):
         onnx_io.export_onnx(net, tmp_path / "a.onnx", 64)
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_cli_export_then_classify_onnx(tmp_path):
+    from typer.testing import CliRunner
+
+    from convolab.cli import app
+
+    _dataset_or_skip()
+    out = tmp_path / "m.onnx"
+    result = CliRunner().invoke(app, ["export", "--model", "eecs498", str(out)])
+    assert result.exit_code == 0, result.output
+    assert onnx_io.import_onnx(out).zoo_model == "eecs498"
+    result = CliRunner().invoke(app, ["classify", "--onnx", str(out), "--device", "cpu",
+                                      "-b", "50", "--no-self-test"])
+    assert result.exit_code == 0, result.output
+    assert "Test Accuracy" in result.output
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "no" / "x.onnx")])
+    # app() leaves ConvolabError to cli.main, which prints "error: ..." and exits 2
+    assert isinstance(result.exception, ConvolabError)
+    assert "does not exist" in str(result.exception)

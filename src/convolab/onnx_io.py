@@ -511,3 +511,53 @@ def import_onnx(path: Path) -> Imported:
 def network_from_onnx(path: Path) -> Network:
     """The graph at `path` as a convolab Network; see `import_onnx` for its input size."""
     return import_onnx(path).network
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def export_command(model: str, weights: Path | None, out: Path, opset: int) -> Path:
+    """`convolab export`: the output path is checked before anything is loaded."""
+    from convolab import models
+    from convolab.outputs import check_file
+
+    spec = models.spec(model)
+    out = check_file(out, "OUT")
+    require_onnx()
+    network = models.load(model, weights)
+    return export_onnx(network, out, spec.input_size, opset)
+
+
+def classify_command(path: Path, *, images: int, device: str, data_dir: Path | None,
+                     mode: str | None, json_out: Path | None) -> None:
+    """`convolab classify --onnx`: the imported network on the first `images` test images; on
+    the GPU only an ece408-shaped graph runs (the fused network), anything else is refused."""
+    from dataclasses import asdict
+
+    from convolab import classify, data, outputs
+
+    if json_out is not None:
+        json_out = outputs.check_file(json_out, "--json")
+    imported = import_onnx(path)
+    fused = device == "gpu" and imported.zoo_model == "ece408"
+    if device == "gpu" and not fused:
+        raise ConvolabError(f"--device gpu: {path} is not ece408-shaped, and only the ece408 "
+                            "graph has a GPU path here; use --device cpu")
+    network_mode = classify.resolve_mode(mode, device, imported.zoo_model or "onnx", fused)
+    x, labels = data.load_images("test", n=images, size=imported.input_size, data_dir=data_dir)
+    report = classify.Report(model=f"{imported.network.name} ({path.name})", device=device,
+                             batch=images, path="")
+    if fused:
+        from convolab.gpu.device import gpu_name
+
+        report.gpu = gpu_name()
+        report.path = f"fused network ({mode or 'exact'})"
+        classify.run_fused(imported.network, network_mode, x, labels, report)
+    else:
+        chosen = classify.choose_impl(None, "cpu")
+        report.path = f"per layer ({chosen.name})"
+        classify.run_per_layer(imported.network, chosen, "cpu", x, labels, report)
+    classify.print_report(report)
+    if json_out is not None:
+        outputs.write_json(json_out, asdict(report))
+        classify.say(f"wrote {json_out}")

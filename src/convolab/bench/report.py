@@ -261,6 +261,18 @@ def _roof_lines(ax: Any, ceilings: dict[str, Any], span: tuple[float, float]) ->
     ax.plot([], [], " ", label=f"copy bandwidth {bw:,.0f} GB/s")
 
 
+def _roof_points(ax: Any, points: list[tuple[Row, float]], labels: Sequence[str]) -> None:
+    colors = {label: color for label, _, color in _PEAKS}
+    for n, label in enumerate(labels):
+        mine = [(r, i) for r, i in points if r.case == label]
+        for precision in dict.fromkeys(r.precision for r, _ in mine):
+            sel = [(r, i) for r, i in mine if r.precision == precision]
+            ax.scatter([i for _, i in sel], [r.gflops for r, _ in sel],
+                       marker=_MARKERS[n % len(_MARKERS)], color=colors.get(precision, "0.3"),
+                       edgecolor="black", linewidth=0.5, zorder=3,
+                       label=f"{label} ({precision})")
+
+
 def plot_roofline(path: Path, rows: Sequence[Row | dict[str, Any]], ceilings: dict[str, Any],
                   labels: Sequence[str] | None = None) -> Path:
     """Log-log roofline: the measured copy bandwidth and GEMM peaks as ceilings, every timed
@@ -276,15 +288,7 @@ def plot_roofline(path: Path, rows: Sequence[Row | dict[str, Any]], ceilings: di
     fig, ax = plt.subplots(figsize=(8, 5.5))
     xs = [i for _, i in points]
     _roof_lines(ax, ceilings, (min(xs) / 4, max(xs) * 8))
-    colors = {label: color for label, _, color in _PEAKS}
-    for n, label in enumerate(labels):
-        mine = [(r, i) for r, i in points if r.case == label]
-        for precision in dict.fromkeys(r.precision for r, _ in mine):
-            sel = [(r, i) for r, i in mine if r.precision == precision]
-            ax.scatter([i for _, i in sel], [r.gflops for r, _ in sel],
-                       marker=_MARKERS[n % len(_MARKERS)], color=colors.get(precision, "0.3"),
-                       edgecolor="black", linewidth=0.5, zorder=3,
-                       label=f"{label} ({precision})")
+    _roof_points(ax, points, labels)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity, FLOP / byte (flops / compulsory bytes)")
