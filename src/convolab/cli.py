@@ -127,6 +127,11 @@ def classify(
         bool, typer.Option("--no-self-test", help="skip the course self-tests")
     ] = False,
     json_out: JsonOpt = None,
+    onnx: Annotated[
+        Path | None,
+        typer.Option("--onnx", help="classify with this ONNX graph (LeNet-class) instead of "
+                     "--model/--weights; CPU, or the fused GPU path for an ece408-shaped graph"),
+    ] = None,
 ) -> None:
     """Run the first N test images: per conv layer Op Time and Layer Time, then Test Accuracy
     (default N: 10000 on the GPU, 1000 on the CPU)."""
@@ -134,6 +139,10 @@ def classify(
 
     dev = resolve_device(device)
     n = images_option(images, batch, dev)
+    if onnx is not None:
+        _classify_onnx(onnx, n, dev, data_dir, mode, json_out, impl=impl, weights=weights,
+                       per_layer=per_layer, throughput=throughput)
+        return
     run.main(
         model=model,
         batch=n,
@@ -147,6 +156,35 @@ def classify(
         self_test=not no_self_test,
         json_out=json_out,
     )
+
+
+def _classify_onnx(path: Path, n: int, device: str, data_dir: Path | None, mode: str | None,
+                   json_out: Path | None, **ignored: object) -> None:
+    from convolab import onnx_io
+
+    given = [f"--{k.replace('_', '-')}" for k, v in ignored.items() if v not in (None, False)]
+    given += [flag for flag in ("--model", "-m") if flag in sys.argv]
+    if given:
+        fail(f"--onnx names the network: {', '.join(given)} cannot be used with it")
+    onnx_io.classify_command(path, images=n, device=device, data_dir=data_dir, mode=mode,
+                             json_out=json_out)
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Argument(help="the .onnx file to write")],
+    model: ModelOpt = "ece408",
+    weights: Annotated[
+        Path | None, typer.Option("--weights", help="safetensors file (default: shipped)")
+    ] = None,
+    opset: Annotated[int, typer.Option(help="ONNX opset version")] = 17,
+) -> None:
+    """Write a zoo model (with its shipped or your weights) as an ONNX graph, checked by
+    onnx.checker (needs the onnx extra: pip install 'convolab[onnx]')."""
+    from convolab import onnx_io
+
+    written = onnx_io.export_command(model, weights, out, opset)
+    typer.echo(f"wrote {written}")
 
 
 @app.command()

@@ -4,12 +4,14 @@ rows and the environment, results.csv), and the PNG plot."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import io
 import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from convolab.bench.cases import LayerCase
@@ -162,10 +164,38 @@ def _plot_panel(ax: Any, label: str, mine: Sequence[Row], anchor: str) -> None:
         ax.legend(fontsize="small", loc="lower right")
 
 
-def plot_rows(path: Path, cases: Sequence[LayerCase], rows: Sequence[Row]) -> None:
+def _as_row(r: Row | dict[str, Any]) -> Row:
+    """A row as measured, or as read back from results.json."""
+    if isinstance(r, Row):
+        return r
+    known = {f.name for f in dataclasses.fields(Row)}
+    return Row(**{k: v for k, v in r.items() if k in known})
+
+
+def _save_figure(plt: Any, fig: Any, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda fh: fig.savefig(fh, dpi=110, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def roofline_path(plot_path: Path) -> Path:
+    """Where the roofline goes beside a ladder chart: plot.png -> roofline.png,
+    plot_LABEL.png -> roofline_LABEL.png."""
+    name = plot_path.name
+    return plot_path.with_name("roofline" + name[4:] if name.startswith("plot") else
+                               f"roofline_{name}")
+
+
+def plot_rows(path: Path, cases: Sequence[LayerCase | Any], rows: Sequence[Row | dict[str, Any]],
+              ceilings: dict[str, Any] | None = None) -> list[Path]:
     """One panel per layer: horizontal bars of Op Time per implementation (log scale), in
-    ladder order, the cuDNN fp32 (or torch-CPU) time as a dashed line to beat."""
+    ladder order, the cuDNN fp32 (or torch-CPU) time as a dashed line to beat. With the run's
+    measured `ceilings` ({'gpu': {...}, 'cpu': {...}}) also the roofline, beside it
+    (`roofline_path`). Returns the files written."""
     plt = require_matplotlib()
+    rows = [_as_row(r) for r in rows]
     timed = [r for r in rows if r.op]
     device = "gpu" if any(r.device == "gpu" for r in timed) else "cpu"
     timed = [r for r in timed if r.device == device]
@@ -181,8 +211,113 @@ def plot_rows(path: Path, cases: Sequence[LayerCase], rows: Sequence[Row]) -> No
     fig.suptitle(f"convolab bench ({device}): blue fp32-accurate, orange TF32/FP16 accuracy, "
                  "grey anchors")
     fig.tight_layout()
+    _save_figure(plt, fig, path)
+    written = [path]
+    if ceilings and ceilings.get(device):
+        written.append(plot_roofline(roofline_path(path), timed, ceilings[device], labels))
+    return written
+
+
+# ----------------------------------------------------------------------------- roofline
+
+
+def intensity(flops: float, nbytes: float) -> float:
+    """Arithmetic intensity, FLOP per byte of compulsory DRAM traffic."""
+    return flops / nbytes
+
+
+def attainable_gflops(intensity_: float, peak_gflops: float, copy_gbps: float) -> float:
+    """The roofline: the slower of the compute peak and bandwidth x intensity."""
+    return min(peak_gflops, copy_gbps * intensity_)
+
+
+def _row_intensity(r: Row) -> float | None:
+    # gflops = flops / t and gbps = min_bytes / t for the row's own batch: their ratio is the
+    # layer's flops / min_bytes at that batch, whatever batch the case was declared with.
+    if not r.gflops or not r.gbps:
+        return None
+    return r.gflops / r.gbps
+
+
+_PEAKS = (("fp32", "fp32_gflops", "tab:blue"), ("tf32", "tf32_gflops", "tab:orange"),
+          ("fp16", "fp16_gflops", "tab:red"))
+_MARKERS = "osD^v<>"
+
+
+def _roof_lines(ax: Any, ceilings: dict[str, Any], span: tuple[float, float]) -> None:
+    import numpy as np
+
+    xs = np.geomspace(span[0], span[1], 200)
+    bw = float(ceilings["copy_gbps"])
+    drawn: set[float] = set()
+    for label, key, color in _PEAKS:
+        peak = float(ceilings[key])
+        if peak in drawn:  # the CPU measures one GEMM peak for every precision
+            continue
+        drawn.add(peak)
+        ys = [attainable_gflops(x, peak, bw) for x in xs]
+        ax.plot(xs, ys, color=color, linewidth=1.5,
+                label=f"{label} peak {peak / 1e3:,.1f} TFLOP/s")
+    ax.plot([], [], " ", label=f"copy bandwidth {bw:,.0f} GB/s")
+
+
+def _roof_points(ax: Any, points: list[tuple[Row, float]], labels: Sequence[str]) -> None:
+    colors = {label: color for label, _, color in _PEAKS}
+    for n, label in enumerate(labels):
+        mine = [(r, i) for r, i in points if r.case == label]
+        for precision in dict.fromkeys(r.precision for r, _ in mine):
+            sel = [(r, i) for r, i in mine if r.precision == precision]
+            ax.scatter([i for _, i in sel], [r.gflops for r, _ in sel],
+                       marker=_MARKERS[n % len(_MARKERS)], color=colors.get(precision, "0.3"),
+                       edgecolor="black", linewidth=0.5, zorder=3,
+                       label=f"{label} ({precision})")
+
+
+def plot_roofline(path: Path, rows: Sequence[Row | dict[str, Any]], ceilings: dict[str, Any],
+                  labels: Sequence[str] | None = None) -> Path:
+    """Log-log roofline: the measured copy bandwidth and GEMM peaks as ceilings, every timed
+    row as a point (intensity = flops / min_bytes, achieved GFLOP/s), a marker per layer and
+    a colour per precision."""
+    plt = require_matplotlib()
+    points = [(r, _row_intensity(r)) for r in map(_as_row, rows) if r.op]
+    device = "cpu" if ceilings["device"] == "cpu" else "gpu"
+    points = [(r, i) for r, i in points if i is not None and r.device == device]
+    if not points:
+        raise ConvolabError(f"roofline: no timed rows on {ceilings['device']} to plot")
+    labels = list(labels or dict.fromkeys(r.case for r, _ in points))
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    xs = [i for _, i in points]
+    _roof_lines(ax, ceilings, (min(xs) / 4, max(xs) * 8))
+    _roof_points(ax, points, labels)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity, FLOP / byte (flops / compulsory bytes)")
+    ax.set_ylabel("achieved GFLOP/s")
+    ax.set_title(f"convolab roofline: {ceilings['device']}, each rung a point", fontsize="medium")
+    ax.grid(True, which="major", linewidth=0.4, alpha=0.5)
+    ax.legend(fontsize="small", loc="lower right")
+    fig.tight_layout()
+    _save_figure(plt, fig, path)
+    return path
+
+
+def plot_results(json_path: Path, out_dir: Path) -> list[Path]:
+    """Redraw the ladder chart (plot*.png) and the roofline (roofline*.png) of an existing
+    results file (a bench results.json, with runs, or a flat one with cases and rows) into
+    out_dir; returns the files written."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, lambda fh: fig.savefig(fh, dpi=110, format="png"))
-    finally:
-        plt.close(fig)
+        record = json.loads(Path(json_path).read_text(encoding="utf-8"))
+        runs = record["runs"] if "runs" in record else [
+            {"label": "bench", "cases": record["cases"], "rows": record["rows"]}]
+        ceilings = record.get("ceilings") or {}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConvolabError(f"{json_path}: not a convolab bench results file ({err})") from None
+    layer_runs = [run for run in runs if run.get("cases")]
+    written: list[Path] = []
+    for run in layer_runs:
+        name = "plot.png" if len(layer_runs) == 1 else f"plot_{slug(run['label'])}.png"
+        cases = [SimpleNamespace(label=c["label"]) for c in run["cases"]]
+        written += plot_rows(Path(out_dir) / name, cases, run["rows"], ceilings)
+    if not written:
+        raise ConvolabError(f"{json_path}: no per-layer runs to plot")
+    return written

@@ -179,7 +179,7 @@ def main(runs: Sequence[RunConfig], out: Path | None = None, plan: str | None = 
         save()
         if p.config.plot and not p.config.network:
             name = "plot.png" if len(prepared) == 1 else f"plot_{p.config.label}.png"
-            plot_rows(out_dir / name, p.cases, record["rows"])
-            written.append(name)
+            files = plot_rows(out_dir / name, p.cases, record["rows"], report["ceilings"])
+            written += [f.name for f in files]
     console.print(f"wrote {', '.join(str(out_dir / name) for name in written)}")
     return report

@@ -1,0 +1,70 @@
+"""The ladder chart and the roofline drawn from a results file, and the roofline's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from convolab.bench import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CLOSING = Path(__file__).resolve().parents[1] / "benchmarks/results/2026-11-23_h100_closing"
+
+
+def test_roofline_math_on_a_tiny_case():
+    # 200 GFLOP over 10 GB: 20 FLOP/byte; with 100 GB/s the roof is 2000, under a 5000 peak.
+    i = report.intensity(200e9, 10e9)
+    assert i == pytest.approx(20.0)
+    assert report.attainable_gflops(i, 5000.0, 100.0) == pytest.approx(2000.0)
+    assert report.attainable_gflops(100.0, 5000.0, 100.0) == pytest.approx(5000.0)  # compute-bound
+    row = report.Row("l", "x", "gpu", 1, False, "", 1, "fp32", gflops=400.0, gbps=20.0,
+                     op={"median_ms": 1.0})
+    assert report._row_intensity(row) == pytest.approx(20.0)
+
+
+def _small_results(tmp_path: Path) -> Path:
+    """The closing run's results, cut to its first rows per device: a real file, small."""
+    record = json.loads((CLOSING / "bench.json").read_text())
+    keep = []
+    for device in ("gpu", "cpu"):
+        keep += [r for r in record["rows"] if r["device"] == device][:4]
+    record["rows"] = keep
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_plot_results_writes_ladder_and_roofline(tmp_path):
+    pytest.importorskip("matplotlib")
+    written = report.plot_results(_small_results(tmp_path), tmp_path / "out")
+    assert [p.name for p in written] == ["plot.png", "roofline.png"]
+    for p in written:
+        data = p.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000
+
+
+def test_roofline_path_names():
+    assert report.roofline_path(Path("a/plot.png")) == Path("a/roofline.png")
+    assert report.roofline_path(Path("a/plot_x.png")) == Path("a/roofline_x.png")
+
+
+def test_plot_results_refuses_a_non_results_file(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(report.ConvolabError, match="not a convolab bench results file"):
+        report.plot_results(bad, tmp_path)
+
+
+def test_docs_images_come_from_the_closing_results(tmp_path):
+    """docs/img/*.png are redrawn from the results the docs quote: same size as a fresh draw."""
+    pytest.importorskip("matplotlib")
+    shutil.copy(CLOSING / "bench.json", tmp_path / "bench.json")
+    written = report.plot_results(tmp_path / "bench.json", tmp_path)
+    docs = CLOSING.parents[2] / "docs/img"
+    for fresh, doc in zip(written, ("ladder.png", "roofline.png"), strict=True):
+        assert (docs / doc).read_bytes()[:8] == PNG_MAGIC
+        assert abs(len(fresh.read_bytes()) - len((docs / doc).read_bytes())) < 0.02 * len(
+            fresh.read_bytes())
