@@ -18,7 +18,7 @@ dataset:
 	@sh scripts/ensure-dataset.sh
 
 demo: install dataset
-	$(VENV)/bin/convolab classify --batch 1000
+	$(VENV)/bin/convolab classify --images 1000
 
 test: install dataset
 	$(VENV)/bin/python -m pytest -q
