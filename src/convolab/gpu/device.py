@@ -12,8 +12,11 @@ from typing import Any
 from convolab.backend import cupy_or_none
 from convolab.shapes import ceil_div
 
-# Static __shared__ arrays must stay under 48 KB; 2 KB are left for the compiler's own.
-SMEM_STATIC_LIMIT = 46 * 1024
+# A block gets 48 KB of shared memory without asking; beyond that a kernel must opt in
+# (cudaFuncAttributeMaxDynamicSharedMemorySize). Static __shared__ arrays cannot opt in, so
+# they stay under it, with 2 KB left for the compiler's own.
+SMEM_NO_OPT_IN = 48 * 1024
+SMEM_STATIC_LIMIT = SMEM_NO_OPT_IN - 2 * 1024
 # Dynamic shared memory one block may opt into so that two blocks still share an SM
 # (228 KB per SM, 1 KB of it reserved per block).
 SMEM_DYNAMIC_TWO_BLOCKS = 113 * 1024

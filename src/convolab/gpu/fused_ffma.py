@@ -20,6 +20,7 @@ import numpy as np
 from convolab.gpu.device import (
     SM_REGISTERS,
     SMEM_DYNAMIC_TWO_BLOCKS,
+    SMEM_NO_OPT_IN,
     SMEM_STATIC_LIMIT,
     occupancy,
     resident_blocks,
@@ -395,7 +396,7 @@ def _simple_run(shape: ConvShape, pool: int, w_d: Any, b_d: Any) -> Run:
 
 def _pipe_run(cp: Any, kernel: Any, plan: ExactPlan, batch: int, wb: tuple[Any, Any],
               args_tail: tuple[Any, ...]) -> Run:
-    if plan.smem_dynamic > 48 * 1024:
+    if plan.smem_dynamic > SMEM_NO_OPT_IN:
         kernel.max_dynamic_shared_size_bytes = plan.smem_dynamic
     kernel.preferred_shared_memory_carveout = 100  # all of L1 as shared memory: 2-3 blocks
     tasks = batch * plan.tiles_per_image
