@@ -85,6 +85,11 @@ def print_tables(cases: Sequence[LayerCase], rows: Sequence[Row], console: Any) 
     )
 
 
+SCREEN_COLUMNS = ("name", "mode", "median_ms", "spread_pct", "back_to_back_ms", "images_per_s",
+                  "argmax_agree_vs_fp64", "max_abs_prob_diff_vs_fp64", "speedup_vs_torch_eager_fp32",
+                  "threads", "time_vs_onnxruntime")
+
+
 def print_generic(title: str, rows: Sequence[dict[str, Any]], console: Any) -> None:
     """A table of flat dict rows (the network rows)."""
     from rich.table import Table
@@ -95,6 +100,9 @@ def print_generic(title: str, rows: Sequence[dict[str, Any]], console: Any) -> N
     table = Table(title=title, title_justify="left")
     keys = [k for k in dict.fromkeys(k for r in rows for k in r)
             if not any(isinstance(r.get(k), (list, dict)) for r in rows)]
+    # A terminal holds about eight columns; every field stays in the JSON and CSV.
+    shown = [k for k in SCREEN_COLUMNS if k in keys]
+    keys = shown or keys
     for k in keys:
         table.add_column(k)
     for r in rows:
