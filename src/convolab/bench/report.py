@@ -85,9 +85,9 @@ def print_tables(cases: Sequence[LayerCase], rows: Sequence[Row], console: Any) 
     )
 
 
-SCREEN_COLUMNS = ("name", "mode", "median_ms", "spread_pct", "back_to_back_ms", "images_per_s",
-                  "argmax_agree_vs_fp64", "max_abs_prob_diff_vs_fp64", "speedup_vs_torch_eager_fp32",
-                  "threads", "time_vs_onnxruntime")
+SCREEN_COLUMNS = ("name", "mode", "median_ms", "spread_pct", "back_to_back_ms",
+                  "images_per_s", "argmax_agree_vs_fp64", "max_abs_prob_diff_vs_fp64",
+                  "speedup_vs_torch_eager_fp32", "threads", "time_vs_onnxruntime")
 
 
 def print_generic(title: str, rows: Sequence[dict[str, Any]], console: Any) -> None:
