@@ -110,7 +110,9 @@ def classify(
     ] = None,
     data_dir: DataDirOpt = None,
     per_layer: Annotated[
-        bool, typer.Option("--per-layer", help="GPU: layer by layer, not the fused network")
+        bool, typer.Option("--per-layer",
+                           help="time each conv layer with its implementation, not the fused "
+                           "network")
     ] = False,
     mode: Annotated[
         str | None,
