@@ -18,7 +18,7 @@ import numpy as np
 
 from convolab.backend import require_cupy
 from convolab.gpu.compile import get_kernel, get_module
-from convolab.gpu.device import SMEM_STATIC_LIMIT
+from convolab.gpu.device import SMEM_STATIC_LIMIT, occupancy, sm_count
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
@@ -396,24 +396,7 @@ def _prepare_register_tiled(
 def _resident_blocks(kernel: Any, threads: int, smem: int) -> int:
     """Blocks the whole GPU holds at once (registers, shared memory, threads): the persistent
     kernel's grid, so every block starts at once and each walks an equal share of tiles."""
-    cp = require_cupy()
-    props = {  # H100 values where this CuPy's property dict lacks a field
-        "maxThreadsPerMultiProcessor": 2048, "regsPerMultiprocessor": 65536,
-        "sharedMemPerMultiprocessor": 228 * 1024, "multiProcessorCount": 132,
-        **cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice()),
-    }
-    try:
-        regs = int(kernel.num_regs)
-    except Exception:  # attribute missing in this CuPy: assume the launch-bound maximum
-        regs = 65536 // REGISTER_TILED_MAX_THREADS
-    warps = ceil_div(threads, 32)
-    per_sm = min(
-        props["maxThreadsPerMultiProcessor"] // (warps * 32),
-        props["regsPerMultiprocessor"] // max(1, warps * 32 * regs),
-        props["sharedMemPerMultiprocessor"] // (smem + 1024),
-        32,
-    )
-    return max(1, per_sm) * props["multiProcessorCount"]
+    return max(1, occupancy(kernel, threads, smem)) * sm_count()
 
 
 def _register_tiled_supports(shape: ConvShape) -> bool:
