@@ -396,6 +396,98 @@ def conv_relu_pool_$TAG(x, w, bias, stride, P, y):
 ''')
 
 
+# conv_relu_pool's channel-blocked kernels (unit stride, specialised K, M a multiple of
+# _MB): each loaded input vector feeds _MB output channels' FMAs, with the _MB x K weights of
+# one (c, p) hoisted as scalars. The per-thread accumulator rows sit _ROW floats apart in one
+# array, so LLVM sees constant distances between them and vectorises without run-time alias
+# checks (separate row arrays, or a run-time row stride, left the loop scalar).
+_MB = 4
+_ROW = 128
+
+_BLOCKED_TEMPLATE = string.Template('''
+@numba.njit(cache=True, fastmath={"contract"})
+def conv_row_mb_$TAG(x, w, bias, b, h, n_cols, acc, xpad):
+    # acc[m*ROW + ow] = bias[m] + sum_{c,p,q} w[m,c,p,q] * x[b, c, h+p, ow+q], ow < n_cols.
+    C, W = x.shape[1], x.shape[3]
+    M = w.shape[0]
+    for m in range(M):
+        bm = bias[m]
+        o = m * ROW
+        for i in range(n_cols):
+            acc[o + i] = bm
+    for c in range(C):
+        for p in range($K):
+            xrow = x[b, c, h + p]
+            for i in range(W):
+                xpad[i] = xrow[i]
+            for g in range(M // MB):
+$BODY
+
+
+@numba.njit(cache=True, parallel=True)
+def conv_relu_pool_mb_$TAG(x, w, bias, stride, P, y):
+    # As conv_relu_pool_${TAG}_s1 (the fallback where M is not a multiple of MB or a row does
+    # not fit ROW): P conv rows per pooled row folded into a running max (at full column
+    # resolution, vectorised), then the horizontal max, then ReLU. NaN propagates.
+    M = w.shape[0]
+    B, Hp, Wp = y.shape[0], y.shape[2], y.shape[3]
+    n_cols = (Wp * P + LANES - 1) // LANES * LANES
+    if M % MB != 0 or n_cols + $K - 1 > ROW or x.shape[3] > ROW:
+        conv_relu_pool_${TAG}_s1(x, w, bias, stride, P, y)
+        return
+    for b in numba.prange(B):
+        acc = np.zeros(M * ROW, dtype=np.float32)
+        xpad = np.zeros(ROW, dtype=np.float32)
+        best = np.empty((M, n_cols), dtype=np.float32)
+        for ph in range(Hp):
+            for r in range(P):
+                conv_row_mb_$TAG(x, w, bias, b, ph * P + r, n_cols, acc, xpad)
+                fold_rows(acc, best, r == 0)
+            for m in range(M):
+                for pw in range(Wp):
+                    v = best[m, pw * P]
+                    for j in range(1, P):
+                        a = best[m, pw * P + j]
+                        if a > v or a != a:
+                            v = a
+                    y[b, m, ph, pw] = v if (v > 0 or v != v) else np.float32(0.0)
+''')
+
+_FOLD_SOURCE = '''
+@numba.njit(cache=True)
+def fold_rows(acc, best, first):
+    # best[m, :] = acc row m (first conv row of a pool window) or the NaN-keeping max.
+    M, n_cols = best.shape
+    for m in range(M):
+        o = m * ROW
+        br = best[m]
+        if first:
+            for i in range(n_cols):
+                br[i] = acc[o + i]
+        else:
+            for i in range(n_cols):
+                u = br[i]
+                v = acc[o + i]
+                br[i] = v if (v > u or v != v) else u
+'''
+
+
+def _blocked_body(K: int) -> str:
+    """The innermost loop of conv_row_mb for kernel size K, unrolled over the _MB channels
+    of a block and the K taps: one input vector load feeds _MB FMAs."""
+    ind = " " * 16
+    lines = [f"{ind}m0 = g * MB"]
+    lines += [f"{ind}w{j}_{q} = w[m0 + {j}, c, p, {q}]" for j in range(_MB) for q in range(K)]
+    lines += [f"{ind}o = g * {_MB * _ROW}", f"{ind}for i in range(n_cols):"]
+    ind += "    "
+    lines += [f"{ind}s{j} = acc[o + {j * _ROW} + i]" for j in range(_MB)]
+    for q in range(K):
+        lines.append(f"{ind}v = xpad[{q} + i]")
+        lines += [f"{ind}s{j} += w{j}_{q} * v" for j in range(_MB)]
+    lines += [f"{ind}acc[o + {j * _ROW} + i] = s{j}" for j in range(_MB)]
+    return "\n".join(lines)
+
+
 def _kernel_tag(k_spec: int, unit_stride: bool) -> str:
     return f"k{k_spec or 'n'}_s{1 if unit_stride else 'n'}"
 
@@ -404,12 +496,15 @@ def kernel_source() -> str:
     """The generated kernel module: every (K, stride) specialisation as its own top-level
     function. Distinct names are what make Numba's on-disk cache safe: it indexes compiled
     code by qualified name, and same-named closures resolved to the wrong specialisation."""
-    parts = ["import numba\nimport numpy as np\n", f"LANES = {_LANES}\n"]
+    parts = ["import numba\nimport numpy as np\n",
+             f"LANES = {_LANES}\nMB = {_MB}\nROW = {_ROW}\n", _FOLD_SOURCE]
     for k_spec in (*_SPECIALISED_K, 0):
         for unit in (True, False):
             parts.append(_KERNEL_TEMPLATE.substitute(
                 TAG=_kernel_tag(k_spec, unit), K=str(k_spec) if k_spec else "w.shape[2]",
                 S="1" if unit else "stride"))
+    for k in _SPECIALISED_K:
+        parts.append(_BLOCKED_TEMPLATE.substitute(TAG=f"k{k}", K=str(k), BODY=_blocked_body(k)))
     return "\n".join(parts)
 
 
@@ -472,7 +567,9 @@ def _direct_kernels(K: int, unit_stride: bool) -> tuple[Callable, Callable]:
     """(conv_direct, conv_relu_pool) for kernel size K, both parallel over the batch."""
     module = _kernel_module()
     tag = _kernel_tag(_spec_k(K), unit_stride)
-    return getattr(module, f"conv_direct_{tag}"), getattr(module, f"conv_relu_pool_{tag}")
+    # conv_relu_pool: the channel-blocked kernel where one exists (it falls back itself).
+    pool_tag = f"mb_k{K}" if unit_stride and _spec_k(K) else tag
+    return getattr(module, f"conv_direct_{tag}"), getattr(module, f"conv_relu_pool_{pool_tag}")
 
 
 def _prepare_fused(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
