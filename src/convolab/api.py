@@ -19,7 +19,8 @@ from convolab.interop import Kind, same_device, to_xp
 
 # What impl="auto" means on the CPU: the fastest CPU implementation first (docs/library.md).
 CPU_AUTO: tuple[str, ...] = ("cpu-fused", "cpu-im2col")
-DEFAULT_PREDICT_BATCH = 1000
+# Images a forward at a time: bounds memory; large, so the BLAS and Numba pools rarely switch.
+DEFAULT_PREDICT_BATCH = 10_000
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth")
 
 

@@ -88,7 +88,7 @@ class Network:
             self.set_param(full_name, xp.ascontiguousarray(moved, dtype=np.float32))
         return self
 
-    def predict(self, x: Array, batch: int = 1000) -> np.ndarray:
+    def predict(self, x: Array, batch: int = 10_000) -> np.ndarray:
         """Predicted class of every image, in eval mode, `batch` images at a time (NumPy out).
 
         The images must be floating point scaled to [0, 1] (what `data.load_images` and
@@ -174,20 +174,32 @@ def _conv_block(kernel: Callable, w: np.ndarray, b: np.ndarray | None, stride: i
 
 
 def _cpu_inference(layers: Sequence[Layer], x: np.ndarray) -> np.ndarray:
-    """The fused CPU forward, CPU_CHUNK_BYTES of activations at a time."""
+    """The fused CPU forward: the conv blocks CPU_CHUNK_BYTES of activations at a time, then
+    the head once over every image's features.
+
+    Why the head waits: its GEMMs run on BLAS's own thread pool, whose threads keep spinning
+    for a while after each call; interleaved with the conv kernels (Numba's pool) chunk after
+    chunk, the two pools fight over the cores (10,000 test images on 2 cores: 1.70 s
+    interleaved, 0.97 s head-once; docs/cpu.md). The features are smaller than the images the
+    caller already holds (ece408: 1,024 floats an image against 7,396), so memory stays bounded
+    by the input."""
     steps = _cpu_steps(layers)
+    n_conv = next((i for i, s in enumerate(steps) if not isinstance(s, functools.partial)),
+                  len(steps))
+    convs, head = steps[:n_conv], steps[n_conv:]
     if x.shape[0] == 0:
-        return _run_steps(steps, x)
+        return _run_steps(head, _run_steps(convs, x))
     # The first block's output is the widest activation of a LeNet; its size per image is
     # estimated from the input (conv channels x input pixels bounds it from above).
     first = layers[0]
     channels = first.out_channels if isinstance(first, Conv2d) else x.shape[1]
     per_image = max(1, channels * x.shape[2] * x.shape[3] * 4)
     chunk = max(1, CPU_CHUNK_BYTES // per_image)
-    if chunk >= x.shape[0]:
-        return _run_steps(steps, x)
-    parts = [_run_steps(steps, x[i:i + chunk]) for i in range(0, x.shape[0], chunk)]
-    return np.concatenate(parts)
+    if not convs:  # nothing fused leads the network: chunk every step alike
+        convs, head = steps, []
+    parts = [_run_steps(convs, x[i:i + chunk]) for i in range(0, x.shape[0], chunk)]
+    features = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return _run_steps(head, features)
 
 
 def _run_steps(steps: Sequence[Callable[[np.ndarray], np.ndarray]], x: np.ndarray
