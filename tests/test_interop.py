@@ -68,3 +68,23 @@ def test_torch_round_trip(rng: np.random.Generator) -> None:
     y = convolab.conv2d(x, w, impl="cpu-ref")
     assert isinstance(y, torch.Tensor)
     torch.testing.assert_close(y, torch.nn.functional.conv2d(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_tensors_stay_on_the_gpu(rng: np.random.Generator) -> None:
+    """CUDA torch tensors in, CUDA torch tensors out (DLPack both ways), equal to torch's own
+    conv2d and to its conv + ReLU + max-pool."""
+    torch = pytest.importorskip("torch")
+    import convolab
+
+    x = torch.from_numpy(rng.random((3, 4, 40, 40), dtype=np.float32)).cuda()
+    w = torch.from_numpy((rng.standard_normal((16, 4, 7, 7)) * 0.1).astype(np.float32)).cuda()
+    b = torch.from_numpy((rng.standard_normal(16) * 0.1).astype(np.float32)).cuda()
+    F = torch.nn.functional
+    y = convolab.conv2d(x, w, b)
+    assert isinstance(y, torch.Tensor) and y.is_cuda
+    torch.testing.assert_close(y, F.conv2d(x, w, b), rtol=1e-4, atol=1e-4)
+    pooled = convolab.conv2d_relu_pool(x, w, b, pool=4)
+    assert isinstance(pooled, torch.Tensor) and pooled.is_cuda
+    torch.testing.assert_close(pooled, F.max_pool2d(F.relu(F.conv2d(x, w, b)), 4),
+                               rtol=1e-4, atol=1e-4)
