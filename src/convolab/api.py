@@ -16,11 +16,10 @@ import numpy as np
 
 from convolab.errors import ConvolabError, InputError, WeightsError
 from convolab.interop import Kind, same_device, to_xp
+from convolab.network import PREDICT_BATCH
 
 # What impl="auto" means on the CPU: the fastest CPU implementation first (docs/library.md).
 CPU_AUTO: tuple[str, ...] = ("cpu-fused", "cpu-im2col")
-# Images a forward at a time: bounds memory; large, so the BLAS and Numba pools rarely switch.
-DEFAULT_PREDICT_BATCH = 10_000
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth")
 
 
@@ -258,13 +257,13 @@ class Model:
         parts = [self.network.forward(arr[i:i + batch]) for i in range(0, len(arr), batch)]
         return xp.concatenate(parts) if parts else xp.zeros((0, 10), np.float32)
 
-    def __call__(self, x: Any, batch: int = DEFAULT_PREDICT_BATCH) -> Any:
+    def __call__(self, x: Any, batch: int = PREDICT_BATCH) -> Any:
         """Class probabilities (B, classes), float32, computed `batch` images at a time."""
         batch = _positive_int(batch, "batch")
         arr, kind = self._images(x)
         return self._answer(self._probs(arr, batch), kind)
 
-    def predict(self, x: Any, batch: int = DEFAULT_PREDICT_BATCH) -> Any:
+    def predict(self, x: Any, batch: int = PREDICT_BATCH) -> Any:
         """Predicted class index of every image (B,), int64, `batch` images at a time."""
         batch = _positive_int(batch, "batch")
         arr, kind = self._images(x)

@@ -10,6 +10,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from convolab.data import SPLIT_SIZES
 from convolab.errors import ConvolabError
 from convolab.precision import MODE_ALIASES
 
@@ -21,7 +22,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-MAX_TEST_IMAGES = 10_000
+MAX_TEST_IMAGES = SPLIT_SIZES["test"]
+BENCH_BATCH, BENCH_REPS = 10_000, 20  # bench's defaults (a plan file sets its own)
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="zoo model: ece408, ece408-mxnet, eecs498")
@@ -279,11 +281,14 @@ def train(
 
 @app.command()
 def bench(
-    model: ModelOpt = "ece408",
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="zoo model: ece408 (default), "
+                                 "ece408-mxnet, eecs498")
+    ] = None,
     batch: Annotated[
-        int, typer.Option("--batch", "-b", help="images per conv call: the B of every layer "
-                          "shape timed (1 to 1,000,000)")
-    ] = 10_000,
+        int | None, typer.Option("--batch", "-b", help="images per conv call: the B of every "
+                                 f"layer shape timed (1 to 1,000,000; default {BENCH_BATCH:,})")
+    ] = None,
     impl: Annotated[
         list[str] | None,
         typer.Option("--impl", "-i", help="NAME[:key=value,...], repeatable: only these"),
@@ -292,8 +297,9 @@ def bench(
         list[str] | None, typer.Option("--shape", help="B,C,H,W,M,K,S[,P], repeatable")
     ] = None,
     reps: Annotated[
-        int, typer.Option(help="timed repetitions (>= 20 for a median worth quoting)")
-    ] = 20,
+        int | None, typer.Option(help="timed repetitions (>= 20 for a median worth quoting; "
+                                 f"default {BENCH_REPS})")
+    ] = None,
     network: Annotated[
         bool, typer.Option("--network", help="whole-network forward instead of per layer")
     ] = False,
@@ -323,20 +329,20 @@ def bench(
 
     command = "convolab " + " ".join(sys.argv[1:])
     if plan is not None:
-        defaults = {"model": "ece408", "batch": 10_000, "reps": 20}
-        explicit = {name for name, value in (("model", model), ("batch", batch), ("reps", reps))
-                    if value != defaults[name] or f"--{name}" in sys.argv}
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),
                                           ("--network", network), ("--plot", plot),
                                           ("--device", device),
-                                          ("--model", "model" in explicit),
-                                          ("--batch", "batch" in explicit),
-                                          ("--reps", "reps" in explicit)) if value]
+                                          ("--model", model is not None),
+                                          ("--batch", batch is not None),
+                                          ("--reps", reps is not None)) if value]
         if given:
             fail(f"--plan describes the runs: {', '.join(given)} belong in the plan file")
         run.main(run.load_plan(plan), out=out, plan=plan.stem, command=command)
         return
+    model = model if model is not None else "ece408"
+    batch = batch if batch is not None else BENCH_BATCH
+    reps = reps if reps is not None else BENCH_REPS
     check_batch(batch, limit=1_000_000)
     config = run.from_flags(model, batch, reps, impl or (), shapes, shape or (), network,
                             variant or (), plot, device)

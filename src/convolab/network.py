@@ -15,6 +15,11 @@ from convolab.layers import Conv2d, Layer, MaxPool2d, ReLU, Softmax
 Array = Any
 
 
+# Images a forward at a time by default: bounds memory, and keeps the BLAS and Numba thread
+# pools from switching often (docs/cpu.md).
+PREDICT_BATCH = 10_000
+
+
 class Network:
     def __init__(self, layers: Sequence[Layer], name: str) -> None:
         if not layers:
@@ -88,7 +93,7 @@ class Network:
             self.set_param(full_name, xp.ascontiguousarray(moved, dtype=np.float32))
         return self
 
-    def predict(self, x: Array, batch: int = 10_000) -> np.ndarray:
+    def predict(self, x: Array, batch: int = PREDICT_BATCH) -> np.ndarray:
         """Predicted class of every image, in eval mode, `batch` images at a time (NumPy out).
 
         The images must be floating point scaled to [0, 1] (what `data.load_images` and

@@ -36,7 +36,7 @@ def _inputs(model: str, batch: int, seed: int) -> tuple[Any, np.ndarray, str]:
     size = models.spec(model).input_size
     try:
         network = models.load(model)
-        x, _ = data.load_images("test", n=min(batch, 10_000), size=size)
+        x, _ = data.load_images("test", n=min(batch, data.SPLIT_SIZES["test"]), size=size)
         reps = -(-batch // len(x))
         x = np.ascontiguousarray(np.concatenate([x] * reps)[:batch]) if reps > 1 else x
         return network, x, "shipped weights, test images"
