@@ -17,6 +17,7 @@ import numpy as np
 from convolab.errors import ConvolabError, InputError, WeightsError
 from convolab.interop import Kind, same_device, to_xp
 from convolab.network import PREDICT_BATCH
+from convolab.shapes import positive_int
 
 # What impl="auto" means on the CPU: the fastest CPU implementation first (docs/library.md).
 CPU_AUTO: tuple[str, ...] = ("cpu-fused", "cpu-im2col")
@@ -38,11 +39,6 @@ def list_impls(device: str | None = None) -> list[ImplInfo]:
         raise InputError(f"device must be 'cpu', 'gpu' or None, got {device!r}")
     return [ImplInfo(i.name, i.device, i.demonstrates) for i in all_impls(device)]
 
-
-def _positive_int(value: Any, label: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise InputError(f"{label} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def _operands(x: Any, w: Any, b: Any) -> tuple[Any, Any, Any, Kind]:
@@ -93,7 +89,7 @@ def conv2d(x: Any, w: Any, b: Any = None, stride: int = 1, impl: str = "auto") -
     the CPU `cpu-fused`. float64/float16 arrays are converted to float32 (a copy); the result
     is float32, of the caller's kind (torch in, torch out)."""
     x, w, b, kind = _operands(x, w, b)
-    stride = _positive_int(stride, "stride")
+    stride = positive_int(stride, "stride")
     chosen = _impl(impl, kind.device)
     if chosen.pool:
         raise InputError(f"{chosen.name!r} fuses ReLU and pooling: use conv2d_relu_pool")
@@ -118,7 +114,7 @@ def conv2d_relu_pool(x: Any, w: Any, b: Any = None, stride: int = 1, pool: int =
     impl 'auto': the fused conv+ReLU+pool kernel (GPU rung 13 fp32, `cpu-fused`'s pooled
     kernel on the CPU); a plain conv implementation is followed by ReLU and pooling."""
     x, w, b, kind = _operands(x, w, b)
-    stride, pool = _positive_int(stride, "stride"), _positive_int(pool, "pool")
+    stride, pool = positive_int(stride, "stride"), positive_int(pool, "pool")
     from convolab.shapes import ConvShape
 
     shape = ConvShape.of(x.shape, w.shape, stride)
@@ -259,13 +255,13 @@ class Model:
 
     def __call__(self, x: Any, batch: int = PREDICT_BATCH) -> Any:
         """Class probabilities (B, classes), float32, computed `batch` images at a time."""
-        batch = _positive_int(batch, "batch")
+        batch = positive_int(batch, "batch")
         arr, kind = self._images(x)
         return self._answer(self._probs(arr, batch), kind)
 
     def predict(self, x: Any, batch: int = PREDICT_BATCH) -> Any:
         """Predicted class index of every image (B,), int64, `batch` images at a time."""
-        batch = _positive_int(batch, "batch")
+        batch = positive_int(batch, "batch")
         arr, kind = self._images(x)
         if self._fused is None and self.device == "cpu":
             return self._answer(self.network.predict(arr, batch=batch), kind)

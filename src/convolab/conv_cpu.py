@@ -50,7 +50,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from convolab.registry import ConvImpl, Run, register
-from convolab.shapes import ConvShape
+from convolab.shapes import ConvShape, positive_int
 
 # The reference materialises windows chunk by chunk in float64; this bounds that copy.
 _REF_CHUNK_BYTES = 64 * 2**20
@@ -169,8 +169,7 @@ def reference_conv_relu_pool(
     batch so that 10,000 images never hold their full-resolution fp64 output at once."""
     if not pool:
         return conv_reference(x, w, b, stride)
-    if not isinstance(pool, int) or pool < 1:
-        raise ValueError(f"pool must be a positive int (or 0 for none), got {pool!r}")
+    pool = positive_int(pool, "pool (or 0 for none)")
     B = x.shape[0]
     first = conv_reference(x[:1], w, b, stride)
     _, M, Ho, Wo = first.shape
@@ -591,9 +590,7 @@ def conv_relu_pool_cpu(
     """maxpool(relu(conv(x, w) + b), pool) in one fused pass (pool window = pool stride,
     floor semantics). float32, C-contiguous NumPy inputs; returns a new float32 array."""
     shape = _validate_call(x, w, b, stride)
-    if isinstance(pool, bool) or not isinstance(pool, int | np.integer) or pool < 1:
-        raise ValueError(f"pool must be a positive int, got {pool!r}")
-    pool = int(pool)
+    pool = positive_int(pool, "pool")
     if shape.H_out < pool or shape.W_out < pool:
         raise ValueError(
             f"pool {pool} is larger than the conv output {shape.H_out}x{shape.W_out}"

@@ -60,6 +60,7 @@ import numpy as np
 
 from convolab.errors import DataError, InputError
 from convolab.fsutil import created_file_mode
+from convolab.shapes import positive_int
 
 Split = Literal["train", "test"]
 
@@ -578,8 +579,7 @@ def resize_bilinear(images: np.ndarray, size: int = 86) -> np.ndarray:
         raise InputError(
             f"images must be non-empty on every axis (N, H, W >= 1), got shape {images.shape}"
         )
-    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
-        raise ValueError(f"size must be a positive int, got {size!r}")
+    size = positive_int(size, "size")
     is_uint8 = images.dtype == np.uint8
     if not is_uint8:
         if not np.issubdtype(images.dtype, np.floating):
@@ -627,8 +627,7 @@ def load_images(
     size=28 returns the original images, only scaled by 1/255; any other size resizes with
     `resize_bilinear`.
     """
-    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 1:
-        raise ValueError(f"size must be a positive int, got {size!r}")
+    size = positive_int(size, "size")
     images, labels = load_split(split, data_dir=data_dir, limit=n)
     if size == IMAGE_SIDE:
         scaled = images.astype(np.float32)

@@ -14,7 +14,7 @@ import numpy as np
 
 from convolab.backend import xp_of
 from convolab.errors import CallOrderError, InputError
-from convolab.shapes import ConvShape
+from convolab.shapes import ConvShape, positive_int
 
 Array = Any  # numpy.ndarray or cupy.ndarray
 
@@ -134,8 +134,7 @@ class Conv2d(Layer):
         super().__init__(name)
         for label, v in (("in_channels", in_channels), ("out_channels", out_channels),
                          ("kernel_size", kernel_size), ("stride", stride)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"Conv2d {label} must be a positive int, got {v!r}")
+            positive_int(v, f"Conv2d {label}")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel_size, self.stride, self.impl = kernel_size, stride, impl
         self.weight = np.zeros((out_channels, in_channels, kernel_size, kernel_size), np.float32)
@@ -253,12 +252,8 @@ class _Pool(Layer):
 
     def __init__(self, kernel_size: int, stride: int | None = None, name: str | None = None):
         super().__init__(name)
-        if not isinstance(kernel_size, int) or kernel_size < 1:
-            raise ValueError(f"pool kernel_size must be a positive int, got {kernel_size!r}")
-        self.kernel_size = kernel_size
-        self.stride = kernel_size if stride is None else stride
-        if not isinstance(self.stride, int) or self.stride < 1:
-            raise ValueError(f"pool stride must be a positive int, got {stride!r}")
+        self.kernel_size = positive_int(kernel_size, "pool kernel_size")
+        self.stride = self.kernel_size if stride is None else positive_int(stride, "pool stride")
 
     def _out_hw(self, x: Array) -> tuple[int, int]:
         self._check_4d(x)

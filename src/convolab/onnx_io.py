@@ -29,6 +29,7 @@ from convolab.errors import ConvolabError
 from convolab.layers import AvgPool2d, Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU, Softmax
 from convolab.network import Network
 from convolab.outputs import write_atomic
+from convolab.shapes import positive_int
 
 INPUT_NAME = "images"
 PROBS_NAME = "probabilities"
@@ -146,8 +147,7 @@ def to_onnx_model(network: Network, input_size: int, opset: int = 17) -> Any:
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= newest:
         raise ConvolabError(f"--opset must be between {MIN_OPSET} and {newest}, got {opset}")
-    if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
-        raise ConvolabError(f"export: input size must be a positive int, got {input_size!r}")
+    input_size = positive_int(input_size, "export: input size")
     first = next((la for la in network.layers if isinstance(la, Conv2d)), None)
     channels = first.in_channels if first is not None else 1
     b = _Builder(onnx, (channels, input_size, input_size))

@@ -14,14 +14,18 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def positive_int(value: Any, label: str) -> int:
+    """`value` as an int, refusing what int() would silently truncate (1.9 -> 1), bools and
+    anything below 1, with one message naming `label`."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise InputTypeError(f"{label} must be a positive int, got {value!r}")
+    if value < 1:
+        raise InputError(f"{label} must be a positive int, got {value!r}")
+    return int(value)
+
+
 def check_stride(stride: Any) -> int:
-    """The stride as an int, refusing what int() would silently truncate (1.9 -> 1), bools
-    and anything below 1."""
-    if isinstance(stride, bool | np.bool_) or not isinstance(stride, int | np.integer):
-        raise InputTypeError(f"stride must be a positive int, got {stride!r}")
-    if stride < 1:
-        raise InputError(f"stride must be a positive int, got {stride!r}")
-    return int(stride)
+    return positive_int(stride, "stride")
 
 
 @dataclass(frozen=True)
