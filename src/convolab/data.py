@@ -541,7 +541,7 @@ def load_split(
     return images[:count].copy(), labels[:count].copy()
 
 
-def _bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def bilinear_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per output index: the two source indices and the weight of the second (float64)."""
     scale = in_size / out_size
     src = (np.arange(out_size, dtype=np.float64) + 0.5) * scale - 0.5
@@ -588,8 +588,8 @@ def resize_bilinear(images: np.ndarray, size: int = 86) -> np.ndarray:
             raise ValueError("float images must already be scaled to [0, 1] (or pass uint8)")
     count, in_h, in_w = images.shape
     size = int(size)
-    rows_lo, rows_hi, rows_t = _bilinear_taps(in_h, size)
-    cols_lo, cols_hi, cols_t = _bilinear_taps(in_w, size)
+    rows_lo, rows_hi, rows_t = bilinear_taps(in_h, size)
+    cols_lo, cols_hi, cols_t = bilinear_taps(in_w, size)
     rows_weight = rows_t.astype(np.float32)[None, :, None]
     cols_weight = cols_t.astype(np.float32)[None, :, None]
     out = np.empty((count, 1, size, size), dtype=np.float32)
