@@ -141,16 +141,18 @@ def test_network_run_writes_its_rows(cpu_only: None, monkeypatch: pytest.MonkeyP
     calls = []
 
     def fake_bench_network(batch: int, reps: int, variants: Any, per_layer: bool,
-                           torch_rows: bool) -> list[dict]:
-        calls.append((batch, reps, [v.label for v in variants], per_layer, torch_rows))
+                           torch_rows: bool, model: str, inputs: str) -> list[dict]:
+        calls.append((batch, reps, [v.label for v in variants], per_layer, torch_rows, model,
+                      inputs))
         return [{"name": v.label, "median_ms": 1.5, "batch": batch} for v in variants]
 
     monkeypatch.setattr(bench_run, "gpu_available", lambda: True)
     monkeypatch.setattr(network, "bench_network", fake_bench_network)
-    config = bench.from_flags("ece408", 7, 3, network=True,
-                              variants=["exact", "fp16:head.imgs=32"])
+    config = bench.from_flags("eecs498", 7, 3, network=True,
+                              variants=["exact", "fp16:head.imgs=32"], inputs="raw")
     bench.main([config], out=tmp_path)
-    assert calls == [(7, 3, ["fused exact", "fused fp16 [head.imgs=32]"], True, True)]
+    assert calls == [(7, 3, ["fused exact", "fused fp16 [head.imgs=32]"], True, True,
+                      "eecs498", "raw")]
     data = json.loads((tmp_path / "results.json").read_text())
     assert [r["name"] for r in data["runs"][0]["rows"]] == calls[0][2]
     with (tmp_path / "results.csv").open() as fh:

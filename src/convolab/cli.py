@@ -318,6 +318,11 @@ def bench(
         typer.Option("--out", help="results folder (default benchmarks/results/DATE_DEVICE_PLAN)"),
     ] = None,
     plot: Annotated[bool, typer.Option("--plot", help="also write plot.png")] = False,
+    input_kind: Annotated[
+        str | None,
+        typer.Option("--input", help="--network on the GPU: raw (uint8 bytes, resized on chip; "
+                     "adds host->host and 60,000-image streaming rows) or float (default)"),
+    ] = None,
     device: Annotated[
         str | None,
         typer.Option("--device", "-d", help="--network: cpu (against ONNX Runtime when "
@@ -332,7 +337,7 @@ def bench(
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),
                                           ("--network", network), ("--plot", plot),
-                                          ("--device", device),
+                                          ("--device", device), ("--input", input_kind),
                                           ("--model", model is not None),
                                           ("--batch", batch is not None),
                                           ("--reps", reps is not None)) if value]
@@ -345,7 +350,7 @@ def bench(
     reps = reps if reps is not None else BENCH_REPS
     check_batch(batch, limit=1_000_000)
     config = run.from_flags(model, batch, reps, impl or (), shapes, shape or (), network,
-                            variant or (), plot, device)
+                            variant or (), plot, device, input_kind)
     run.main([config], out=out, command=command)
 
 

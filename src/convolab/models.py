@@ -97,6 +97,18 @@ def conv_blocks(name: str, batch: int = 1) -> list[ConvBlock]:
     return blocks
 
 
+def head_layers(name: str) -> list[tuple[int, int, bool]]:
+    """The linear layers after the last conv block, in order: (in_features, out_features,
+    followed by a ReLU). The last one's outputs are the classes (softmax follows)."""
+    layers = spec(name).layers()
+    head: list[tuple[int, int, bool]] = []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, Linear):
+            relu = i + 1 < len(layers) and isinstance(layers[i + 1], ReLU)
+            head.append((layer.in_features, layer.out_features, relu))
+    return head
+
+
 def param_shapes(name: str) -> dict[str, tuple[int, ...]]:
     """Every parameter of the model with its shape, e.g. {'c1.weight': (4, 1, 7, 7), ...}."""
     network = Network(spec(name).layers(), name)

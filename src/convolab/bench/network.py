@@ -1,10 +1,13 @@
-"""`convolab bench --network`: the whole ece408 forward at one batch, as rows.
+"""`convolab bench --network`: a zoo model's whole forward at one batch, as rows.
 
-* fused variants: FusedLeNet(params, mode, kernel_params) for each `--variant`;
+* fused variants: FusedLeNet(params, mode, kernel_params, model) for each `--variant`, from
+  float images on the device (`--input float`), or from raw uint8 bytes (`--input raw`):
+  device->device, host->host (pinned bytes in, labels out, chunks overlapping copies and
+  kernels) and streaming 60,000 images host->host;
 * per-layer rows: a conv rung per layer (unfused) + CuPy ReLU/pool/linears/softmax, the
   ladder's answer before fusion;
-* PyTorch rows (when installed): eager fp32 and tf32, torch.compile fp32, fp16 channels-last
-  eager and replayed from a CUDA graph.
+* PyTorch rows (when installed), the same jobs: eager fp32 and tf32, torch.compile fp32, fp16
+  channels-last eager and replayed from a CUDA graph, device->device and host->host.
 
 Each row: median and spread (ms), images/s, back-to-back time per forward (host launch latency
 hidden behind the previous batch), agreement with the fp64 forward on the first images, and
@@ -69,13 +72,15 @@ def _cupy_timed(name: str, fn: Callable[[], Any], batch: int, reps: int, ref: np
 
 
 def variant_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], x: Any,
-                 batch: int, reps: int, ref: np.ndarray) -> list[dict[str, Any]]:
+                 batch: int, reps: int, ref: np.ndarray,
+                 model: str = MODEL) -> list[dict[str, Any]]:
     from convolab.gpu.network import FusedLeNet
 
     rows = []
     for v in variants:
         try:
-            net = FusedLeNet(params, mode=v.mode, kernel_params=v.kernel_params_dict())
+            net = FusedLeNet(params, mode=v.mode, kernel_params=v.kernel_params_dict(),
+                             model=model)
         except Exception as err:
             rows.append(_error_row(f"convolab {v.label}", err))
             continue
@@ -138,9 +143,89 @@ def per_layer_rows(dparams: Mapping[str, Any], x: Any, batch: int, reps: int, re
     return rows
 
 
+INPUTS = ("float", "raw")
+STREAM_IMAGES = 60_000  # the streaming row: the training split's size, host -> host
+HOST_IO = "host->host"
+DEVICE_IO = "device->device"
+
+
+def _wall_timed(name: str, fn: Callable[[], Any], batch: int, reps: int,
+                ref: np.ndarray | None) -> dict[str, Any]:
+    """Host -> host rows: wall clock around a call that returns host results (it synchronises
+    before returning), warm-up first; labels (1-D) are checked by argmax only."""
+    import time
+
+    try:
+        for _ in range(2):
+            out = fn()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            out = fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        extra = {} if ref is None else (
+            agreement(out, ref) if out.ndim == 2 else
+            {"argmax_agree_vs_fp64": float((out[:len(ref)] == ref.argmax(1)).mean())})
+        return stats_row(name, samples, batch, **extra)
+    except Exception as err:  # one failing variant must not sink the others
+        return _error_row(name, err)
+
+
+def _inputs(model: str, batch: int, inputs: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw uint8 images (batch, 28, 28), the float images the network sees): random bytes,
+    so nothing needs the dataset; float input is their resize (data.resize_bilinear)."""
+    from convolab.data import IMAGE_SIDE, resize_bilinear
+    from convolab.models import spec
+
+    rng = np.random.default_rng(seed + 1)
+    raw = rng.integers(0, 256, (batch, IMAGE_SIDE, IMAGE_SIDE), dtype=np.uint8)
+    floats = resize_bilinear(raw, spec(model).input_size) if inputs == "float" else \
+        resize_bilinear(raw[:REFERENCE_IMAGES], spec(model).input_size)
+    return raw, floats
+
+
+def raw_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], model: str,
+             raw: np.ndarray, reps: int, ref: np.ndarray,
+             stream: np.ndarray | None) -> list[dict[str, Any]]:
+    """convolab from raw bytes: device->device, host->host (pinned input, labels out), and
+    the streaming row (all of `stream`, host->host, labels out)."""
+    import cupy as cp
+
+    from convolab.gpu.network import FusedLeNet, pinned_empty
+
+    batch = len(raw)
+    pinned = pinned_empty(raw.shape, np.uint8)
+    pinned[...] = raw
+    raw_d = cp.asarray(raw)
+    chunk = max(1, batch // 4)  # four chunks: copies overlap the kernels of the others
+    rows = []
+    for v in variants:
+        label = f"convolab {v.label}"
+        try:
+            net = FusedLeNet(params, mode=v.mode, kernel_params=v.kernel_params_dict(),
+                             model=model)
+        except Exception as err:
+            rows.append(_error_row(label, err))
+            continue
+        info = {"mode": v.mode, "kernel_params": v.kernel_params_dict(), "input": "raw"}
+        rows.append({**_cupy_timed(f"{label} raw {DEVICE_IO}", lambda net=net: net(raw_d),
+                                   batch, reps, ref), **info, "io": DEVICE_IO})
+        rows.append({**_wall_timed(f"{label} raw {HOST_IO} (pinned, labels)",
+                                   lambda net=net: net.forward_chunks(pinned, chunk=chunk,
+                                                                      streams=3, labels=True),
+                                   batch, reps, ref), **info, "io": HOST_IO})
+        if stream is not None:
+            rows.append({**_wall_timed(
+                f"{label} raw stream {len(stream):,} {HOST_IO} (labels)",
+                lambda net=net: net.forward_chunks(stream, chunk=10_000, streams=3,
+                                                   labels=True),
+                len(stream), max(3, reps // 4), None), **info, "io": HOST_IO})
+    return rows
+
+
 def bench_network(batch: int, reps: int, variants: Sequence[VariantSpec] = DEFAULT_VARIANTS,
-                  per_layer: bool = True, torch_rows: bool = True, seed: int = 0
-                  ) -> list[dict[str, Any]]:
+                  per_layer: bool = True, torch_rows: bool = True, seed: int = 0,
+                  model: str = MODEL, inputs: str = "float") -> list[dict[str, Any]]:
     """Whole-forward rows at `batch` on random weights and inputs (see the module docstring)."""
     from convolab.backend import require_cupy
     from convolab.conv_cpu import reference_forward
@@ -148,21 +233,31 @@ def bench_network(batch: int, reps: int, variants: Sequence[VariantSpec] = DEFAU
 
     if batch < 1 or reps < 1:
         raise ValueError("bench --network: batch and reps must be >= 1")
+    if inputs not in INPUTS:
+        raise ValueError(f"bench --network: input must be one of {INPUTS}, got {inputs!r}")
     cp = require_cupy()
-    params = {k: np.asarray(v, np.float32) for k, v in build(MODEL, seed).params().items()}
-    x_host = np.random.default_rng(seed + 1).random(
-        (batch, *conv_blocks(MODEL, 1)[0].shape.x_shape[1:]), dtype=np.float32)
-    ref = np.asarray(reference_forward(params, x_host[:REFERENCE_IMAGES], model=MODEL),
+    params = {k: np.asarray(v, np.float32) for k, v in build(model, seed).params().items()}
+    raw, floats = _inputs(model, batch, inputs, seed)
+    ref = np.asarray(reference_forward(params, floats[:REFERENCE_IMAGES], model=model),
                      np.float64)
-    x = cp.asarray(x_host)
-    rows = variant_rows(variants, params, x, batch, reps, ref)
-    if per_layer:
-        dparams = {k: cp.asarray(v) for k, v in params.items()}
-        rows += per_layer_rows(dparams, x, batch, reps, ref, cp)
+    if inputs == "raw":
+        stream = np.random.default_rng(seed + 2).integers(0, 256, (STREAM_IMAGES, *raw.shape[1:]),
+                                                          dtype=np.uint8)
+        rows = raw_rows(variants, params, model, raw, reps, ref, stream)
+    else:
+        x = cp.asarray(floats)
+        rows = variant_rows(variants, params, x, batch, reps, ref, model)
+        if per_layer and model == MODEL:
+            dparams = {k: cp.asarray(v) for k, v in params.items()}
+            rows += per_layer_rows(dparams, x, batch, reps, ref, cp)
     if torch_rows:
         from convolab.bench.torch_network import torch_rows as torch_network_rows
 
-        rows += torch_network_rows(params, x, batch, reps, ref)
+        for io in ("device", "host"):
+            rows += torch_network_rows(model, params, raw, reps, ref, inputs=inputs, io=io)
+        if inputs == "raw":
+            rows += torch_network_rows(model, params, stream, max(3, reps // 4), None,
+                                       inputs="raw", io="host")
     add_speedups(rows)
     return rows
 

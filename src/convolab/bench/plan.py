@@ -17,6 +17,7 @@ with no `[[run]]` is one run). Keys of a run:
     variants = ["exact", "fp16:head.imgs=32"]   # as --variant (network runs)
     per_layer = true                # network runs: the unfused rung-per-layer rows
     torch = true                    # network runs: the PyTorch rows
+    input = "raw"                   # GPU network runs: raw uint8 bytes or float (default)
 
     [run.impl."fused-conv-pool2"]   # a parameter grid: one row per point of the product
     pipe = [-1, 1]
@@ -59,6 +60,7 @@ class RunConfig:
     variants: tuple[VariantSpec, ...] = ()
     per_layer: bool = True
     torch: bool = True
+    inputs: str | None = None  # network runs: "float" (default) or "raw" uint8 bytes
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def check(self) -> None:
@@ -81,6 +83,11 @@ class RunConfig:
                                 "--network (per-layer runs time every usable implementation)")
         if self.device == "cpu" and self.variants:
             raise ConvolabError("--variant selects GPU network variants; the CPU network has one")
+        if self.inputs is not None and (not self.network or self.device == "cpu"):
+            raise ConvolabError("--input picks the GPU whole-network forward's input: add "
+                                "--network (and leave --device gpu)")
+        if self.inputs not in (None, "float", "raw"):
+            raise ConvolabError(f"input must be 'float' or 'raw', not {self.inputs!r}")
         if self.network and (self.impls or self.custom_shapes or self.shapes):
             raise ConvolabError("--network times the whole forward: --impl/--shape/--shapes "
                                 "do not apply (use --variant)")
@@ -90,7 +97,7 @@ class RunConfig:
 RUN_KEYS: dict[str, type | tuple[type, ...]] = {
     "label": str, "model": str, "shapes": str, "shape": list, "batch": int, "reps": int,
     "impls": list, "impl": dict, "anchors": bool, "plot": bool, "network": bool,
-    "device": str, "variants": list, "per_layer": bool, "torch": bool,
+    "device": str, "variants": list, "per_layer": bool, "torch": bool, "input": str,
 }
 
 
@@ -142,7 +149,8 @@ def _run_from_table(table: Mapping[str, Any], label: str, err: _PlanError) -> Ru
             plot=table.get("plot", False), network=table.get("network", False),
             device=table.get("device"),
             variants=tuple(parse_variant(v) for v in table.get("variants", [])),
-            per_layer=table.get("per_layer", True), torch=table.get("torch", True))
+            per_layer=table.get("per_layer", True), torch=table.get("torch", True),
+            inputs=table.get("input"))
         config.check()
     except ConvolabError as e:
         raise err(str(e)) from None
@@ -176,11 +184,11 @@ def load_plan(path: Path) -> list[RunConfig]:
 def from_flags(model: str, batch: int, reps: int, impls: Sequence[str] = (),
                shapes: str | None = None, custom_shapes: Sequence[str] = (),
                network: bool = False, variants: Sequence[str] = (), plot: bool = False,
-               device: str | None = None) -> RunConfig:
+               device: str | None = None, inputs: str | None = None) -> RunConfig:
     """The one run the command-line flags describe."""
     config = RunConfig(model=model, shapes=shapes, custom_shapes=tuple(custom_shapes),
                        batch=batch, reps=reps, impls=tuple(parse_impl(s) for s in impls),
                        plot=plot, network=network, device=device,
-                       variants=tuple(parse_variant(v) for v in variants))
+                       variants=tuple(parse_variant(v) for v in variants), inputs=inputs)
     config.check()
     return config

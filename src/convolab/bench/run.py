@@ -117,10 +117,14 @@ def run_network(config: RunConfig, console: Any, device: str) -> list[dict[str, 
         print_generic(f"whole-network CPU forward, {config.model}, B={config.batch}", rows,
                       console)
         return rows
-    with console.status(f"whole-network forward, B={config.batch}"):
+    inputs = config.inputs or "float"
+    with console.status(f"whole-network forward, {config.model}, {inputs} input, "
+                        f"B={config.batch}"):
         rows = bench_network(config.batch, config.reps, config.variants or DEFAULT_VARIANTS,
-                             per_layer=config.per_layer, torch_rows=config.torch)
-    print_generic(f"whole-network forward, B={config.batch}, {device}", rows, console)
+                             per_layer=config.per_layer, torch_rows=config.torch,
+                             model=config.model, inputs=inputs)
+    print_generic(f"whole-network forward, {config.model}, {inputs} input, B={config.batch}, "
+                  f"{device}", rows, console)
     return rows
 
 

@@ -205,14 +205,26 @@ def toe_cl_plan(shape: ConvShape,
 
 
 def prepare_conv1_cl(shape: ConvShape, w: Any, b: Any,
-                     params: Mapping[str, Any] | None = None) -> Run:
-    """run(x, y_cl): x fp32 NCHW (B, C, H, W), y_cl fp16 (B, Hp, Wp, M) channels-last."""
+                     params: Mapping[str, Any] | None = None,
+                     raw_hw: tuple[int, int] | None = None) -> Run:
+    """run(x, y_cl): x fp32 NCHW (B, C, H, W), y_cl fp16 (B, Hp, Wp, M) channels-last.
+    With raw_hw, x is raw uint8 images (B, *raw_hw) instead, resized to H x W while the tile
+    is staged (`fcp_mma_toe_cl_raw`, kernels/resize.cuh)."""
     from convolab.backend import require_cupy, to_numpy
     from convolab.gpu.compile import get_kernel
 
     cp = require_cupy()
     defines, tiles_h, warps = toe_cl_plan(shape, params)
-    kernel = get_kernel(KERNEL_FILE, "fcp_mma_toe_cl", defines)
+    name, head = "fcp_mma_toe_cl", ()
+    if raw_hw is not None:
+        from convolab.gpu.resize import device_taps
+
+        if shape.C != 1:
+            raise ValueError(f"raw images have one channel; this layer takes {shape.C}")
+        defines = {**defines, "RAW_H": raw_hw[0], "RAW_W": raw_hw[1]}
+        name, head = "fcp_mma_toe_cl_raw", (device_taps(raw_hw[0], raw_hw[1], shape.H,
+                                                         shape.W),)
+    kernel = get_kernel(KERNEL_FILE, name, defines)
     frag = cp.asarray(toeplitz_fragments(np.asarray(to_numpy(w), np.float32), "fp16"))
     b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
     hp, wp = pooled_hw(shape, 2)
@@ -222,7 +234,7 @@ def prepare_conv1_cl(shape: ConvShape, w: Any, b: Any,
     def run(x: Any, y: Any) -> None:
         n = int(x.shape[0])
         if n:
-            kernel((n * tiles_h,), (warps * 32,), (x, frag, b_d, y, *tail))
+            kernel((n * tiles_h,), (warps * 32,), (x, *head, frag, b_d, y, *tail))
 
     return run
 

@@ -377,6 +377,40 @@ def prepare_exact(pool: int) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]
     return prepare
 
 
+def prepare_exact_raw(shape: ConvShape, pool: int, w: Any, b: Any, params: Mapping[str, Any],
+                      raw_hw: tuple[int, int]) -> Run | None:
+    """run(raw, y) of `fcp_exact_cw_raw`: the layer reading raw uint8 images (B, *raw_hw) and
+    resizing them to shape.H x shape.W while staging its tile (kernels/resize.cuh); None where
+    the layer does not run `fcp_exact_cw` (the caller then resizes first: gpu/resize.py)."""
+    from convolab.backend import require_cupy, to_numpy
+    from convolab.gpu.compile import get_kernel
+    from convolab.gpu.resize import device_taps
+
+    plan = exact_plan(shape, pool, params) if shape.C == 1 else None
+    raw_bytes = 4 * raw_hw[0] * raw_hw[1]
+    if plan is None or plan.kernel != "fcp_exact_cw" or (
+            smem_bytes(shape.K, shape.S, pool, 0, plan.defines["FCP_PW"], plan.block[0],
+                       plan.block[1] * plan.defines["FCP_RPT"], 1) + raw_bytes > SMEM_NO_OPT_IN):
+        return None
+    cp = require_cupy()
+    defines = {**plan.defines, "RAW_H": raw_hw[0], "RAW_W": raw_hw[1]}
+    kernel = get_kernel(plan.kernel_file, "fcp_exact_cw_raw", defines)
+    w_arg = cw_weights(to_numpy(w), 1, shape.K, plan.defines["FCP_MT"])
+    b_d = _as_device_f32(cp, b)
+    taps = device_taps(raw_hw[0], raw_hw[1], shape.H, shape.W)
+    hp, wp = pooled_hw(shape, pool)
+    i32 = np.int32
+    tail = (i32(shape.H), i32(shape.W), i32(shape.M), i32(hp), i32(wp), i32(plan.tiles_w),
+            i32(plan.tiles_per_image))
+
+    def run(raw: Any, y: Any) -> None:
+        n = int(raw.shape[0])
+        if n:
+            kernel((n * plan.tiles_per_image,), plan.block, (raw, taps, w_arg, b_d, y, *tail))
+
+    return run
+
+
 def _simple_run(shape: ConvShape, pool: int, w_d: Any, b_d: Any) -> Run:
     from convolab.gpu.compile import get_kernel
 

@@ -219,6 +219,37 @@ def prepare_tc(pool: int,
     return prepare
 
 
+def prepare_toe_raw(shape: ConvShape, w: Any, b: Any, precision: str,
+                    params: Mapping[str, Any], raw_hw: tuple[int, int]) -> Run | None:
+    """run(raw, y) of `fcp_mma_toe_raw`: the pool-2 toeplitz layer reading raw uint8 images
+    (B, *raw_hw) and resizing them while staging (kernels/resize.cuh); None where the layer
+    does not take the toeplitz kernel (the caller then resizes first: gpu/resize.py)."""
+    from convolab.backend import require_cupy, to_numpy
+    from convolab.gpu.compile import get_kernel
+    from convolab.gpu.resize import device_taps
+
+    if shape.C != 1 or tc_kind(shape, 2) != "toeplitz":
+        return None
+    plan = tc_plan(shape, 2, precision, params)
+    cp = require_cupy()
+    defines = {**plan.defines, "RAW_H": raw_hw[0], "RAW_W": raw_hw[1]}
+    kernel = get_kernel(plan.kernel_file, "fcp_mma_toe_raw", defines)
+    frag = cp.asarray(toeplitz_fragments(np.asarray(to_numpy(w), np.float32), precision))
+    b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
+    taps = device_taps(raw_hw[0], raw_hw[1], shape.H, shape.W)
+    hp, wp = pooled_hw(shape, 2)
+    i32 = np.int32
+    tail = (i32(shape.H), i32(shape.W), i32(hp), i32(wp), i32(plan.tiles_h))
+    block = (plan.warps * 32,)
+
+    def run(raw: Any, y: Any) -> None:
+        n = int(raw.shape[0])
+        if n:
+            kernel((n * plan.tiles_h,), block, (raw, taps, frag, b_d, y, *tail))
+
+    return run
+
+
 def compile_plans() -> list[TcPlan]:
     """The default plan of every zoo layer a tensor-core kernel takes, fp16 and tf32."""
     plans: list[TcPlan] = []

@@ -1,17 +1,26 @@
-"""The whole ece408 LeNet forward on the GPU, fused: the fastest path (docs/spec.md).
+"""A zoo LeNet's whole forward on the GPU, fused: the fastest path (docs/spec.md, docs/fused.md).
+
+Built from the model's layer list (models.conv_blocks, models.head_layers): one fused
+conv + bias + ReLU + max-pool launch per conv block, then the linear head in one launch.
+For ece408:
 
     C1 conv 1->4 K7 + ReLU + pool 2   a fused conv+pool rung (13/16 fp32 FFMA, 17 tf32;
     C3 conv 4->16 K7 + ReLU + pool 4   15 fp32, 18 tf32; 19 in mode 'fp16')
     F5 + ReLU, F6, softmax            kernel 20, kernels/20_lenet_head.cu: 10 floats out
 
-Three launches per batch; the only full-size intermediate is the pooled C1 map (25.6 KB an
-image in fp32 NCHW). Mode 'fp16' passes it as fp16 channels-last instead (12.8 KB an image):
-kernel 19's fcp_mma_toe_cl then fcp_mma_cl (gpu/fused_cl.py), which stages it with plain 16-byte
-copies. docs/fused.md records why this split and not one kernel per image.
+and kernel 30 (gpu/dense_head.py) is the head of the other models. The only full-size
+intermediates are the pooled maps between blocks (ece408: 25.6 KB an image in fp32 NCHW; in
+mode 'fp16' ece408's pair passes it as fp16 channels-last, 12.8 KB: gpu/fused_cl.py).
 
-`FusedLeNet` takes a plain dict {name: array} (the ece408 model's parameters, see
-models.param_shapes) so it does not depend on the framework's classes; `from_network(net)`
-adapts anything with a `params()` mapping. Nothing imports CuPy at module import time.
+Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
+784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
+while it stages its tile (kernels/resize.cuh, the rule of data.resize_bilinear, so the exact
+mode's output is the same bits either way). A first layer whose kernel has no raw variant gets
+rung 25's standalone resize in front of it.
+
+`FusedLeNet` takes a plain dict {name: array} (see models.param_shapes) so it does not depend on
+the framework's classes; `from_network(net)` adapts anything with a `params()` mapping. Nothing
+imports CuPy at module import time.
 """
 
 from __future__ import annotations
@@ -23,32 +32,46 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import to_numpy
-from convolab.errors import ConvolabError
+from convolab.errors import ConvolabError, InputError
 from convolab.gpu.lenet_head import HEAD_DEFAULT_IMGS, head_defines, prepare_head
-from convolab.models import conv_blocks, param_shapes
+from convolab.models import MODELS, ConvBlock, conv_blocks, head_layers, param_shapes, spec
 from convolab.precision import NETWORK_MODES
 
-MODEL = "ece408"
-PARAM_SHAPES = param_shapes(MODEL)
+MODEL = "ece408"  # the default model (the course network)
 # Share of the free device memory one forward's buffers may take: the rest is left for the
 # memory pool's rounding and fragmentation, the conv rungs' own workspaces and other processes.
 DEVICE_MEMORY_SHARE = 0.8
+# Largest raw image a fused first layer stages whole in shared memory (as floats, 4 B a pixel):
+# 96x96 leaves room for the layer's own tile in the 48 KB a block may take statically.
+MAX_RAW_PIXELS = 96 * 96
 
 
-def image_shape() -> tuple[int, int, int]:
-    """(C, H, W) of one input image: the first conv block's input."""
-    shape = conv_blocks(MODEL)[0].shape
+def image_shape(model: str = MODEL) -> tuple[int, int, int]:
+    """(C, H, W) of one float input image: the first conv block's input."""
+    shape = conv_blocks(model)[0].shape
     return (shape.C, shape.H, shape.W)
 
 
-def bytes_per_image(mode: str, with_input: bool = True) -> int:
-    """Device bytes one image needs in a forward: its input (when the forward allocates it),
-    the pooled C1 map (fp16 in mode 'fp16'), the pooled C3 features and 10 probabilities."""
-    b1, b3 = conv_blocks(MODEL, 1)
-    a1 = b1.shape.M * (b1.shape.H_out // b1.pool) * (b1.shape.W_out // b1.pool)
-    a3 = b3.shape.M * (b3.shape.H_out // b3.pool) * (b3.shape.W_out // b3.pool)
-    x = int(np.prod(image_shape())) if with_input else 0
-    return a1 * (2 if mode == "fp16" else 4) + 4 * (a3 + 10 + x)
+def _pooled_elems(block: ConvBlock) -> int:
+    s = block.shape
+    return s.M * (s.H_out // block.pool) * (s.W_out // block.pool)
+
+
+def bytes_per_image(mode: str, with_input: bool = True, model: str = MODEL,
+                    raw_hw: tuple[int, int] | None = None) -> int:
+    """Device bytes one image needs in a forward: its input (when the forward allocates it:
+    raw bytes or floats), a resized copy where the first layer cannot resize on chip, every
+    pooled map between blocks (fp16 where mode 'fp16' runs the channels-last pair), the last
+    block's features and the probabilities."""
+    blocks = conv_blocks(model, 1)
+    inner = sum(_pooled_elems(b) for b in blocks[:-1]) * (2 if mode == "fp16" else 4)
+    floats = int(np.prod(image_shape(model)))
+    x = (raw_hw[0] * raw_hw[1] + 4 * floats if raw_hw else 4 * floats) if with_input else 0
+    return inner + 4 * (_pooled_elems(blocks[-1]) + _classes(model)) + x
+
+
+def _classes(model: str) -> int:
+    return head_layers(model)[-1][1]
 
 
 def chunk_for(batch: int, free_bytes: int, per_image: int, slots: int = 1) -> int:
@@ -81,116 +104,199 @@ def _out_of_memory(what: str, batch: int, need: int) -> ConvolabError:
                          f"(about {need:,} bytes needed, {free:,} free)")
 
 
-def check_params(params: Mapping[str, Any]) -> None:
-    missing = [k for k in PARAM_SHAPES if k not in params]
+def check_params(params: Mapping[str, Any], model: str = MODEL) -> None:
+    want_shapes = param_shapes(model)
+    missing = [k for k in want_shapes if k not in params]
     if missing:
-        raise ValueError(f"FusedLeNet: missing parameters {missing} (need {list(PARAM_SHAPES)})")
-    for name, want in PARAM_SHAPES.items():
+        raise ValueError(f"FusedLeNet: missing parameters {missing} (need {list(want_shapes)})")
+    for name, want in want_shapes.items():
         got = tuple(params[name].shape)
         if got != want:
-            raise ValueError(f"FusedLeNet: {name} has shape {got}, the ece408 model needs {want}")
+            raise ValueError(f"FusedLeNet: {name} has shape {got}, the {model} model needs {want}")
 
 
 def from_network(net: Any, mode: str = "exact") -> FusedLeNet:
     """Adapter for the framework's Network (anything with params() -> {name: array})."""
     params = net.params() if callable(getattr(net, "params", None)) else net
-    return FusedLeNet(dict(params), mode=mode)
+    model = getattr(net, "name", None) or MODEL
+    return FusedLeNet(dict(params), mode=mode, model=model if model in MODELS else MODEL)
+
+
+def _uses_lenet_head(model: str) -> bool:
+    """Kernel 20 is built for ece408's head (F5 1024 -> 32 + ReLU, F6 32 -> 10)."""
+    return [(i, o, r) for i, o, r in head_layers(model)] == [
+        (i, o, r) for i, o, r in head_layers(MODEL)]
+
+
+def _channels_last_pair(model: str, mode: str) -> bool:
+    """Mode 'fp16' of a two-block model whose blocks the channels-last pair takes (ece408)."""
+    if mode != "fp16":
+        return False
+    blocks = conv_blocks(model, 1)
+    from convolab.gpu import fused_cl
+
+    return (len(blocks) == 2 and blocks[0].pool == 2 and blocks[0].shape.C == 1
+            and fused_cl.cl_supports(blocks[1].shape, blocks[1].pool))
 
 
 class FusedLeNet:
-    """ece408 LeNet forward on the GPU: probabilities (B, 10) for inputs (B, 1, 86, 86).
+    """A zoo LeNet's forward on the GPU: probabilities (B, classes) for float images
+    (B, C, S, S) or raw uint8 images (B, h, w), which the first conv kernel resizes on chip.
 
-    mode: 'exact' (fp32 FFMA, matches an fp64 forward to ~1e-6), 'tf32' or 'fp16'
-    (tensor cores for both conv layers, fp32 accumulate; F5/F6/softmax stay fp32). Mode
-    'fp16' hands the pooled C1 map from conv1 to conv2 as fp16 channels-last (gpu/fused_cl.py).
+    model: a zoo model (models.MODELS); its conv+ReLU+pool blocks and linear head come from
+    the model's layer list. mode: 'exact' (fp32 FFMA, matches an fp64 forward to ~1e-6),
+    'tf32' or 'fp16' (tensor cores where a block's shape takes them, fp32 accumulate; the head
+    stays fp32). For ece408, mode 'fp16' hands the pooled C1 map to conv2 as fp16
+    channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}}
     (benchmarks); what is left out is each kernel's measured default.
     """
 
     def __init__(self, params: Mapping[str, Any], mode: str = "exact",
-                 kernel_params: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                 kernel_params: Mapping[str, Mapping[str, Any]] | None = None,
+                 model: str = MODEL) -> None:
         if mode not in NETWORK_MODES:
             raise ValueError(f"FusedLeNet: mode must be one of {tuple(NETWORK_MODES)}, "
                              f"got {mode!r}")
-        check_params(params)
+        spec(model)  # one clear error for an unknown model
+        check_params(params, model)
         self._kernel_params = {k: dict(v) for k, v in (kernel_params or {}).items()}
-        head_imgs = int(self._kernel_params.get("head", {}).get("imgs", HEAD_DEFAULT_IMGS))
-        head_d = head_defines(head_imgs)  # raises on a size the kernel was not tuned for
+        self._lenet_head = None
+        if _uses_lenet_head(model):  # raises on a head size the kernel was not tuned for
+            imgs = int(self._kernel_params.get("head", {}).get("imgs", HEAD_DEFAULT_IMGS))
+            self._lenet_head = head_defines(imgs)
         from convolab.backend import require_cupy
 
         self._cp = cp = require_cupy()
-        self.mode = mode
-        self.channels_last = mode == "fp16"
+        self.model, self.mode = model, mode
+        self.channels_last = _channels_last_pair(model, mode)
+        want = param_shapes(model)
         self.params = {k: cp.ascontiguousarray(cp.asarray(to_numpy(v), cp.float32))
-                       for k, v in params.items() if k in PARAM_SHAPES}
-        self._w5t = cp.ascontiguousarray(self.params["f5.weight"].T)
-        self._plans: dict[tuple[int, int], tuple[Callable, Callable, Any, Any]] = {}
-        self._head = prepare_head(head_d)
+                       for k, v in params.items() if k in want}
+        self.classes = _classes(model)
+        self._plans: dict[tuple[Any, ...], tuple[list[Callable], list[Any]]] = {}
+        self._head = self._prepare_head()
+
+    def _prepare_head(self) -> Callable[[Any, Any], None]:
+        """head(features, probs): kernel 20 for ece408's head, kernel 30 for any other."""
+        p = self.params
+        if self._lenet_head is not None:
+            run = prepare_head(self._lenet_head)
+            w5t = self._cp.ascontiguousarray(p["f5.weight"].T)
+            return lambda feat, probs: run(feat, w5t, p["f5.bias"], p["f6.weight"],
+                                           p["f6.bias"], probs)
+        from convolab.gpu.dense_head import prepare_dense_head
+
+        return prepare_dense_head(self.model, p)
 
     # ---- device forward -------------------------------------------------------------------
-    def _plan(self, batch: int, slot: int = 0) -> tuple[Callable, Callable, Any, Any]:
-        """The cached plan of one batch size and stream slot; one ConvolabError where its
-        buffers do not fit on the device."""
-        key = (batch, slot)
+    def _plan(self, batch: int, slot: int = 0,
+              raw_hw: tuple[int, int] | None = None) -> tuple[list[Callable], list[Any]]:
+        """The cached plan of one batch size, stream slot and input kind; one ConvolabError
+        where its buffers do not fit on the device."""
+        key = (batch, slot, raw_hw)
         if key not in self._plans:
             try:
-                self._plans[key] = self._new_plan(batch)
+                self._plans[key] = self._new_plan(batch, raw_hw)
             except self._cp.cuda.memory.OutOfMemoryError:
                 self._plans.clear()  # cached buffers of other sizes go first
                 self._cp.get_default_memory_pool().free_all_blocks()
-                raise _out_of_memory("the intermediates", batch,
-                                     batch * bytes_per_image(self.mode, False)) from None
+                raise _out_of_memory("the intermediates", batch, batch * bytes_per_image(
+                    self.mode, False, self.model, raw_hw)) from None
         return self._plans[key]
 
-    def _new_plan(self, batch: int) -> tuple[Callable, Callable, Any, Any]:
-        """Prepared conv runs and intermediate buffers for one batch size (per stream slot)."""
+    def _new_plan(self, batch: int,
+                  raw_hw: tuple[int, int] | None) -> tuple[list[Callable], list[Any]]:
+        """Prepared conv runs and the buffers between them, for one batch size: runs[i] reads
+        buffers[i] (buffers[0] is the input, given per call) and writes buffers[i + 1]."""
         cp, p = self._cp, self.params
-        c1p, c3p = self._kernel_params.get("c1", {}), self._kernel_params.get("c3", {})
-        b1, b3 = conv_blocks(MODEL, batch)
-        hp1, wp1 = b1.shape.H_out // b1.pool, b1.shape.W_out // b1.pool
-        hp3, wp3 = b3.shape.H_out // b3.pool, b3.shape.W_out // b3.pool
+        blocks = conv_blocks(self.model, batch)
+        runs: list[Callable] = []
+        buffers: list[Any] = [None]
+        if raw_hw is not None:
+            first = self._raw_first_block(blocks[0], raw_hw)
+            if first is None:  # the first layer cannot resize on chip: rung 25 first
+                from convolab.gpu.resize import resize_u8
+
+                size = blocks[0].shape.H
+                runs.append(lambda raw, out: resize_u8(raw, size, out=out))
+                buffers.append(cp.empty(blocks[0].shape.x_shape, cp.float32))
+        for i, block in enumerate(blocks):
+            b = block.shape
+            hp, wp = b.H_out // block.pool, b.W_out // block.pool
+            kp = self._kernel_params.get(block.name, {})
+            w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
+            if self.channels_last:
+                from convolab.gpu import fused_cl
+
+                if i == 0:
+                    run = first if raw_hw is not None and first is not None else \
+                        fused_cl.prepare_conv1_cl(b, w, bias, kp)
+                    out = cp.empty((batch, hp, wp, b.M), cp.float16)
+                else:
+                    run = fused_cl.prepare_conv2_cl(b, w, bias, kp)
+                    out = cp.empty((batch, b.M, hp, wp), cp.float32)
+            else:
+                run = first if (i == 0 and raw_hw is not None and first is not None) else \
+                    self._block_impl(block).prepare(b, w, bias, kp)
+                out = cp.empty((batch, b.M, hp, wp), cp.float32)
+            runs.append(run)
+            buffers.append(out)
+        return runs, buffers
+
+    def _block_impl(self, block: ConvBlock) -> Any:
+        """The mode's fused rung for a block, or the exact one where the mode's kernels do not
+        take its shape."""
+        from convolab.gpu.fused import fused_conv_pool_impl
+
+        impl = fused_conv_pool_impl(block.pool, NETWORK_MODES[self.mode])
+        return impl if impl.supports(block.shape) else fused_conv_pool_impl(block.pool, "fp32")
+
+    def _raw_first_block(self, block: ConvBlock, raw_hw: tuple[int, int]) -> Callable | None:
+        """The first block's run reading raw bytes (resize fused into its staging), or None
+        where its kernel has no raw variant."""
+        p, kp = self.params, self._kernel_params.get(block.name, {})
+        w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
         if self.channels_last:
             from convolab.gpu import fused_cl
 
-            c1 = fused_cl.prepare_conv1_cl(b1.shape, p["c1.weight"], p["c1.bias"], c1p)
-            c3 = fused_cl.prepare_conv2_cl(b3.shape, p["c3.weight"], p["c3.bias"], c3p)
-            a1 = cp.empty((batch, hp1, wp1, b1.shape.M), cp.float16)  # fp16 channels-last
-        else:
-            from convolab.gpu.fused import fused_conv_pool_impl
+            return fused_cl.prepare_conv1_cl(block.shape, w, bias, kp, raw_hw=raw_hw)
+        if self._block_impl(block).name.endswith(("-tc", "-tf32")):
+            from convolab.gpu import fused_mma
 
-            prec = NETWORK_MODES[self.mode]
-            c1 = fused_conv_pool_impl(b1.pool, prec).prepare(
-                b1.shape, p["c1.weight"], p["c1.bias"], c1p)
-            c3 = fused_conv_pool_impl(b3.pool, prec).prepare(
-                b3.shape, p["c3.weight"], p["c3.bias"], c3p)
-            a1 = cp.empty((batch, b1.shape.M, hp1, wp1), cp.float32)
-        # == the head's (batch, 1024) features
-        a3 = cp.empty((batch, b3.shape.M, hp3, wp3), cp.float32)
-        return (c1, c3, a1, a3)
+            if block.pool != 2:
+                return None
+            return fused_mma.prepare_toe_raw(block.shape, w, bias, NETWORK_MODES[self.mode], kp,
+                                             raw_hw)
+        from convolab.gpu import fused_ffma
+
+        return fused_ffma.prepare_exact_raw(block.shape, block.pool, w, bias, kp, raw_hw)
 
     def forward_into(self, x: Any, probs: Any, slot: int = 0) -> None:
-        """Enqueue the forward of device batch x on the current stream, writing probs."""
+        """Enqueue the forward of device batch x (float images, or raw uint8 images) on the
+        current stream, writing probs."""
         batch = int(x.shape[0])
-        c1, c3, a1, a3 = self._plan(batch, slot)
-        c1(x, a1)
-        c3(a1, a3)
-        p = self.params
-        self._head(a3, self._w5t, p["f5.bias"], p["f6.weight"], p["f6.bias"], probs)
+        runs, buffers = self._plan(batch, slot, _raw_hw(x))
+        source = x
+        for run, out in zip(runs, buffers[1:], strict=True):
+            run(source, out)
+            source = out
+        self._head(source, probs)
 
     def __call__(self, x: Any) -> Any:
         cp = self._cp
         if not isinstance(x, cp.ndarray):
             raise TypeError("FusedLeNet(x): x must be a CuPy array (use forward_chunks for host)")
         self._check_batch(x)
-        n = int(x.shape[0])
+        n, raw_hw = int(x.shape[0]), _raw_hw(x)
         try:
-            probs = cp.empty((n, 10), cp.float32)
+            probs = cp.empty((n, self.classes), cp.float32)
             x = cp.ascontiguousarray(x)
         except cp.cuda.memory.OutOfMemoryError:
-            raise _out_of_memory("the input and output", n,
-                                 n * 4 * (10 + int(np.prod(image_shape())))) from None
-        step = n if (n, 0) in self._plans else chunk_for(
-            n, device_free_bytes(), bytes_per_image(self.mode, with_input=False))
+            raise _out_of_memory("the input and output", n, n * (4 * self.classes + int(
+                x.nbytes // max(n, 1)))) from None
+        step = n if (n, 0, raw_hw) in self._plans else chunk_for(
+            n, device_free_bytes(), bytes_per_image(self.mode, False, self.model, raw_hw))
         if step >= n:
             if n:
                 self.forward_into(x, probs)
@@ -200,32 +306,44 @@ class FusedLeNet:
         full, rest = divmod(n, step)
         for i in range(full):
             self.forward_into(x[i * step:(i + 1) * step], probs[i * step:(i + 1) * step])
-        self._plans.pop((step, 0), None)
+        self._plans.pop((step, 0, raw_hw), None)
         if rest:
             self.forward_into(x[full * step:], probs[full * step:])
-            self._plans.pop((rest, 0), None)
+            self._plans.pop((rest, 0, raw_hw), None)
         return probs
 
-    @staticmethod
-    def _check_batch(x: Any) -> None:
-        if x.ndim != 4 or tuple(x.shape[1:]) != image_shape():
-            raise ValueError(f"expected input (B, {', '.join(map(str, image_shape()))}), "
-                             f"got shape {tuple(x.shape)}")
+    def _check_batch(self, x: Any) -> None:
+        """Float images (B, C, S, S) float32 of the model's input size, or raw uint8 (B, h, w)."""
+        if x.ndim == 3:
+            if x.dtype != np.uint8:
+                raise InputError(f"3-D input is read as raw images (B, H, W) and must be uint8, "
+                                 f"got {x.dtype}")
+            if 0 in x.shape[1:] or x.shape[1] * x.shape[2] > MAX_RAW_PIXELS:
+                raise InputError(f"raw images must have 1..{MAX_RAW_PIXELS} pixels each, got "
+                                 f"shape {tuple(x.shape)}")
+            return
+        want = image_shape(self.model)
+        if x.ndim != 4 or tuple(x.shape[1:]) != want:
+            raise ValueError(f"expected input (B, {', '.join(map(str, want))}) float32 or raw "
+                             f"uint8 (B, H, W), got shape {tuple(x.shape)}")
         if x.dtype != np.float32:
             raise TypeError(f"expected float32 input, got {x.dtype}")
 
     # ---- host batches of any size ---------------------------------------------------------
-    def forward_chunks(self, x_host: np.ndarray, chunk: int = 8192, streams: int = 2,
-                       out: np.ndarray | None = None) -> np.ndarray:
-        """Probabilities for a host batch of any size (it need not fit on the GPU).
+    def forward_chunks(self, x_host: np.ndarray, chunk: int = 8192, streams: int = 3,
+                       out: np.ndarray | None = None, labels: bool = False) -> np.ndarray:
+        """Probabilities (N, classes), or with `labels` the predicted classes (N,) int64, for a
+        host batch of any size (it need not fit on the GPU): float images or raw uint8 images
+        (N, h, w), which travel as bytes and are resized on the GPU.
 
         A `chunk` whose device buffers do not fit in the free memory is reduced until they do
         (chunk_for); where not even one image fits, one ConvolabError says so.
 
-        Chunks rotate through `streams` slots, each with its own pinned staging buffers,
-        device buffers and CUDA stream, so chunk i's host->device copy, chunk i-1's kernels
-        and chunk i-2's device->host copy overlap. The host copies into the pinned buffers
-        happen while the GPU works on the other slots.
+        Chunks rotate through `streams` slots, each with its own device buffers and CUDA
+        stream, so chunk i's host->device copy, chunk i-1's kernels and chunk i-2's
+        device->host copy overlap. A source in page-locked memory (`pinned_empty`,
+        any array CUDA has registered) is copied straight from where it lies; any other is first
+        copied into a pinned staging buffer per slot, while the GPU works on the other slots.
         """
         cp = self._cp
         if not isinstance(x_host, np.ndarray):
@@ -235,73 +353,117 @@ class FusedLeNet:
             raise ValueError("forward_chunks: chunk and streams must be >= 1")
         n = x_host.shape[0]
         if out is None:
-            out = np.empty((n, 10), np.float32)
+            out = np.empty((n,) if labels else (n, self.classes),
+                           np.int64 if labels else np.float32)
         if n == 0:
             return out
+        x_host = np.ascontiguousarray(x_host)
+        raw_hw = _raw_hw(x_host)
         chunk = min(chunk, n)
-        if (chunk, 0) not in self._plans:  # a chunk that does not fit becomes smaller chunks
+        if (chunk, 0, raw_hw) not in self._plans:  # a chunk that does not fit becomes smaller
             # one step more than the streams: the last, shorter chunk plans buffers of its own
-            chunk = chunk_for(chunk, device_free_bytes(), bytes_per_image(self.mode), streams + 1)
+            chunk = chunk_for(chunk, device_free_bytes(),
+                              bytes_per_image(self.mode, True, self.model, raw_hw), streams + 1)
         slots = min(streams, -(-n // chunk))
         try:
-            return self._stream_chunks(x_host, out, chunk, slots)
+            return _Streamer(self, x_host, out, chunk, slots, labels).run()
         except cp.cuda.memory.OutOfMemoryError:
-            raise _out_of_memory("the streaming buffers", chunk,
-                                 slots * chunk * bytes_per_image(self.mode)) from None
+            raise _out_of_memory("the streaming buffers", chunk, slots * chunk * bytes_per_image(
+                self.mode, True, self.model, raw_hw)) from None
 
-    def _stream_chunks(self, x_host: np.ndarray, out: np.ndarray, chunk: int,
-                       slots: int) -> np.ndarray:
-        cp, n = self._cp, x_host.shape[0]
-        img = image_shape()
-        img_bytes = 4 * int(np.prod(img))
-        pin_in = [_pinned(cp, (chunk, *img)) for _ in range(slots)]
-        pin_out = [_pinned(cp, (chunk, 10)) for _ in range(slots)]
-        dev_in = [cp.empty((chunk, *img), cp.float32) for _ in range(slots)]
-        dev_out = [cp.empty((chunk, 10), cp.float32) for _ in range(slots)]
-        cuda_streams = [cp.cuda.Stream(non_blocking=True) for _ in range(slots)]
-        done: list[Any] = [None] * slots
-        pending: list[tuple[int, int] | None] = [None] * slots
-        runtime = cp.cuda.runtime
-
-        def collect(s: int) -> None:
-            if done[s] is None:
-                return
-            done[s].synchronize()
-            start, count = pending[s]  # type: ignore[misc]
-            out[start:start + count] = pin_out[s][:count]
-            done[s] = None
-
-        for i, start in enumerate(range(0, n, chunk)):
-            s = i % slots
-            collect(s)  # slot s's previous chunk is finished: its buffers are free
-            count = min(chunk, n - start)
-            np.copyto(pin_in[s][:count], x_host[start:start + count])
-            stream = cuda_streams[s]
-            with stream:
-                runtime.memcpyAsync(dev_in[s].data.ptr, pin_in[s].ctypes.data,
-                                    count * img_bytes, runtime.memcpyHostToDevice, stream.ptr)
-                self.forward_into(dev_in[s][:count], dev_out[s][:count], slot=s)
-                runtime.memcpyAsync(pin_out[s].ctypes.data, dev_out[s].data.ptr, count * 40,
-                                    runtime.memcpyDeviceToHost, stream.ptr)
-                done[s] = stream.record()
-            pending[s] = (start, count)
-        for s in range(slots):
-            collect(s)
-        return out
-
-    def throughput(self, x_host: np.ndarray, chunk: int = 8192,
-                   streams: int = 2) -> tuple[np.ndarray, float]:
-        """(probabilities, images per second) for a host batch, host to host, wall clock."""
+    def throughput(self, x_host: np.ndarray, chunk: int = 8192, streams: int = 3,
+                   labels: bool = False) -> tuple[np.ndarray, float]:
+        """(probabilities or labels, images per second) for a host batch, host to host, wall
+        clock; compiling and first allocations happen before the clock starts."""
         warm = x_host[: min(len(x_host), chunk)]
-        self.forward_chunks(warm, chunk=chunk, streams=streams)  # compile + allocate outside
+        self.forward_chunks(warm, chunk=chunk, streams=streams, labels=labels)
         self._cp.cuda.Device().synchronize()
         t0 = time.perf_counter()
-        probs = self.forward_chunks(x_host, chunk=chunk, streams=streams)
+        result = self.forward_chunks(x_host, chunk=chunk, streams=streams, labels=labels)
         seconds = time.perf_counter() - t0
-        return probs, len(x_host) / seconds if seconds > 0 else float("inf")
+        return result, len(x_host) / seconds if seconds > 0 else float("inf")
 
 
-def _pinned(cp: Any, shape: tuple[int, ...]) -> np.ndarray:
-    count = int(np.prod(shape))
-    mem = cp.cuda.alloc_pinned_memory(4 * count)
-    return np.frombuffer(mem, np.float32, count).reshape(shape)
+class _Streamer:
+    """One forward_chunks call: per-slot buffers and streams, and the chunk loop."""
+
+    def __init__(self, net: FusedLeNet, x_host: np.ndarray, out: np.ndarray, chunk: int,
+                 slots: int, labels: bool) -> None:
+        cp = self.cp = net._cp
+        self.net, self.x_host, self.out, self.chunk, self.labels = net, x_host, out, chunk, labels
+        self.item_bytes = x_host.nbytes // max(len(x_host), 1)
+        self.direct = is_pinned(x_host)  # else: staged through pinned buffers
+        img = x_host.shape[1:]
+        self.pin_in = [] if self.direct else [pinned_empty((chunk, *img), x_host.dtype)
+                                              for _ in range(slots)]
+        self.pin_out = [pinned_empty((chunk, *out.shape[1:]), out.dtype) for _ in range(slots)]
+        self.dev_in = [cp.empty((chunk, *img), x_host.dtype) for _ in range(slots)]
+        self.dev_probs = [cp.empty((chunk, net.classes), cp.float32) for _ in range(slots)]
+        self.streams = [cp.cuda.Stream(non_blocking=True) for _ in range(slots)]
+        self.done: list[Any] = [None] * slots
+        self.pending: list[tuple[int, int, Any]] = [(0, 0, None)] * slots
+
+    def collect(self, s: int) -> None:
+        """Wait for slot s's chunk and move its results into `out`."""
+        if self.done[s] is None:
+            return
+        self.done[s].synchronize()
+        start, count, _ = self.pending[s]
+        self.out[start:start + count] = self.pin_out[s][:count]
+        self.done[s] = None
+
+    def run(self) -> np.ndarray:
+        cp, runtime, n = self.cp, self.cp.cuda.runtime, len(self.x_host)
+        slots = len(self.streams)
+        for i, start in enumerate(range(0, n, self.chunk)):
+            s = i % slots
+            self.collect(s)  # slot s's previous chunk is finished: its buffers are free
+            count = min(self.chunk, n - start)
+            source = self.x_host[start:start + count]
+            if not self.direct:
+                np.copyto(self.pin_in[s][:count], source)
+                source = self.pin_in[s][:count]
+            stream = self.streams[s]
+            with stream:
+                runtime.memcpyAsync(self.dev_in[s].data.ptr, source.ctypes.data,
+                                    count * self.item_bytes, runtime.memcpyHostToDevice,
+                                    stream.ptr)
+                probs = self.dev_probs[s][:count]
+                self.net.forward_into(self.dev_in[s][:count], probs, slot=s)
+                result = cp.argmax(probs, axis=1) if self.labels else probs
+                runtime.memcpyAsync(self.pin_out[s].ctypes.data, result.data.ptr,
+                                    result.nbytes, runtime.memcpyDeviceToHost, stream.ptr)
+                self.done[s] = stream.record()
+            self.pending[s] = (start, count, result)  # keeps `result` alive until collected
+        for s in range(slots):
+            self.collect(s)
+        return self.out
+
+
+def _raw_hw(x: Any) -> tuple[int, int] | None:
+    """(h, w) of raw uint8 images (B, h, w); None for float images."""
+    return (int(x.shape[1]), int(x.shape[2])) if x.ndim == 3 else None
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A NumPy array in page-locked host memory: the GPU copies it without a staging copy."""
+    from convolab.backend import require_cupy
+
+    require_cupy()
+    import cupyx
+
+    return cupyx.empty_pinned(shape, dtype)
+
+
+def is_pinned(a: np.ndarray) -> bool:
+    """Whether `a` lies in page-locked host memory that CUDA knows (pinned_empty's arrays)."""
+    from convolab.backend import require_cupy
+
+    cp = require_cupy()
+    if a.size == 0:
+        return False
+    try:
+        attrs = cp.cuda.runtime.pointerGetAttributes(a.ctypes.data)
+    except cp.cuda.runtime.CUDARuntimeError:
+        return False
+    return int(attrs.type) == 1  # cudaMemoryTypeHost

@@ -10,6 +10,8 @@
 // compile-time constant (C == FCP_CC, all M channels in one thread: FCP_MG == 1, grid.y == 1)
 // and the weights to fit the 4 KB parameter space: conv1-like layers.
 // Measured: conv1 0.568 ms vs 0.696 fcp_exact (H100, B=10000).
+// fcp_exact_cw_raw: the same reading raw uint8 images, resized while the tile is staged
+// (rung 25's rule, resize.cuh): 784 bytes an image in instead of the 86x86 floats.
 
 #include "fused_conv_pool.cuh"
 
@@ -25,10 +27,13 @@ struct FcpConstWeights {
   }
 };
 
-extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
-fcp_exact_cw(const float* __restrict__ x, const FcpParamWeights wp,
-             const float* __restrict__ bias, float* __restrict__ y, int C, int H, int W, int M,
-             int Hp, int Wp, int tiles_w, int tiles_per_image) {
+// The kernel after its input tile is staged: stage(in_s, b, iy0, ix0, tid) fills the tile
+// and leaves it visible to the whole block.
+template <typename Stage>
+__device__ __forceinline__ void fcp_cw_body(Stage stage, const FcpParamWeights& wp,
+                                            const float* __restrict__ bias,
+                                            float* __restrict__ y, int M, int Hp, int Wp,
+                                            int tiles_w, int tiles_per_image) {
   static_assert(FCP_MG == 1, "fcp_exact_cw: one channel group per block");
   static_assert(sizeof(FcpParamWeights) <= 3900, "fcp_exact_cw: weights exceed the 4 KB params");
   __shared__ __align__(16) float in_s[FCP_CC * FCP_IN_TILE];
@@ -40,10 +45,7 @@ fcp_exact_cw(const float* __restrict__ x, const FcpParamWeights wp,
   const int pw0 = (tile_x * FCP_TX + tx) * FCP_PW;
   const int iy0 = tile_y * FCP_TY * FCP_RPT * FCP_P * FCP_S;
   const int ix0 = tile_x * FCP_TX * FCP_COL_STEP;
-  fcp_stage_tile(in_s, x, x + b * C * (size_t)H * W, 0, C, H, W, iy0, ix0, tid,
-                 (W % 2 == 0) && (ix0 % 2 == 0));
-  cp_async_wait_all();
-  __syncthreads();
+  stage(in_s, b, iy0, ix0, tid);
   for (int rr = 0; rr < FCP_RPT; ++rr) {
     const int ty_in_tile = rr * FCP_TY + ty;
     float acc[FCP_MT][FCP_P][FCP_COLS] = {};  // zeros
@@ -53,4 +55,35 @@ fcp_exact_cw(const float* __restrict__ x, const FcpParamWeights wp,
       fcp_accumulate(acc, in_t + cc * FCP_IN_TILE, FcpConstWeights{wp.w[cc]});
     fcp_store(acc, bias, y, b, M, 0, Hp, Wp, tile_y * FCP_TY * FCP_RPT + ty_in_tile, pw0);
   }
+}
+
+extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
+fcp_exact_cw(const float* __restrict__ x, const FcpParamWeights wp,
+             const float* __restrict__ bias, float* __restrict__ y, int C, int H, int W, int M,
+             int Hp, int Wp, int tiles_w, int tiles_per_image) {
+  fcp_cw_body(
+      [=](float* in_s, size_t b, int iy0, int ix0, int tid) {
+        fcp_stage_tile(in_s, x, x + b * C * (size_t)H * W, 0, C, H, W, iy0, ix0, tid,
+                       (W % 2 == 0) && (ix0 % 2 == 0));
+        cp_async_wait_all();
+        __syncthreads();
+      },
+      wp, bias, y, M, Hp, Wp, tiles_w, tiles_per_image);
+}
+
+extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
+fcp_exact_cw_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
+                 const FcpParamWeights wp, const float* __restrict__ bias,
+                 float* __restrict__ y, int H, int W, int M, int Hp, int Wp, int tiles_w,
+                 int tiles_per_image) {
+  static_assert(FCP_CC == 1, "raw images have one channel");
+  __shared__ float unit[RAW_H * RAW_W];
+  fcp_cw_body(
+      [=](float* in_s, size_t b, int iy0, int ix0, int tid) {
+        stage_unit_image(unit, raw + b * (RAW_H * RAW_W), RAW_H * RAW_W, tid, FCP_THREADS);
+        __syncthreads();
+        fcp_stage_resized_tile(in_s, unit, taps, H, W, iy0, ix0, tid);
+        __syncthreads();
+      },
+      wp, bias, y, M, Hp, Wp, tiles_w, tiles_per_image);
 }

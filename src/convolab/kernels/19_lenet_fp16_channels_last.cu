@@ -15,17 +15,36 @@
 
 static_assert(TC_PREC == 0, "the channels-last map is fp16: conv1 runs on fp16 tensor cores");
 
+struct ToeChannelsLastStore {  // fp16 [b][Hp][Wp][TC_M]
+  __half2* __restrict__ y;
+  int Hp, Wp;
+  __device__ __forceinline__ void operator()(size_t b, int ph, int pw,
+                                             const float (&out)[TC_M]) const {
+    __half2* yc = y + ((b * Hp + ph) * (size_t)Wp + pw) * (TC_M / 2);
+#pragma unroll
+    for (int n = 0; n < TC_M; n += 2) yc[n / 2] = pack_half2(out[n], out[n + 1]);
+  }
+};
+
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
 fcp_mma_toe_cl(const float* __restrict__ x, const uint2* __restrict__ bfrag,
                const float* __restrict__ bias, __half2* __restrict__ y, int H, int W, int Hp,
                int Wp, int tiles_h) {
   static_assert(TC_M % 2 == 0, "channels-last fp16 output stores channel pairs");
-  toe_conv_pool(x, bfrag, bias, H, W, Hp, Wp, tiles_h,
-                [=](size_t b, int ph, int pw, const float(&out)[TC_M]) {
-                  __half2* yc = y + ((b * Hp + ph) * (size_t)Wp + pw) * (TC_M / 2);
-#pragma unroll
-                  for (int n = 0; n < TC_M; n += 2) yc[n / 2] = pack_half2(out[n], out[n + 1]);
-                });
+  toe_conv_pool(ToeFloatInput{x, H, W}, bfrag, bias, Hp, Wp, tiles_h,
+                ToeChannelsLastStore{y, Hp, Wp});
+}
+
+// fcp_mma_toe_cl_raw — the same from raw uint8 images, resized while staging (resize.cuh).
+extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
+fcp_mma_toe_cl_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
+                   const uint2* __restrict__ bfrag, const float* __restrict__ bias,
+                   __half2* __restrict__ y, int H, int W, int Hp, int Wp, int tiles_h) {
+  static_assert(TC_M % 2 == 0 && TC_C == 1, "channel pairs out, one raw channel in");
+  __shared__ float unit[RAW_H * RAW_W];
+  toe_stage_raw_image(unit, raw, tiles_h);
+  toe_conv_pool(ToeRawInput{unit, taps, H, W}, bfrag, bias, Hp, Wp, tiles_h,
+                ToeChannelsLastStore{y, Hp, Wp});
 }
 
 // =============================================================================================

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "resize.cuh"
 
 #ifndef FCP_K
 #define FCP_K 7  // filter size
@@ -101,6 +102,19 @@ __device__ __forceinline__ void fcp_stage_tile(float* dst, const float* x, const
       const bool inside = c < C && gy < H && gx < W;
       cp_async4(&dst[i], inside ? &xb[((size_t)c * H + gy) * W + gx] : x, inside);
     }
+  }
+}
+
+// The input tile resized out of a raw image already staged as floats (`unit`, RAW_H x RAW_W):
+// one channel, rows iy0.., columns ix0.. of the H x W image the convolution sees, zero
+// outside it. The caller synchronises.
+__device__ __forceinline__ void fcp_stage_resized_tile(float* dst, const float* unit,
+                                                       const ResizeTap* __restrict__ taps, int H,
+                                                       int W, int iy0, int ix0, int tid) {
+  for (int i = tid; i < FCP_IN_TILE; i += FCP_THREADS) {
+    const int r = i / FCP_IN_STRIDE, col = i - r * FCP_IN_STRIDE;
+    const int gy = iy0 + r, gx = ix0 + col;
+    dst[i] = (gy < H && gx < W) ? resized_pixel(unit, RAW_W, taps[gy], taps[H + gx]) : 0.f;
   }
 }
 

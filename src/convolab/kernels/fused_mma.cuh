@@ -15,6 +15,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "resize.cuh"
 
 #ifndef TC_PREC
 #define TC_PREC 0
@@ -107,13 +108,48 @@ __device__ __forceinline__ float2 tc_load2(const float* row, int gx, int W, bool
 #define TOE_KSTEPS 2
 #endif
 
+// Where the toeplitz kernels' input pixels come from: input(b, c, gy, gx) returns the pixels
+// (gy, gx) and (gy, gx + 1) of image b, channel c, zero outside the image.
+struct ToeFloatInput {  // fp32 NCHW in global memory
+  const float* __restrict__ x;
+  int H, W;
+  __device__ __forceinline__ float2 operator()(size_t b, int c, int gy, int gx) const {
+    // W even: a pixel pair is one 8-byte load
+    return gy < H ? tc_load2(x + ((b * TC_C + c) * H + gy) * (size_t)W, gx, W, W % 2 == 0)
+                  : make_float2(0.f, 0.f);
+  }
+};
+
+struct ToeRawInput {  // the block's raw image, resized on the fly (resize.cuh)
+  const float* unit;  // RAW_H x RAW_W, already in [0, 1], in shared memory
+  const ResizeTap* __restrict__ taps;  // H row taps, then W column taps
+  int H, W;  // the resized size the convolution sees
+  __device__ __forceinline__ float2 operator()(size_t, int, int gy, int gx) const {
+    float2 v = make_float2(0.f, 0.f);
+    if (gy < H) {
+      const ResizeTap r = taps[gy];
+      if (gx < W) v.x = resized_pixel(unit, RAW_W, r, taps[H + gx]);
+      if (gx + 1 < W) v.y = resized_pixel(unit, RAW_W, r, taps[H + gx + 1]);
+    }
+    return v;
+  }
+};
+
+// The raw kernels' prologue: this block's raw image (b = blockIdx.x / tiles_h) staged in shared
+// memory as floats in [0, 1], once, before the tile is resized out of it.
+__device__ __forceinline__ void toe_stage_raw_image(float* unit, const unsigned char* raw,
+                                                    int tiles_h) {
+  stage_unit_image(unit, raw + (size_t)(blockIdx.x / tiles_h) * (RAW_H * RAW_W), RAW_H * RAW_W,
+                   threadIdx.x, TC_THREADS);
+  __syncthreads();
+}
+
 // The toeplitz kernel's staging and main loop; store(b, ph, pw, out) writes the TC_M pooled,
 // biased, ReLU'd values of one pool window (17: fp32 NCHW, 19: fp16 channels-last).
-template <typename Store>
-__device__ __forceinline__ void toe_conv_pool(const float* __restrict__ x,
-                                              const uint2* __restrict__ bfrag,
-                                              const float* __restrict__ bias, int H, int W,
-                                              int Hp, int Wp, int tiles_h, Store store) {
+template <typename Input, typename Store>
+__device__ __forceinline__ void toe_conv_pool(Input input, const uint2* __restrict__ bfrag,
+                                              const float* __restrict__ bias, int Hp, int Wp,
+                                              int tiles_h, Store store) {
   __shared__ __align__(16) tc_elem in_s[TC_C * TOE_IR * TOE_RS];
   const size_t b = blockIdx.x / tiles_h;
   const int tile_y = blockIdx.x % tiles_h;
@@ -135,7 +171,6 @@ __device__ __forceinline__ void toe_conv_pool(const float* __restrict__ x,
   // Stage the tile in pixel pairs with TC_STAGE_UNROLL loads in flight per thread.
   {
     constexpr int HS = TOE_RS / 2, NP = TC_C * TOE_IR * HS;
-    const bool vec = W % 2 == 0;
     for (int base = threadIdx.x; base < NP; base += TC_THREADS * TC_STAGE_UNROLL) {
       float2 v[TC_STAGE_UNROLL];
 #pragma unroll
@@ -144,8 +179,7 @@ __device__ __forceinline__ void toe_conv_pool(const float* __restrict__ x,
         const int row = i / HS, p2 = i - row * HS;
         const int c = TC_C == 1 ? 0 : row / TOE_IR, r = row - c * TOE_IR, gy = iy0 + r;
         v[u] = make_float2(0.f, 0.f);
-        if (i < NP && gy < H)
-          v[u] = tc_load2(x + ((b * TC_C + c) * H + gy) * (size_t)W, 2 * p2, W, vec);
+        if (i < NP) v[u] = input(b, c, gy, 2 * p2);
       }
 #pragma unroll
       for (int u = 0; u < TC_STAGE_UNROLL; ++u) {

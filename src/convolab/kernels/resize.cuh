@@ -8,6 +8,14 @@
 // a + t * (b - a) into an FMA, which would change the last bit.
 #pragma once
 
+// The raw image size of the fused kernels that stage a whole raw image (Fashion-MNIST: 28x28).
+#ifndef RAW_H
+#define RAW_H 28
+#endif
+#ifndef RAW_W
+#define RAW_W 28
+#endif
+
 struct ResizeTap {
   int lo, hi;  // the two source indices
   float t;     // weight of `hi`

@@ -1,0 +1,152 @@
+"""Raw uint8 images through the fused forward of every zoo model (issue: raw bytes in).
+
+The first conv kernel resizes raw bytes on chip with data.resize_bilinear's rule, so a raw
+forward must give the same bits as the float forward of resize_bilinear's output, in every
+mode; both are checked against the fp64 framework forward. Streaming from the host (pageable
+or pinned, probabilities or labels) must equal the one-shot device forward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from convolab import data
+from convolab.check import rel_l2
+from convolab.conv_cpu import reference_forward
+from convolab.models import MODELS, build, spec
+from convolab.precision import TOLERANCE
+
+ZOO = tuple(MODELS)
+MODE_TOLERANCE = {"exact": TOLERANCE["fp32"], "tf32": 2 * TOLERANCE["tf32"],
+                  "fp16": TOLERANCE["fp16"]}
+
+
+def zoo_params(model: str, seed: int) -> dict[str, np.ndarray]:
+    """models.build's init plus random biases (a zero bias would hide a bias bug)."""
+    rng = np.random.default_rng(seed)
+    params = {k: np.asarray(v, np.float32) for k, v in build(model, seed).params().items()}
+    for name in params:
+        if name.endswith(".bias"):
+            params[name] = (0.1 * rng.standard_normal(params[name].shape)).astype(np.float32)
+    return params
+
+
+def raw_batch(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(0, 256, (n, data.IMAGE_SIDE, data.IMAGE_SIDE), dtype=np.uint8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ZOO)
+@pytest.mark.parametrize("mode", ["exact", "tf32", "fp16"])
+def test_raw_forward_equals_float_forward_bits(model: str, mode: str,
+                                               rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    from convolab.gpu.network import FusedLeNet
+
+    params = zoo_params(model, int(rng.integers(1 << 30)))
+    net = FusedLeNet(params, mode=mode, model=model)
+    n = int(rng.integers(1, 300)) | 1  # odd sizes leave partial tiles and chunks
+    raw = raw_batch(rng, n)
+    x = data.resize_bilinear(raw, spec(model).input_size)
+    from_raw = net(cp.asarray(raw)).get()
+    from_float = net(cp.asarray(x)).get()
+    assert np.array_equal(from_raw.view(np.uint32), from_float.view(np.uint32)), (model, mode, n)
+    ref = reference_forward(params, x[:64], model=model)
+    assert rel_l2(from_raw[:64], ref) <= MODE_TOLERANCE[mode]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ZOO)
+def test_every_zoo_model_exact_matches_fp64(model: str, rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    from convolab.gpu.network import FusedLeNet
+
+    params = zoo_params(model, int(rng.integers(1 << 30)))
+    size = spec(model).input_size
+    for n in (1, 2, 3, 17, 128):
+        x = rng.random((n, 1, size, size), dtype=np.float32)
+        net = FusedLeNet(params, mode="exact", model=model)
+        probs_d = cp.full((n, net.classes), cp.nan, cp.float32)  # poisoned
+        net.forward_into(cp.asarray(x), probs_d)
+        probs = probs_d.get()
+        ref = reference_forward(params, x, model=model)
+        assert np.all(np.isfinite(probs))
+        assert rel_l2(probs, ref) <= TOLERANCE["fp32"], (model, n)
+        assert np.abs(probs - ref).max() <= 1e-5
+
+
+@pytest.mark.gpu
+def test_every_dataset_image_raw_equals_float_exact() -> None:
+    """All 70,000 images: the exact ece408 forward from raw bytes gives the same bits as from
+    resize_bilinear's floats (the on-chip resize is the CPU resize, image for image)."""
+    import cupy as cp
+
+    from convolab.gpu.network import FusedLeNet
+
+    net = FusedLeNet(zoo_params("ece408", 0), mode="exact")
+    for split in ("train", "test"):
+        raw, _ = data.load_split(split)
+        for start in range(0, len(raw), 10_000):
+            part = raw[start:start + 10_000]
+            a = net(cp.asarray(part)).get()
+            b = net(cp.asarray(data.resize_bilinear(part, 86))).get()
+            bad = int(np.count_nonzero((a.view(np.uint32) != b.view(np.uint32)).any(1)))
+            assert bad == 0, f"{split}[{start}:]: {bad} images differ"
+
+
+@pytest.mark.gpu
+def test_shipped_weights_raw_gpu_equals_cpu_on_every_test_image() -> None:
+    """Accuracy unchanged: the exact raw GPU forward predicts what the CPU framework does."""
+    from convolab.gpu.network import FusedLeNet
+    from convolab.models import load
+
+    network = load("ece408")
+    raw, labels = data.load_split("test")
+    gpu = FusedLeNet(network.params(), mode="exact").forward_chunks(raw, labels=True)
+    cpu = network.predict(data.resize_bilinear(raw, 86)).argmax(1)
+    assert np.array_equal(gpu, cpu)
+    assert (gpu == labels).mean() > 0.85
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pinned", [False, True])
+def test_streaming_raw_host_equals_device_forward(pinned: bool,
+                                                  rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    from convolab.gpu.network import FusedLeNet, is_pinned, pinned_empty
+
+    net = FusedLeNet(zoo_params("ece408", int(rng.integers(1 << 30))), mode="fp16")
+    n = int(rng.integers(500, 2000))
+    raw = raw_batch(rng, n)
+    if pinned:
+        host = pinned_empty(raw.shape, np.uint8)
+        host[...] = raw
+        raw = host
+    assert is_pinned(raw) == pinned
+    single = net(cp.asarray(raw)).get()
+    chunk = int(rng.integers(100, 700))
+    probs = net.forward_chunks(raw, chunk=chunk, streams=3)
+    np.testing.assert_array_equal(probs, single)
+    labels = net.forward_chunks(raw, chunk=chunk, streams=2, labels=True)
+    np.testing.assert_array_equal(labels, single.argmax(1))
+    got, rate = net.throughput(raw, chunk=chunk, labels=True)
+    np.testing.assert_array_equal(got, labels)
+    assert rate > 0
+
+
+@pytest.mark.gpu
+def test_raw_input_is_checked() -> None:
+    import cupy as cp
+
+    from convolab.errors import InputError
+    from convolab.gpu.network import FusedLeNet
+
+    net = FusedLeNet(zoo_params("ece408", 0))
+    with pytest.raises(InputError, match="uint8"):
+        net(cp.zeros((2, 28, 28), cp.float32))
+    with pytest.raises(InputError, match="pixels"):
+        net(cp.zeros((2, 200, 200), cp.uint8))
