@@ -144,3 +144,35 @@ def test_gpu_model_agrees_with_cpu(test_images: tuple[np.ndarray, np.ndarray]) -
     assert isinstance(probs, cp.ndarray)
     np.testing.assert_allclose(probs.get(), cpu(x), atol=1e-5)
     np.testing.assert_array_equal(gpu.predict(x), cpu.predict(x))
+
+
+@pytest.mark.parametrize("model_name", ["ece408", "eecs498"])
+def test_raw_bytes_are_resized_like_the_float_path(model_name: str) -> None:
+    from convolab import data, models
+
+    raw, _ = data.load_split("test", limit=40)
+    model = convolab.load_model(model_name, device="cpu")
+    size = models.spec(model_name).input_size
+    np.testing.assert_array_equal(model(raw), model(data.resize_bilinear(raw, size)))
+    np.testing.assert_array_equal(model.predict(raw), model.predict(
+        data.resize_bilinear(raw, size)))
+    with pytest.raises(InputTypeError):
+        model(raw.astype(np.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_name", ["ece408", "ece408-mxnet", "eecs498"])
+def test_gpu_model_takes_raw_bytes_host_and_device(model_name: str) -> None:
+    import cupy as cp
+
+    from convolab import data, models
+
+    raw, _ = data.load_split("test", limit=300)
+    size = models.spec(model_name).input_size
+    gpu = convolab.load_model(model_name, device="gpu")
+    floats = gpu(data.resize_bilinear(raw, size))
+    np.testing.assert_array_equal(gpu(raw), floats)  # exact: the same bits
+    on_device = gpu(cp.asarray(raw))
+    assert isinstance(on_device, cp.ndarray)
+    np.testing.assert_array_equal(on_device.get(), floats)
+    np.testing.assert_array_equal(gpu.predict(raw, batch=77), floats.argmax(1))

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from convolab.errors import ConvolabError, InputError, WeightsError
-from convolab.interop import Kind, same_device, to_xp
+from convolab.errors import ConvolabError, InputError, InputTypeError, WeightsError
+from convolab.interop import Kind, as_array, same_device, to_xp
 from convolab.network import PREDICT_BATCH
 from convolab.shapes import positive_int
 
@@ -180,7 +180,7 @@ def load_model(name_or_path: str | os.PathLike, weights: str | os.PathLike | Non
     name_or_path: a zoo model ('ece408', 'ece408-mxnet', 'eecs498') with its shipped weights
     or `weights` (safetensors or a PyTorch state_dict file); a weights file alone (the zoo
     model its tensor names and shapes fit); or an `.onnx` file. device: 'cpu', 'gpu' or None
-    (the GPU if usable). mode: the GPU fused ece408 network's precision (exact, tf32, fp16)."""
+    (the GPU if usable). mode: the GPU fused network's precision (exact, tf32, fp16)."""
     from convolab import precision
 
     dev = _device(device)
@@ -196,9 +196,11 @@ class Model:
     """A network on one device: `model(x)` gives class probabilities (B, classes), and
     `model.predict(x)` class indices (B,), both as the caller's kind of array.
 
-    x: images (B, C, H, W), floating point scaled to [0, 1]. A host array is copied to the
-    GPU for a GPU model (the result comes back to the host); a GPU array given to a CPU model
-    is refused."""
+    x: images (B, C, H, W), floating point scaled to [0, 1], or raw uint8 images (B, h, w)
+    as an image file holds them (a zoo model resizes them to its input size with
+    `data.resize_bilinear`'s rule — on the GPU inside the first conv kernel, so only the bytes
+    travel). A host array is copied to the GPU for a GPU model (the result comes back to the
+    host); a GPU array given to a CPU model is refused."""
 
     network: Any
     device: str
@@ -213,12 +215,19 @@ class Model:
         self._fused = None
         if self.device == "gpu":
             self.network.to("gpu")
-            if self.name == "ece408":
+            if spec is not None:
                 from convolab.gpu.network import FusedLeNet
 
-                self._fused = FusedLeNet(self.network.params(), mode=self.mode)
+                self._fused = FusedLeNet(self.network.params(), mode=self.mode,
+                                         model=self.name)
 
     def _images(self, x: Any) -> tuple[Any, Kind]:
+        raw, kind = as_array(x, "images")
+        if raw.ndim == 3:
+            if raw.dtype != np.uint8:
+                raise InputTypeError(f"3-D images (B, H, W) are raw bytes and must be uint8, got "
+                                     f"{raw.dtype}; float images are (B, C, H, W)")
+            return self._raw_images(raw, kind), kind
         arr, kind = to_xp(x, "images", ndim=4)
         if self.input_shape is not None and tuple(arr.shape[1:]) != self.input_shape:
             raise InputError(f"model {self.name!r} takes images of shape (B, "
@@ -237,6 +246,31 @@ class Model:
                              f"in [{low:g}, {high:g}]; divide 0..255 pixels by 255")
         return arr, kind
 
+    def _raw_images(self, raw: Any, kind: Kind) -> Any:
+        """Raw bytes as the fused network takes them (host or device, unresized), or resized
+        to the model's input where the layers run one by one."""
+        if self.input_shape is None:
+            raise InputError(f"model {self.name!r} has no input size to resize raw images to: "
+                             "pass float images (B, C, H, W) scaled to [0, 1]")
+        if kind.device == "gpu" and self.device == "cpu":
+            raise InputError(f"model {self.name!r} is on the CPU but the images are on the GPU: "
+                             "load it with device='gpu', or pass host arrays")
+        if self._fused is not None:
+            return raw
+        from convolab.data import resize_bilinear
+
+        size = self.input_shape[-1]
+        if kind.device == "gpu":
+            from convolab.gpu.resize import resize_u8
+
+            return resize_u8(raw, size)
+        resized = resize_bilinear(raw, size)
+        if self.device == "gpu":
+            from convolab.backend import require_cupy
+
+            return require_cupy().asarray(resized)
+        return resized
+
     def _answer(self, result: Any, kind: Kind) -> Any:
         from convolab.backend import to_numpy
 
@@ -246,6 +280,8 @@ class Model:
 
     def _probs(self, arr: Any, batch: int) -> Any:
         if self._fused is not None:
+            if isinstance(arr, np.ndarray):  # raw host bytes: streamed, resized on the GPU
+                return self._fused.forward_chunks(arr, chunk=max(1, min(batch, len(arr))))
             return self._fused(arr)
         from convolab.backend import xp_of
 

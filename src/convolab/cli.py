@@ -118,7 +118,7 @@ def classify(
     ] = False,
     mode: Annotated[
         str | None,
-        typer.Option("--mode", help=f"GPU fused ece408 network only: {', '.join(MODE_ALIASES)} "
+        typer.Option("--mode", help=f"GPU fused network only: {', '.join(MODE_ALIASES)} "
                      "(tensor-core = fp16; default exact); refused where no fused network runs"),
     ] = None,
     throughput: Annotated[

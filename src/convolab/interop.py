@@ -76,7 +76,9 @@ def _from_dlpack(a: Any, label: str) -> tuple[Any, Kind]:
         raise InputTypeError(f"{label}: cannot be shared through DLPack: {err}") from None
 
 
-def _import(a: Any, label: str) -> tuple[Any, Kind]:
+def as_array(a: Any, label: str) -> tuple[Any, Kind]:
+    """`a` as the NumPy or CuPy array it is (or shares memory with, through DLPack), and where
+    it came from: no dtype or layout change."""
     if isinstance(a, np.ndarray):
         return a, Kind("numpy", "cpu")
     cp = sys.modules.get("cupy")  # a CuPy array implies CuPy is imported already
@@ -92,7 +94,7 @@ def to_xp(a: Any, label: str, ndim: int | None = None) -> tuple[Any, Kind]:
     """`a` as a float32, C-contiguous NumPy or CuPy array (shared memory where it already is
     one), and where it came from. float64 and float16 are converted to float32 (a copy); other
     dtypes are refused; a non-contiguous array is copied to a contiguous one."""
-    arr, kind = _import(a, label)
+    arr, kind = as_array(a, label)
     if ndim is not None and arr.ndim != ndim:
         raise InputError(f"{label} must be {ndim}-D, got shape {tuple(arr.shape)}")
     if arr.dtype != np.float32:
