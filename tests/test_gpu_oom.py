@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from convolab.errors import ConvolabError
 from convolab.gpu import network
 from convolab.gpu.network import DEVICE_MEMORY_SHARE, bytes_per_image, chunk_for, image_shape
-from convolab.models import conv_blocks
+from convolab.models import conv_blocks, param_shapes
 from convolab.precision import NETWORK_MODES, TOLERANCE
 
 
@@ -58,7 +58,7 @@ def test_chunk_for_properties(seed: int) -> None:
 # ---- on the device ---------------------------------------------------------------------------
 def _params(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {k: (rng.standard_normal(s) / np.sqrt(np.prod(s[1:]) if len(s) > 1 else 1.0)
-                ).astype(np.float32) for k, s in network.PARAM_SHAPES.items()}
+                ).astype(np.float32) for k, s in param_shapes("ece408").items()}
 
 
 def _report_free(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
@@ -92,7 +92,7 @@ def test_host_chunk_beyond_free_memory_is_reduced(monkeypatch, rng) -> None:
     whole = network.FusedLeNet(params).forward_chunks(x, chunk=50, streams=1)
     _report_free(monkeypatch, int(3 * 6 * bytes_per_image("exact") / DEVICE_MEMORY_SHARE))
     probs = net.forward_chunks(x, chunk=50, streams=2)
-    assert {batch for batch, _ in net._plans} <= {6, 50 % 6}  # chunks of 6 (and the rest)
+    assert {key[0] for key in net._plans} <= {6, 50 % 6}  # chunks of 6 (and the rest)
     np.testing.assert_allclose(probs, whole, rtol=1e-5, atol=1e-7)
 
 

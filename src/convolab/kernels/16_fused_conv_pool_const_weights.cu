@@ -71,12 +71,12 @@ fcp_exact_cw(const float* __restrict__ x, const FcpParamWeights wp,
       wp, bias, y, M, Hp, Wp, tiles_w, tiles_per_image);
 }
 
+#if FCP_CC == 1  // raw images have one channel
 extern "C" __global__ void __launch_bounds__(FCP_THREADS, FCP_MINB)
 fcp_exact_cw_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
                  const FcpParamWeights wp, const float* __restrict__ bias,
                  float* __restrict__ y, int H, int W, int M, int Hp, int Wp, int tiles_w,
                  int tiles_per_image) {
-  static_assert(FCP_CC == 1, "raw images have one channel");
   __shared__ float unit[RAW_H * RAW_W];
   fcp_cw_body(
       [=](float* in_s, size_t b, int iy0, int ix0, int tid) {
@@ -87,3 +87,4 @@ fcp_exact_cw_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restr
       },
       wp, bias, y, M, Hp, Wp, tiles_w, tiles_per_image);
 }
+#endif

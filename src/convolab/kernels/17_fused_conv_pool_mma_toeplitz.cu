@@ -28,13 +28,14 @@ fcp_mma_toe(const float* __restrict__ x, const uint2* __restrict__ bfrag,
                 ToeNchwStore{y, Hp, Wp});
 }
 
+#if TC_C == 1  // raw images have one channel
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
 fcp_mma_toe_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
                 const uint2* __restrict__ bfrag, const float* __restrict__ bias,
                 float* __restrict__ y, int H, int W, int Hp, int Wp, int tiles_h) {
-  static_assert(TC_C == 1, "raw images have one channel");
   __shared__ float unit[RAW_H * RAW_W];
   toe_stage_raw_image(unit, raw, tiles_h);
   toe_conv_pool(ToeRawInput{unit, taps, H, W}, bfrag, bias, Hp, Wp, tiles_h,
                 ToeNchwStore{y, Hp, Wp});
 }
+#endif

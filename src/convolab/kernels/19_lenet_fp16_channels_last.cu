@@ -36,16 +36,18 @@ fcp_mma_toe_cl(const float* __restrict__ x, const uint2* __restrict__ bfrag,
 }
 
 // fcp_mma_toe_cl_raw — the same from raw uint8 images, resized while staging (resize.cuh).
+#if TC_C == 1  // raw images have one channel
 extern "C" __global__ void __launch_bounds__(TC_WARPS * 32, TC_MINB)
 fcp_mma_toe_cl_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
                    const uint2* __restrict__ bfrag, const float* __restrict__ bias,
                    __half2* __restrict__ y, int H, int W, int Hp, int Wp, int tiles_h) {
-  static_assert(TC_M % 2 == 0 && TC_C == 1, "channel pairs out, one raw channel in");
+  static_assert(TC_M % 2 == 0, "channels-last fp16 output stores channel pairs");
   __shared__ float unit[RAW_H * RAW_W];
   toe_stage_raw_image(unit, raw, tiles_h);
   toe_conv_pool(ToeRawInput{unit, taps, H, W}, bfrag, bias, Hp, Wp, tiles_h,
                 ToeChannelsLastStore{y, Hp, Wp});
 }
+#endif
 
 // =============================================================================================
 // fcp_mma_cl — conv2 on tensor cores, reading the pooled C1 map as fp16 channels-last. Same
