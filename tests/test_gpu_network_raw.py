@@ -150,3 +150,24 @@ def test_raw_input_is_checked() -> None:
         net(cp.zeros((2, 28, 28), cp.float32))
     with pytest.raises(InputError, match="pixels"):
         net(cp.zeros((2, 200, 200), cp.uint8))
+
+
+def test_parallel_copy_copies_every_byte(rng: np.random.Generator) -> None:
+    from convolab.gpu.network import COPY_SLICE_BYTES, parallel_copy
+
+    for n in (0, 1, 7, int(rng.integers(3, 9)) * COPY_SLICE_BYTES // 784 + 13):
+        src = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        dst = np.zeros_like(src)
+        parallel_copy(dst, src)
+        assert np.array_equal(dst, src), n
+
+
+def test_bytes_per_image_counts_raw_input() -> None:
+    from convolab.gpu.network import bytes_per_image, image_shape
+
+    for model in ZOO:
+        floats = int(np.prod(image_shape(model)))
+        with_float = bytes_per_image("exact", True, model)
+        with_raw = bytes_per_image("exact", True, model, raw_hw=(28, 28))
+        assert with_raw == with_float + 784  # the bytes, plus the resized copy's floats
+        assert bytes_per_image("exact", False, model, (28, 28)) == with_float - 4 * floats

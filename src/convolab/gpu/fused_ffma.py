@@ -387,10 +387,13 @@ def prepare_exact_raw(shape: ConvShape, pool: int, w: Any, b: Any, params: Mappi
     from convolab.gpu.resize import device_taps
 
     plan = exact_plan(shape, pool, params) if shape.C == 1 else None
-    raw_bytes = 4 * raw_hw[0] * raw_hw[1]
-    if plan is None or plan.kernel != "fcp_exact_cw" or (
-            smem_bytes(shape.K, shape.S, pool, 0, plan.defines["FCP_PW"], plan.block[0],
-                       plan.block[1] * plan.defines["FCP_RPT"], 1) + raw_bytes > SMEM_NO_OPT_IN):
+    if plan is None or plan.kernel != "fcp_exact_cw":
+        return None
+    tile_rows = plan.block[1] * plan.defines["FCP_RPT"]
+    in_rows = (tile_rows * pool - 1) * shape.S + shape.K
+    raw_bytes = 4 * raw_hw[1] * (raw_hw[0] + in_rows)  # the raw image and the tile's row pass
+    if smem_bytes(shape.K, shape.S, pool, 0, plan.defines["FCP_PW"], plan.block[0], tile_rows,
+                  1) + raw_bytes > SMEM_NO_OPT_IN:
         return None
     cp = require_cupy()
     defines = {**plan.defines, "RAW_H": raw_hw[0], "RAW_W": raw_hw[1]}

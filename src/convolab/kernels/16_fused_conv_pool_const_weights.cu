@@ -78,11 +78,12 @@ fcp_exact_cw_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restr
                  float* __restrict__ y, int H, int W, int M, int Hp, int Wp, int tiles_w,
                  int tiles_per_image) {
   __shared__ float unit[RAW_H * RAW_W];
+  __shared__ float rows[FCP_IN_ROWS * RAW_W];
   fcp_cw_body(
       [=](float* in_s, size_t b, int iy0, int ix0, int tid) {
         stage_unit_image(unit, raw + b * (RAW_H * RAW_W), RAW_H * RAW_W, tid, FCP_THREADS);
         __syncthreads();
-        fcp_stage_resized_tile(in_s, unit, taps, H, W, iy0, ix0, tid);
+        fcp_stage_resized_tile(in_s, rows, unit, taps, H, W, iy0, ix0, tid);
         __syncthreads();
       },
       wp, bias, y, M, Hp, Wp, tiles_w, tiles_per_image);

@@ -43,9 +43,9 @@ fcp_mma_toe_cl_raw(const unsigned char* __restrict__ raw, const ResizeTap* __res
                    __half2* __restrict__ y, int H, int W, int Hp, int Wp, int tiles_h) {
   static_assert(TC_M % 2 == 0, "channels-last fp16 output stores channel pairs");
   __shared__ float unit[RAW_H * RAW_W];
-  toe_stage_raw_image(unit, raw, tiles_h);
-  toe_conv_pool(ToeRawInput{unit, taps, H, W}, bfrag, bias, Hp, Wp, tiles_h,
-                ToeChannelsLastStore{y, Hp, Wp});
+  __shared__ float rows[TOE_IR * RAW_W];
+  toe_conv_pool(toe_stage_raw(unit, rows, raw, taps, H, W, tiles_h), bfrag, bias, Hp, Wp,
+                tiles_h, ToeChannelsLastStore{y, Hp, Wp});
 }
 #endif
 

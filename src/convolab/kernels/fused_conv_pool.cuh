@@ -107,14 +107,16 @@ __device__ __forceinline__ void fcp_stage_tile(float* dst, const float* x, const
 
 // The input tile resized out of a raw image already staged as floats (`unit`, RAW_H x RAW_W):
 // one channel, rows iy0.., columns ix0.. of the H x W image the convolution sees, zero
-// outside it. The caller synchronises.
-__device__ __forceinline__ void fcp_stage_resized_tile(float* dst, const float* unit,
+// outside it; `rows` (FCP_IN_ROWS x RAW_W floats) takes the row pass. The caller synchronises.
+__device__ __forceinline__ void fcp_stage_resized_tile(float* dst, float* rows, const float* unit,
                                                        const ResizeTap* __restrict__ taps, int H,
                                                        int W, int iy0, int ix0, int tid) {
+  resize_rows(rows, unit, taps, iy0, FCP_IN_ROWS, H, tid, FCP_THREADS);
+  __syncthreads();
   for (int i = tid; i < FCP_IN_TILE; i += FCP_THREADS) {
     const int r = i / FCP_IN_STRIDE, col = i - r * FCP_IN_STRIDE;
     const int gy = iy0 + r, gx = ix0 + col;
-    dst[i] = (gy < H && gx < W) ? resized_pixel(unit, RAW_W, taps[gy], taps[H + gx]) : 0.f;
+    dst[i] = (gy < H && gx < W) ? resized_from_row(rows + r * RAW_W, taps[H + gx]) : 0.f;
   }
 }
 

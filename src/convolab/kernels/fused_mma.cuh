@@ -121,27 +121,35 @@ struct ToeFloatInput {  // fp32 NCHW in global memory
 };
 
 struct ToeRawInput {  // the block's raw image, resized on the fly (resize.cuh)
-  const float* unit;  // RAW_H x RAW_W, already in [0, 1], in shared memory
+  const float* rows;  // the row pass of the tile's rows (resize_rows), in shared memory
   const ResizeTap* __restrict__ taps;  // H row taps, then W column taps
   int H, W;  // the resized size the convolution sees
+  int row0;  // the tile's first row
   __device__ __forceinline__ float2 operator()(size_t, int, int gy, int gx) const {
     float2 v = make_float2(0.f, 0.f);
     if (gy < H) {
-      const ResizeTap r = taps[gy];
-      if (gx < W) v.x = resized_pixel(unit, RAW_W, r, taps[H + gx]);
-      if (gx + 1 < W) v.y = resized_pixel(unit, RAW_W, r, taps[H + gx + 1]);
+      const float* row = rows + (gy - row0) * RAW_W;
+      if (gx < W) v.x = resized_from_row(row, taps[H + gx]);
+      if (gx + 1 < W) v.y = resized_from_row(row, taps[H + gx + 1]);
     }
     return v;
   }
 };
 
-// The raw kernels' prologue: this block's raw image (b = blockIdx.x / tiles_h) staged in shared
-// memory as floats in [0, 1], once, before the tile is resized out of it.
-__device__ __forceinline__ void toe_stage_raw_image(float* unit, const unsigned char* raw,
-                                                    int tiles_h) {
+// The raw kernels' prologue: this block's raw image (b = blockIdx.x / tiles_h) staged in
+// shared memory as floats in [0, 1], then the row pass of the tile's TOE_IR rows. Returns the
+// input functor that resizes the tile's pixels out of those rows.
+__device__ __forceinline__ ToeRawInput toe_stage_raw(float* unit, float* rows,
+                                                     const unsigned char* raw,
+                                                     const ResizeTap* __restrict__ taps, int H,
+                                                     int W, int tiles_h) {
   stage_unit_image(unit, raw + (size_t)(blockIdx.x / tiles_h) * (RAW_H * RAW_W), RAW_H * RAW_W,
                    threadIdx.x, TC_THREADS);
   __syncthreads();
+  const int row0 = (blockIdx.x % tiles_h) * TC_TPH * 2;
+  resize_rows(rows, unit, taps, row0, TOE_IR, H, threadIdx.x, TC_THREADS);
+  __syncthreads();
+  return ToeRawInput{rows, taps, H, W, row0};
 }
 
 // The toeplitz kernel's staging and main loop; store(b, ph, pw, out) writes the TC_M pooled,

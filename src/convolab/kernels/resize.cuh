@@ -46,3 +46,23 @@ __device__ __forceinline__ void stage_unit_image(float* unit, const unsigned cha
                                                  int tid, int threads) {
   for (int i = tid; i < n; i += threads) unit[i] = raw_to_unit(__ldg(raw + i));
 }
+
+// The separable form the fused kernels use (the same bits: resized_pixel is this row pass at
+// columns c.lo and c.hi, then this column pass). Row pass once per tile row into shared
+// memory — rows[r][j] for output rows row0 + r and raw columns j — so each resized pixel costs
+// two shared loads and one interpolation instead of four loads and three. Rows past the image
+// repeat its last row; the caller zero-fills outside the image.
+__device__ __forceinline__ void resize_rows(float* rows, const float* unit,
+                                            const ResizeTap* __restrict__ taps, int row0,
+                                            int n_rows, int H, int tid, int threads) {
+  for (int i = tid; i < n_rows * RAW_W; i += threads) {
+    const int r = i / RAW_W, j = i - r * RAW_W;
+    const ResizeTap t = taps[min(row0 + r, H - 1)];
+    rows[i] = resize_lerp(unit[t.lo * RAW_W + j], unit[t.hi * RAW_W + j], t.t);
+  }
+}
+
+__device__ __forceinline__ float resized_from_row(const float* row, ResizeTap c) {
+  return fminf(fmaxf(resize_lerp(row[c.lo], row[c.hi], c.t), 0.f), 1.f);
+}
+
