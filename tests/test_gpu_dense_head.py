@@ -152,6 +152,8 @@ def test_head_defines_cover_the_outputs(rng: np.random.Generator) -> None:
         dh.head_defines([DenseLayer("a", 4, 4, True)] * 5)
     with pytest.raises(ValueError, match="imgs"):
         dh.head_defines(head_layers("ece408"), imgs=48)
+    with pytest.raises(ValueError, match="kc"):
+        dh.head_defines(head_layers("ece408"), kc=32)
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -198,7 +200,8 @@ def _nvcc(*flags: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 def test_smem_bytes_agree_with_kernel(rng: np.random.Generator) -> None:
-    d = dh.head_defines(random_layers(rng), imgs=int(rng.choice([16, 32, 64])))
+    d = dh.head_defines(random_layers(rng), imgs=int(rng.choice(dh.IMGS_CHOICES)),
+                        kc=int(rng.choice(dh.KC_CHOICES)))
     ok = _nvcc(*define_flags({**d, "DH_EXPECT_SMEM": dh.smem_bytes(d)}))
     assert ok.returncode == 0, (d, ok.stderr[-2000:])
     off = _nvcc(*define_flags({**d, "DH_EXPECT_SMEM": dh.smem_bytes(d) + 4}))
@@ -304,8 +307,8 @@ SENTINEL = 7  # rows past B in the outputs, which must stay untouched
 
 
 def _emulate(tmp_path: Path, layers: list[DenseLayer], p: dict[str, np.ndarray],
-             feat: np.ndarray, imgs: int) -> tuple[np.ndarray, np.ndarray]:
-    d = dh.head_defines(layers, imgs)
+             feat: np.ndarray, imgs: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
+    d = dh.head_defines(layers, imgs, kc=kc)
     source = KERNEL.read_text().replace('#include "common.cuh"', "")
     assert "asm" not in source, "inline PTX the emulator does not know"
     (tmp_path / "kernel.inc").write_text(source)
@@ -361,12 +364,12 @@ def test_kernel_emulated_on_cpu(case: str, tmp_path: Path, rng: np.random.Genera
                       DenseLayer("b", 37, 13, False), DenseLayer("c", 13, 21, True),
                       DenseLayer("d", 21, 7, False)]
         p = random_params(rng, layers)
-    imgs = int(rng.choice([16, 32, 64]))
+    imgs, kc = int(rng.choice(dh.IMGS_CHOICES)), int(rng.choice(dh.KC_CHOICES))
     batch = int(rng.choice([1, imgs - 1, imgs + 1, 2 * imgs + 3]))
     feat = random_features(rng, batch, layers[0].in_features)
     if batch > 2:
         feat[batch // 2, 0] = np.nan  # also poisons a neighbour that reads past its row end
-    probs, labels = _emulate(tmp_path, layers, p, feat, imgs)
+    probs, labels = _emulate(tmp_path, layers, p, feat, imgs, kc)
     check_head(probs, labels, feat, layers, p)
 
 
@@ -398,15 +401,16 @@ def test_zoo_head_matches_fp64(model: str, batch: int, rng: np.random.Generator)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("imgs", [16, 32, 64])
-def test_random_heads_match_fp64(imgs: int, rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("imgs", dh.IMGS_CHOICES)
+@pytest.mark.parametrize("kc", dh.KC_CHOICES)
+def test_random_heads_match_fp64(imgs: int, kc: int, rng: np.random.Generator) -> None:
     import cupy as cp
 
     for _ in range(6):
         layers = random_layers(rng)
         p = random_params(rng, layers)
         feat = random_features(rng, int(rng.integers(1, 3000)), layers[0].in_features)
-        probs, labels = _gpu_run(cp, dh.prepare_layers(layers, p, imgs), feat,
+        probs, labels = _gpu_run(cp, dh.prepare_layers(layers, p, imgs, kc), feat,
                                  layers[-1].out_features)
         check_head(probs, labels, feat, layers, p)
 

@@ -22,18 +22,21 @@ MAX_SMEM = 227 * 1024
 NAN_LABEL = 255  # DH_NAN_LABEL: the label of an image whose probabilities are NaN
 DEFAULT_IMGS = 32  # images a tile: 313 tiles at B=10000, ~2.4 a SM on 132 SMs
 TI = 4  # images a thread
-KC = 64  # k a chunk
+IMGS_CHOICES = (16, 32, 64)
+KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a thread
+DEFAULT_KC = 64
 
 
-def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: int = 4
-                 ) -> dict[str, int]:
+def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: int = 4,
+                 kc: int = DEFAULT_KC) -> dict[str, int]:
     """The kernel's define set for a head: layer widths, ReLU bits, and the first layer's
     register tile (N1 outputs as OG groups of TO: the fewest groups with TO <= 8, a power of
     two so that they divide the 256 threads)."""
     if not 1 <= len(layers) <= MAX_LAYERS:
         raise ValueError(f"dense head: 1..{MAX_LAYERS} linear layers, got {len(layers)}")
-    if imgs not in (16, 32, 64):
-        raise ValueError(f"dense head: imgs must be 16, 32 or 64, got {imgs}")
+    if imgs not in IMGS_CHOICES or kc not in KC_CHOICES:
+        raise ValueError(f"dense head: imgs must be one of {IMGS_CHOICES} and kc one of "
+                         f"{KC_CHOICES}, got {imgs}, {kc}")
     n1 = layers[0].out_features
     og = 1
     while ceil_div(n1, og) > MAX_TO:
@@ -46,7 +49,7 @@ def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: in
     d = {"DH_F": layers[0].in_features, "DH_L": len(layers),
          **{f"DH_N{i + 1}": w for i, w in enumerate(widths)},
          "DH_RELU": sum(1 << i for i, layer in enumerate(layers) if layer.relu),
-         "DH_IMGS": imgs, "DH_TI": TI, "DH_TO": ceil_div(n1, og), "DH_OG": og, "DH_KC": KC,
+         "DH_IMGS": imgs, "DH_TI": TI, "DH_TO": ceil_div(n1, og), "DH_OG": og, "DH_KC": kc,
          "DH_VEC": vec}
     smem = smem_bytes(d)
     if smem > MAX_SMEM:
@@ -107,7 +110,7 @@ def _check(name: str, a: Any, shape: tuple[int, ...], dtype: Any) -> None:
 
 
 def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
-                   imgs: int = DEFAULT_IMGS) -> Callable[..., None]:
+                   imgs: int = DEFAULT_IMGS, kc: int = DEFAULT_KC) -> Callable[..., None]:
     """`dense_head` for these layers, weights packed and uploaded once:
     run(features, probs=None, labels=None).
 
@@ -121,14 +124,14 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
     cp = require_cupy()
     layers = list(layers)
-    base = head_defines(layers, imgs)
+    base = head_defines(layers, imgs, kc=kc)
     packed = [cp.asarray(a) for a in pack_weights(layers, params, base)]
     n_in, n_classes = layers[0].in_features, layers[-1].out_features
     kernels: dict[int, Any] = {}
 
     def kernel(vec: int) -> Any:  # the float4 variant for aligned rows, else the scalar one
         if vec not in kernels:
-            d = head_defines(layers, imgs, vec)
+            d = head_defines(layers, imgs, vec, kc)
             kernels[vec] = get_kernel(KERNEL_FILE, "dense_head", d)
             kernels[vec].max_dynamic_shared_size_bytes = smem_bytes(d)
         return kernels[vec]
@@ -161,11 +164,11 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
     return run
 
 
-def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int = DEFAULT_IMGS
-                       ) -> Callable[..., None]:
+def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int = DEFAULT_IMGS,
+                       kc: int = DEFAULT_KC) -> Callable[..., None]:
     """The zoo model's head (`models.head_layers(model)`) on its parameters (Network.params()
     names, host or device arrays): run(features, probs=None, labels=None), see prepare_layers."""
-    return prepare_layers(head_layers(model), params, imgs)
+    return prepare_layers(head_layers(model), params, imgs, kc)
 
 
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
