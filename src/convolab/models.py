@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,16 +97,45 @@ def conv_blocks(name: str, batch: int = 1) -> list[ConvBlock]:
     return blocks
 
 
-def head_layers(name: str) -> list[tuple[int, int, bool]]:
-    """The linear layers after the last conv block, in order: (in_features, out_features,
-    followed by a ReLU). The last one's outputs are the classes (softmax follows)."""
-    layers = spec(name).layers()
-    head: list[tuple[int, int, bool]] = []
-    for i, layer in enumerate(layers):
+@dataclass(frozen=True)
+class DenseLayer:
+    """One linear layer of a model's head (after Flatten): its parameter prefix, sizes, and
+    whether a ReLU follows it."""
+
+    name: str  # f5, f6
+    in_features: int
+    out_features: int
+    relu: bool
+
+
+def dense_layers(layers: Sequence[Layer]) -> list[DenseLayer]:
+    """The head of a layer list: what follows its Flatten must be Linear [+ReLU] ... Linear,
+    then Softmax (the shape every zoo model has and kernel 30 runs)."""
+    if sum(isinstance(layer, Flatten) for layer in layers) != 1:
+        raise ValueError("a head needs exactly one Flatten layer")
+    tail = list(layers[next(i for i, x in enumerate(layers) if isinstance(x, Flatten)) + 1:])
+    if not tail or not isinstance(tail[-1], Softmax):
+        raise ValueError("a head must end with Softmax")
+    head: list[DenseLayer] = []
+    for i, layer in enumerate(tail[:-1]):
         if isinstance(layer, Linear):
-            relu = i + 1 < len(layers) and isinstance(layers[i + 1], ReLU)
-            head.append((layer.in_features, layer.out_features, relu))
+            relu = isinstance(tail[i + 1], ReLU)
+            head.append(DenseLayer(str(layer.name), layer.in_features, layer.out_features, relu))
+        elif not (isinstance(layer, ReLU) and i > 0 and isinstance(tail[i - 1], Linear)):
+            raise ValueError(f"a head holds Linear layers, each with at most one ReLU after it; "
+                             f"got {type(layer).__name__} at position {i} after Flatten")
+    if not head:
+        raise ValueError("a head needs at least one Linear layer")
+    for a, b in zip(head, head[1:], strict=False):
+        if a.out_features != b.in_features:
+            raise ValueError(f"head layers {a.name} -> {b.name}: {a.out_features} outputs feed "
+                             f"{b.in_features} inputs")
     return head
+
+
+def head_layers(name: str) -> list[DenseLayer]:
+    """The zoo model's linear layers after its last conv block, with their ReLU flags."""
+    return dense_layers(spec(name).layers())
 
 
 def param_shapes(name: str) -> dict[str, tuple[int, ...]]:

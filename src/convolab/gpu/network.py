@@ -73,7 +73,7 @@ def bytes_per_image(mode: str, with_input: bool = True, model: str = MODEL,
 
 
 def _classes(model: str) -> int:
-    return head_layers(model)[-1][1]
+    return head_layers(model)[-1].out_features
 
 
 def chunk_for(batch: int, free_bytes: int, per_image: int, slots: int = 1) -> int:
@@ -126,8 +126,10 @@ def from_network(net: Any, mode: str = "exact") -> FusedLeNet:
 
 def _uses_lenet_head(model: str) -> bool:
     """Kernel 20 is built for ece408's head (F5 1024 -> 32 + ReLU, F6 32 -> 10)."""
-    return [(i, o, r) for i, o, r in head_layers(model)] == [
-        (i, o, r) for i, o, r in head_layers(MODEL)]
+    def sizes(name: str) -> list[tuple[int, int, bool]]:
+        return [(d.in_features, d.out_features, d.relu) for d in head_layers(name)]
+
+    return sizes(model) == sizes(MODEL)
 
 
 def _channels_last_pair(model: str, mode: str) -> bool:

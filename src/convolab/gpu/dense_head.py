@@ -1,0 +1,179 @@
+"""Host side of kernel 30, `dense_head` (kernels/30_dense_head.cu): any zoo model's layers after
+its last conv block (Linear [+ReLU] ... Linear, softmax, argmax) in one launch, generated from
+the model's layer list (`models.head_layers`). Define sets, weight packing, shared memory, and
+run(). Nothing here imports CuPy at module import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from convolab.models import DenseLayer, head_layers
+from convolab.shapes import ceil_div
+
+KERNEL_FILE = "30_dense_head.cu"
+THREADS = 256  # DH_THREADS
+MAX_LAYERS = 4  # DH_N1 .. DH_N4
+MAX_TO = 8  # outputs a thread in the first layer: DH_TI x MAX_TO accumulators at most
+MAX_SMEM = 227 * 1024
+NAN_LABEL = 255  # DH_NAN_LABEL: the label of an image whose probabilities are NaN
+DEFAULT_IMGS = 32  # images a tile: 313 tiles at B=10000, ~2.4 a SM on 132 SMs
+TI = 4  # images a thread
+IMGS_CHOICES = (16, 32, 64)
+KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a thread
+DEFAULT_KC = 64
+
+
+def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: int = 4,
+                 kc: int = DEFAULT_KC) -> dict[str, int]:
+    """The kernel's define set for a head: layer widths, ReLU bits, and the first layer's
+    register tile (N1 outputs as OG groups of TO: the fewest groups with TO <= 8, a power of
+    two so that they divide the 256 threads)."""
+    if not 1 <= len(layers) <= MAX_LAYERS:
+        raise ValueError(f"dense head: 1..{MAX_LAYERS} linear layers, got {len(layers)}")
+    if imgs not in IMGS_CHOICES or kc not in KC_CHOICES:
+        raise ValueError(f"dense head: imgs must be one of {IMGS_CHOICES} and kc one of "
+                         f"{KC_CHOICES}, got {imgs}, {kc}")
+    n1 = layers[0].out_features
+    og = 1
+    while ceil_div(n1, og) > MAX_TO:
+        og *= 2
+    if og * imgs // TI > THREADS:
+        raise ValueError(f"dense head: {n1} outputs in the first layer is over the "
+                         f"{THREADS // (imgs // TI) * MAX_TO} a tile of {imgs} images allows")
+    vec = 4 if vec == 4 and layers[0].in_features % 4 == 0 else 1
+    widths = [layer.out_features for layer in layers] + [0] * (MAX_LAYERS - len(layers))
+    d = {"DH_F": layers[0].in_features, "DH_L": len(layers),
+         **{f"DH_N{i + 1}": w for i, w in enumerate(widths)},
+         "DH_RELU": sum(1 << i for i, layer in enumerate(layers) if layer.relu),
+         "DH_IMGS": imgs, "DH_TI": TI, "DH_TO": ceil_div(n1, og), "DH_OG": og, "DH_KC": kc,
+         "DH_VEC": vec}
+    smem = smem_bytes(d)
+    if smem > MAX_SMEM:
+        raise ValueError(f"dense head: {smem} bytes of shared memory (widest layer "
+                         f"{max(widths)}) is over the {MAX_SMEM} a block may have")
+    return d
+
+
+def smem_bytes(d: Mapping[str, int]) -> int:
+    """Dynamic shared memory of `dense_head` (DH_SMEM_BYTES): two staging buffers of features
+    and first-layer weights (or, after the k loop, the k groups' partial sums), and two
+    activation buffers as wide as the widest layer."""
+    imgs, n1p = d["DH_IMGS"], d["DH_OG"] * d["DH_TO"]
+    ks = THREADS // (imgs // d["DH_TI"] * d["DH_OG"])
+    stage = 2 * (imgs * (d["DH_KC"] + 1) + d["DH_KC"] * n1p)
+    widest = max(d[f"DH_N{i + 1}"] for i in range(MAX_LAYERS))
+    return 4 * (max(stage, ks * imgs * n1p) + 2 * imgs * widest)
+
+
+def pack_weights(layers: Sequence[DenseLayer], params: Mapping[str, Any],
+                 d: Mapping[str, int]) -> tuple[np.ndarray, ...]:
+    """(w1t, b1, wtail, btail) as the kernel reads them: the first layer's weight transposed to
+    (in, out), zero-padded to whole k chunks and OG x TO columns; the later layers' weights
+    (out, in) and biases concatenated in order (one zero when there are none)."""
+    def get(layer: DenseLayer, what: str, shape: tuple[int, ...]) -> np.ndarray:
+        key = f"{layer.name}.{what}"
+        if key not in params:
+            if what == "bias":
+                return np.zeros(shape, np.float32)
+            raise ValueError(f"dense head: missing parameter {key!r}")
+        value = np.asarray(params[key].get() if hasattr(params[key], "get") else params[key],
+                           np.float32)
+        if value.shape != shape:
+            raise ValueError(f"dense head: {key} has shape {value.shape}, expected {shape}")
+        return value
+
+    first = layers[0]
+    w1 = get(first, "weight", (first.out_features, first.in_features))
+    w1t = np.zeros((ceil_div(first.in_features, d["DH_KC"]) * d["DH_KC"],
+                    d["DH_OG"] * d["DH_TO"]), np.float32)
+    w1t[: first.in_features, : first.out_features] = w1.T
+    b1 = get(first, "bias", (first.out_features,))
+    rest = layers[1:]
+    ws = [get(x, "weight", (x.out_features, x.in_features)).ravel() for x in rest]
+    bs = [get(x, "bias", (x.out_features,)) for x in rest]
+    wtail = np.concatenate(ws) if ws else np.zeros(1, np.float32)
+    btail = np.concatenate(bs) if bs else np.zeros(1, np.float32)
+    return w1t, b1, wtail, btail
+
+
+def _check(name: str, a: Any, shape: tuple[int, ...], dtype: Any) -> None:
+    if a is None:
+        return
+    if tuple(a.shape) != shape or a.dtype != dtype or not a.flags.c_contiguous:
+        raise ValueError(f"dense head: {name} must be a contiguous {np.dtype(dtype).name} "
+                         f"device array of shape {shape}, got {getattr(a, 'dtype', '?')} "
+                         f"{tuple(getattr(a, 'shape', ()))}")
+
+
+def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
+                   imgs: int = DEFAULT_IMGS, kc: int = DEFAULT_KC) -> Callable[..., None]:
+    """`dense_head` for these layers, weights packed and uploaded once:
+    run(features, probs=None, labels=None).
+
+    features: (B, F) fp32 device array (or any C-contiguous (B, ...) holding F values an image,
+    e.g. the last conv block's pooled (B, C, H, W) output as is); probs: (B, classes) fp32 and
+    labels: (B,) uint8, device arrays, written (at least one). A label is the first index of
+    the largest probability, or NAN_LABEL where the probabilities are NaN.
+    """
+    from convolab.backend import require_cupy
+    from convolab.gpu.compile import get_kernel
+
+    cp = require_cupy()
+    layers = list(layers)
+    base = head_defines(layers, imgs, kc=kc)
+    packed = [cp.asarray(a) for a in pack_weights(layers, params, base)]
+    n_in, n_classes = layers[0].in_features, layers[-1].out_features
+    kernels: dict[int, Any] = {}
+
+    def kernel(vec: int) -> Any:  # the float4 variant for aligned rows, else the scalar one
+        if vec not in kernels:
+            d = head_defines(layers, imgs, vec, kc)
+            kernels[vec] = get_kernel(KERNEL_FILE, "dense_head", d)
+            kernels[vec].max_dynamic_shared_size_bytes = smem_bytes(d)
+        return kernels[vec]
+
+    smem = smem_bytes(base)
+    dummy_probs, dummy_labels = cp.empty(1, cp.float32), cp.empty(1, cp.uint8)
+
+    def run(features: Any, probs: Any = None, labels: Any = None) -> None:
+        if probs is None and labels is None:
+            raise ValueError("dense head: ask for probs, labels or both")
+        batch = int(features.shape[0]) if features.ndim else -1
+        if (features.dtype != cp.float32 or not features.flags.c_contiguous or batch < 0
+                or features.size != batch * n_in):
+            raise ValueError(f"dense head: features must be a contiguous float32 device array "
+                             f"of shape (B, {n_in}), got {features.dtype} {features.shape}")
+        _check("probs", probs, (batch, n_classes), cp.float32)
+        _check("labels", labels, (batch,), cp.uint8)
+        if labels is not None and n_classes > NAN_LABEL:
+            raise ValueError(f"dense head: uint8 labels hold at most {NAN_LABEL} classes")
+        if batch == 0:
+            return
+        vec = base["DH_VEC"] if features.data.ptr % 16 == 0 else 1
+        flags = (probs is not None) | (labels is not None) << 1
+        kernel(vec)((ceil_div(batch, imgs),), (THREADS,),
+                    (features, *packed, dummy_probs if probs is None else probs,
+                     dummy_labels if labels is None else labels, np.int32(batch),
+                     np.int32(flags)), shared_mem=smem)
+
+    run.defines = base  # type: ignore[attr-defined]  # for tests and benchmarks
+    return run
+
+
+def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int = DEFAULT_IMGS,
+                       kc: int = DEFAULT_KC) -> Callable[..., None]:
+    """The zoo model's head (`models.head_layers(model)`) on its parameters (Network.params()
+    names, host or device arrays): run(features, probs=None, labels=None), see prepare_layers."""
+    return prepare_layers(head_layers(model), params, imgs, kc)
+
+
+def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
+    """Every zoo model's head, float4 and scalar loads (tests/test_nvcc_compile.py)."""
+    from convolab.models import MODELS
+
+    return {f"dense-head {m} (dense_head)": [(KERNEL_FILE, head_defines(head_layers(m), vec=v))
+                                             for v in (4, 1)] for m in MODELS}
