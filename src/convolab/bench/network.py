@@ -85,7 +85,8 @@ def variant_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarra
             rows.append(_error_row(f"convolab {v.label}", err))
             continue
         row = _cupy_timed(f"convolab {v.label}", lambda net=net: net(x), batch, reps, ref)
-        rows.append({**row, "mode": v.mode, "kernel_params": v.kernel_params_dict()})
+        rows.append({**row, "mode": v.mode, "kernel_params": v.kernel_params_dict(),
+                     "inputs": "float", "io": "device"})
     return rows
 
 
@@ -185,8 +186,8 @@ def _inputs(model: str, batch: int, inputs: str, seed: int) -> tuple[np.ndarray,
 
 
 def raw_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], model: str,
-             raw: np.ndarray, reps: int, ref: np.ndarray,
-             stream: np.ndarray | None) -> list[dict[str, Any]]:
+             raw: np.ndarray, reps: int, ref: np.ndarray, stream: np.ndarray | None,
+             stream_ref: np.ndarray | None = None) -> list[dict[str, Any]]:
     """convolab from raw bytes: device->device, host->host (pinned input, labels out), and
     the streaming row (all of `stream`, host->host, labels out)."""
     import cupy as cp
@@ -207,19 +208,19 @@ def raw_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], 
         except Exception as err:
             rows.append(_error_row(label, err))
             continue
-        info = {"mode": v.mode, "kernel_params": v.kernel_params_dict(), "input": "raw"}
+        info = {"mode": v.mode, "kernel_params": v.kernel_params_dict(), "inputs": "raw"}
         rows.append({**_cupy_timed(f"{label} raw {DEVICE_IO}", lambda net=net: net(raw_d),
-                                   batch, reps, ref), **info, "io": DEVICE_IO})
+                                   batch, reps, ref), **info, "io": "device"})
         rows.append({**_wall_timed(f"{label} raw {HOST_IO} (pinned, labels)",
                                    lambda net=net: net.forward_chunks(pinned, chunk=chunk,
                                                                       streams=3, labels=True),
-                                   batch, reps, ref), **info, "io": HOST_IO})
+                                   batch, reps, ref), **info, "io": "host"})
         if stream is not None:
             rows.append({**_wall_timed(
                 f"{label} raw stream {len(stream):,} {HOST_IO} (labels)",
                 lambda net=net: net.forward_chunks(stream, chunk=10_000, streams=3,
                                                    labels=True),
-                len(stream), max(3, reps // 4), None), **info, "io": HOST_IO})
+                len(stream), max(3, reps // 4), stream_ref), **info, "io": "host"})
     return rows
 
 
@@ -229,7 +230,8 @@ def bench_network(batch: int, reps: int, variants: Sequence[VariantSpec] = DEFAU
     """Whole-forward rows at `batch` on random weights and inputs (see the module docstring)."""
     from convolab.backend import require_cupy
     from convolab.conv_cpu import reference_forward
-    from convolab.models import build
+    from convolab.data import resize_bilinear
+    from convolab.models import build, spec
 
     if batch < 1 or reps < 1:
         raise ValueError("bench --network: batch and reps must be >= 1")
@@ -240,10 +242,13 @@ def bench_network(batch: int, reps: int, variants: Sequence[VariantSpec] = DEFAU
     raw, floats = _inputs(model, batch, inputs, seed)
     ref = np.asarray(reference_forward(params, floats[:REFERENCE_IMAGES], model=model),
                      np.float64)
+    stream = stream_ref = None
     if inputs == "raw":
         stream = np.random.default_rng(seed + 2).integers(0, 256, (STREAM_IMAGES, *raw.shape[1:]),
                                                           dtype=np.uint8)
-        rows = raw_rows(variants, params, model, raw, reps, ref, stream)
+        stream_ref = np.asarray(reference_forward(params, resize_bilinear(
+            stream[:REFERENCE_IMAGES], spec(model).input_size), model=model), np.float64)
+        rows = raw_rows(variants, params, model, raw, reps, ref, stream, stream_ref)
     else:
         x = cp.asarray(floats)
         rows = variant_rows(variants, params, x, batch, reps, ref, model)
@@ -253,18 +258,30 @@ def bench_network(batch: int, reps: int, variants: Sequence[VariantSpec] = DEFAU
     if torch_rows:
         from convolab.bench.torch_network import torch_rows as torch_network_rows
 
-        for io in ("device", "host"):
-            rows += torch_network_rows(model, params, raw, reps, ref, inputs=inputs, io=io)
-        if inputs == "raw":
-            rows += torch_network_rows(model, params, stream, max(3, reps // 4), None,
-                                       inputs="raw", io="host")
+        for io in ("device", "host"):  # torch.compile once per model and input kind
+            rows += torch_network_rows(model, params, raw, reps, ref, inputs=inputs, io=io,
+                                       compile=io == "device")
+        if stream is not None:  # the same streaming job; torch.compile left out (its compile)
+            rows += torch_network_rows(model, params, stream, max(3, reps // 4), stream_ref,
+                                       inputs="raw", io="host", compile=False)
     add_speedups(rows)
     return rows
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
-    eager = next((r for r in rows if r.get("name") == "torch eager fp32" and "median_ms" in r),
-                 None)
-    for r in rows:
-        if eager and "median_ms" in r:
+    """Each row's speed-up over PyTorch on the same job (same input kind, io and batch):
+    over eager fp32, and over PyTorch's fastest fp16 row."""
+    def job(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r.get("inputs", "float"), r.get("io", "device"), r.get("batch"))
+
+    timed = [r for r in rows if r.get("median_ms")]
+    torch_rows = [r for r in timed if str(r.get("name", "")).startswith("torch")]
+    for r in timed:
+        same = [t for t in torch_rows if job(t) == job(r)]
+        eager = next((t for t in same if t.get("variant", "eager fp32") == "eager fp32"
+                      and "eager fp32" in t["name"]), None)
+        fp16 = [t for t in same if "fp16" in t["name"]]
+        if eager:
             r["speedup_vs_torch_eager_fp32"] = eager["median_ms"] / r["median_ms"]
+        if fp16:
+            r["speedup_vs_torch_best_fp16"] = min(t["median_ms"] for t in fp16) / r["median_ms"]
