@@ -99,9 +99,10 @@ def _events_ms(torch: Any, fn: Callable[[], Any], per_sample: int = 1) -> float:
 
 
 def _timed(torch: Any, name: str, job: tuple[Callable[[], Any], Callable[[], Any]], batch: int,
-           reps: int, ref: np.ndarray, io: str, **extra: Any) -> dict[str, Any]:
-    """job = (run, probs): run() does the whole job once and returns its output; probs() the
-    last run's probabilities on the device (for the agreement with fp64)."""
+           reps: int, ref: np.ndarray, host_labels: bool, **extra: Any) -> dict[str, Any]:
+    """job = (run, probs): run() does the whole job once and returns its output (the labels in
+    host memory where host_labels); probs() the last run's probabilities on the device (for the
+    agreement with fp64). extra: more fields for the row."""
     run, probs = job
     try:
         with torch.no_grad():
@@ -114,7 +115,7 @@ def _timed(torch: Any, name: str, job: tuple[Callable[[], Any], Callable[[], Any
             torch.cuda.synchronize()
             p = probs().float().cpu().numpy()
         agree = agreement(p, ref)
-        if io == "host":  # what the job delivers: labels in host memory
+        if host_labels:  # what the job delivers
             labels = out.numpy()[: len(ref)]
             agree["argmax_agree_vs_fp64"] = float((labels == ref.argmax(1)).mean())
         return stats_row(name, samples, batch, **agree, back_to_back_ms=float(np.median(many)),
@@ -280,7 +281,7 @@ def _variant_rows(torch: Any, model: str, tp: Mapping[str, Any], source: Callabl
             _set_tf32(torch, tf32)
             job, note = make()
             extra = {**meta, "variant": variant, **({"note": note} if note else {})}
-            rows.append(_timed(torch, name, job, batch, reps, ref, io, **extra))
+            rows.append(_timed(torch, name, job, batch, reps, ref, io == "host", **extra))
         except Exception as err:  # one failing baseline must not sink the others
             rows.append(_error_row(name, err, **meta, variant=variant))
 
