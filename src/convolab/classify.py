@@ -231,9 +231,7 @@ def run_fused(network: Network, mode: str, raw: np.ndarray, labels: np.ndarray,
               report: Report) -> None:
     """The fused GPU network from the raw test bytes (resized on chip). Op Time: the forward
     of raw images already on the GPU; Layer Time: host bytes in, predicted classes back."""
-    from convolab.gpu.network import FusedLeNet
-
-    from convolab.gpu.network import pinned_empty
+    from convolab.gpu.network import FusedLeNet, pinned_empty
 
     cp = require_cupy()
     fused = FusedLeNet(network.params(), mode=mode, model=network.name)
