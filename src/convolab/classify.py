@@ -36,7 +36,6 @@ GPU_CHUNK = 10_000
 # only keeps a typo (an extra zero or three) from starting a run of days.
 MAX_THROUGHPUT = 10_000_000
 GPU_THROUGHPUT_CHUNK = 1 << 20  # raw host images per fused-network call: 822 MB of bytes
-GPU_STREAM_STEP = 10_000  # images per device step while streaming
 GPU_MIN_STEP = 2_500
 
 
@@ -305,7 +304,7 @@ def _throughput_fused(network: Network, mode: str, raw: np.ndarray, labels: np.n
     fused = FusedLeNet(network.params(), mode=mode, model=network.name)
     seconds = correct = 0.0
     for xb, yb in streamed(raw, labels, t.images, GPU_THROUGHPUT_CHUNK):
-        predicted, per_s = fused.throughput(xb, chunk=GPU_STREAM_STEP, labels=True)
+        predicted, per_s = fused.throughput(xb, labels=True)
         seconds += len(xb) / per_s
         correct += int((predicted == yb).sum())
     t.images_per_s = t.images / seconds if seconds > 0 else float("inf")

@@ -218,8 +218,7 @@ def raw_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], 
         if stream is not None:
             rows.append({**_wall_timed(
                 f"{label} raw stream {len(stream):,} {HOST_IO} (labels)",
-                lambda net=net: net.forward_chunks(stream, chunk=10_000, streams=3,
-                                                   labels=True),
+                lambda net=net: net.forward_chunks(stream, labels=True),
                 len(stream), max(3, reps // 4), stream_ref), **info, "io": "host"})
     return rows
 
