@@ -157,8 +157,9 @@ class FusedLeNet:
     'tf32' or 'fp16' (tensor cores where a block's shape takes them, fp32 accumulate; the head
     stays fp32). For ece408, mode 'fp16' hands the pooled C1 map to conv2 as fp16
     channels-last (gpu/fused_cl.py).
-    kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}}
-    (benchmarks); what is left out is each kernel's measured default.
+    kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
+    head: kernel 20's imgs, or kernel 30's imgs and kc) for benchmarks; what is left out is each
+    kernel's measured default.
     """
 
     def __init__(self, params: Mapping[str, Any], mode: str = "exact",
@@ -194,9 +195,11 @@ class FusedLeNet:
             w5t = self._cp.ascontiguousarray(p["f5.weight"].T)
             return lambda feat, probs: run(feat, w5t, p["f5.bias"], p["f6.weight"],
                                            p["f6.bias"], probs)
-        from convolab.gpu.dense_head import prepare_dense_head
+        from convolab.gpu.dense_head import DEFAULT_IMGS, DEFAULT_KC, prepare_dense_head
 
-        return prepare_dense_head(self.model, p)
+        head = self._kernel_params.get("head", {})
+        return prepare_dense_head(self.model, p, int(head.get("imgs", DEFAULT_IMGS)),
+                                  int(head.get("kc", DEFAULT_KC)))
 
     # ---- device forward -------------------------------------------------------------------
     def _plan(self, batch: int, slot: int = 0,
