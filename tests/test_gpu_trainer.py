@@ -197,10 +197,10 @@ def test_epochs_are_bit_reproducible_and_learn() -> None:
         raw, labels = data.load_split("train", limit=3000)
     except Exception as err:  # noqa: BLE001 - any missing dataset skips
         pytest.skip(f"Fashion-MNIST not available: {err}")
-    recipe = tr.Recipe(epochs=3, batch=64, lr=3e-3)
+    recipe = tr.Recipe(epochs=3, batch=64, lr=3e-3, mirror=True)
     runs = []
-    for _ in range(2):
-        t = tr.Trainer(raw[:2500], labels[:2500], recipe, seed=3)
+    for graph in (True, False):  # the captured epoch and the same launches from Python
+        t = tr.Trainer(raw[:2500], labels[:2500], recipe, seed=3, graph=graph)
         held = t.upload(raw[2500:], labels[2500:])
         before = t.evaluate(*held).accuracy
         for _ in range(recipe.epochs):

@@ -228,7 +228,7 @@ class Trainer:
     uploaded once; `run_epoch` replays the captured epoch graph."""
 
     def __init__(self, raw: np.ndarray, labels: np.ndarray, recipe: Recipe, seed: int = 0,
-                 model: str = MODEL) -> None:
+                 model: str = MODEL, graph: bool = True) -> None:
         from convolab.backend import require_cupy
         from convolab.gpu.device import sm_count
         from convolab.gpu.resize import check_raw, device_taps
@@ -244,6 +244,7 @@ class Trainer:
         self.layout = plan_layout(recipe.batch, sm_count(), model)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.kernels = self._compile()
+        self.graph = graph  # False: every step launched from Python (same kernels, same bits)
         self._graph: Any = None
         with self.stream:
             self.raw, self.labels = cp.asarray(raw), cp.asarray(labels.astype(np.uint8))
@@ -406,18 +407,27 @@ class Trainer:
     # ------------------------------------------------------------------ epochs
 
     def _capture(self) -> Any:
-        b = self.recipe.batch
         self.stream.begin_capture()
+        try:
+            self._eager_epoch()
+        finally:
+            graph = self.stream.end_capture()
+        return graph
+
+    def _eager_epoch(self) -> None:
+        b = self.recipe.batch
         self._clear()
         for s in range(self.steps):
             self.launch_step(self.perm[s * b:(s + 1) * b], s)
         self.kernels["advance"]((1,), (1,), (self.step_base, self.salt, np.int32(self.steps)))
-        return self.stream.end_capture()
 
     def run_epoch(self) -> None:
         """Enqueue one epoch: a fresh shuffle, then the captured graph (no host wait)."""
         with self.stream:
             self.perm[...] = self.rng.permutation(self.n)
+            if not self.graph:
+                self._eager_epoch()
+                return
             if self._graph is None:
                 self._graph = self._capture()
             self._graph.launch(self.stream)

@@ -66,7 +66,7 @@ __device__ void head_image(HeadSmem& s, int i, bool valid, int label, const floa
   for (int w = 0; w < HEAD_CHUNK; ++w) h += s.part[w][i][lane];
   s.hid[i][lane] = fmaxf(h, 0.f);
   __syncwarp();
-  float z = -INFINITY;
+  float z = __int_as_float(0xff800000u);  // -inf (NVRTC has no INFINITY)
   if (lane < CLS) {
     z = s.w6[F6_W + lane];
 #pragma unroll 8
