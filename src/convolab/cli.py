@@ -316,6 +316,10 @@ def bench(
     network: Annotated[
         bool, typer.Option("--network", help="whole-network forward instead of per layer")
     ] = False,
+    train: Annotated[
+        bool, typer.Option("--train", help="training-step throughput of the fused GPU trainer "
+                           "against PyTorch eager and torch.compile (batch 256 and 4096)")
+    ] = False,
     variant: Annotated[
         list[str] | None,
         typer.Option("--variant", help="--network: MODE[:layer.key=value,...], repeatable"),
@@ -341,6 +345,17 @@ def bench(
     from convolab import bench as run
 
     command = "convolab " + " ".join(sys.argv[1:])
+    if train:
+        from convolab.bench import train as train_bench
+
+        if plan is not None or network:
+            fail("--train times training steps: it takes no --plan or --network")
+        resolve_device("gpu")
+        if batch is not None:
+            check_batch(batch, limit=4096)
+        train_bench.main((batch,) if batch is not None else train_bench.BATCHES,
+                         reps if reps is not None else BENCH_REPS, out)
+        return
     if plan is not None:
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),
