@@ -241,11 +241,7 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
         network = models.build(model, seed)
         for name, value in state.items():
             network.set_param(name, value)
-        _write_results(network, out, sidecar, result, command)
-        if not quiet:
-            console.print(f"test accuracy {result['test_accuracy']:.4f}; wrote {out} and "
-                          f"{sidecar}")
-        return result
+        return _finish(network, out, sidecar, result, command, quiet)
 
     x_train, y_train = data.load_images("train", n=limit, size=spec.input_size, data_dir=data_dir)
     x_test, y_test = data.load_images("test", n=test_limit, size=spec.input_size,
@@ -287,6 +283,11 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
         "date": dt.date.today().isoformat(), "convolab_version": __version__,
         "cpu_threads": os.cpu_count(),
     }
+    return _finish(network, out, sidecar, result, command, quiet)
+
+
+def _finish(network: Network, out: Path, sidecar: Path, result: dict[str, Any], command: str,
+            quiet: bool) -> dict[str, Any]:
     _write_results(network, out, sidecar, result, command)
     if not quiet:
         console.print(f"test accuracy {result['test_accuracy']:.4f}; wrote {out} and {sidecar}")

@@ -132,6 +132,20 @@ def torch_row(name: str, compiled: bool, batch: int, reps: int) -> dict[str, Any
         return {"name": name, "batch": batch, "error": f"{type(err).__name__}: {err}"[:400]}
 
 
+def print_table(report: dict[str, Any]) -> None:
+    rows = report["rows"]
+    print(f"training step, {MODEL}, {report['device']} (median of {report['reps']} samples)")
+    for row in rows:
+        if "error" in row:
+            print(f"  B={row['batch']:<5} {row['name']:<34} {row['error']}")
+            continue
+        ref = next((r for r in rows if r["batch"] == row["batch"] and "eager" in r["name"]
+                    and "error" not in r), None)
+        ratio = f"  {row['images_per_s'] / ref['images_per_s']:.2f}x eager" if ref else ""
+        print(f"  B={row['batch']:<5} {row['name']:<34} {row['median_step_ms']:8.3f} ms "
+              f"{row['images_per_s']:>12,.0f} img/s{ratio}")
+
+
 def main(batches: Sequence[int] = BATCHES, reps: int = 20, out: Path | None = None,
          torch: bool = True, stages: bool = False) -> dict[str, Any]:
     """Every row at every batch size; a table on stdout, train.json in `out` if given."""
@@ -148,16 +162,7 @@ def main(batches: Sequence[int] = BATCHES, reps: int = 20, out: Path | None = No
             rows.append(torch_row("torch.compile fp32", True, batch, reps))
     report = {"what": "training-step throughput", "model": MODEL, "device": gpu_name(),
               "date": dt.date.today().isoformat(), "reps": reps, "rows": rows}
-    print(f"training step, {MODEL}, {report['device']} (median of {reps} samples)")
-    for row in rows:
-        if "error" in row:
-            print(f"  B={row['batch']:<5} {row['name']:<34} {row['error']}")
-            continue
-        ref = next((r for r in rows if r["batch"] == row["batch"] and "eager" in r["name"]
-                    and "error" not in r), None)
-        ratio = f"  {row['images_per_s'] / ref['images_per_s']:.2f}x eager" if ref else ""
-        print(f"  B={row['batch']:<5} {row['name']:<34} {row['median_step_ms']:8.3f} ms "
-              f"{row['images_per_s']:>12,.0f} img/s{ratio}")
+    print_table(report)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         outputs.write_json(out / "train.json", report)
