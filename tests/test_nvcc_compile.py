@@ -25,7 +25,7 @@ Job = tuple[str, tuple[str, ...]]  # (kernel file, -D flags)
 # are not registry entries at all.
 EXTRA_COMPILE_MODULES = ("convolab.gpu.fused_ffma", "convolab.gpu.fused_mma",
                          "convolab.gpu.fused_cl", "convolab.gpu.lenet_head",
-                         "convolab.gpu.dense_head")
+                         "convolab.gpu.dense_head", "convolab.gpu.trainer")
 
 
 def gpu_jobs() -> dict[str, list[Job]]:

@@ -58,3 +58,32 @@ def test_sgd_and_other_models_train(tmp_path: Path) -> None:
     assert np.isfinite(result["history"][0]["train_loss"])
     result, out = run(tmp_path, "m", model="ece408-mxnet", limit=64)
     assert models.load("ece408-mxnet", out).name == "ece408-mxnet"
+
+
+def test_engine_choice_and_defaults() -> None:
+    from convolab.errors import ConvolabError
+    from convolab.gpu.trainer import RECIPE
+
+    assert train.pick_engine(None, "gpu", "ece408") == "fused"
+    assert train.pick_engine(None, "gpu", "eecs498") == "framework"
+    assert train.pick_engine(None, "cpu", "ece408") == "framework"
+    assert train.pick_engine("framework", "gpu", "ece408") == "framework"
+    for engine, device, model in (("fused", "cpu", "ece408"), ("fused", "gpu", "eecs498"),
+                                  ("turbo", "gpu", "ece408")):
+        with pytest.raises(ConvolabError, match="engine"):
+            train.pick_engine(engine, device, model)
+    assert train.resolve_options("fused", None, None, None) == (RECIPE.epochs, RECIPE.batch,
+                                                                 RECIPE.lr)
+    defaults = train.FRAMEWORK_DEFAULTS
+    assert train.resolve_options("framework", None, 32, None) == (defaults["epochs"], 32,
+                                                                  defaults["lr"])
+    line = train.command_line("ece408", 8, 256, 4e-3, "adam", 0, "gpu", None, Path("w.st"),
+                              "fused")
+    assert "--engine fused" in line and line.startswith("convolab train --model ece408")
+
+
+def test_speedrun_needs_the_fused_engine(tmp_path: Path) -> None:
+    from convolab.errors import ConvolabError
+
+    with pytest.raises(ConvolabError, match="speedrun"):
+        run(tmp_path, "s", speedrun=True)

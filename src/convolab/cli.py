@@ -230,18 +230,28 @@ def info(data_dir: DataDirOpt = None) -> None:
 @app.command()
 def train(
     model: ModelOpt = "ece408",
-    epochs: Annotated[int, typer.Option(help="passes over the 60,000 training images")] = 3,
+    epochs: Annotated[int | None, typer.Option(
+        help="passes over the 60,000 training images (default 3; the fused engine's recipe: 10)"
+    )] = None,
     batch: Annotated[
-        int, typer.Option("--batch", "-b", help="mini-batch: images per optimizer step "
-                          "(1 to 4096)")
-    ] = 64,
-    lr: Annotated[float, typer.Option(help="learning rate (positive, finite)")] = 1e-3,
+        int | None, typer.Option("--batch", "-b", help="mini-batch: images per optimizer step "
+                                 "(1 to 4096; default 64; the fused engine's recipe: 256)")
+    ] = None,
+    lr: Annotated[float | None, typer.Option(
+        help="learning rate (positive, finite; default 1e-3; the fused recipe's peak: 8e-3)"
+    )] = None,
     optimizer: Annotated[str, typer.Option(help="adam or sgd")] = "adam",
     seed: Annotated[int, typer.Option(help="random seed, 0 or more (deterministic on the CPU)")
                     ] = 0,
     device: Annotated[
         str, typer.Option("--device", "-d", help="cpu or gpu (default: cpu, deterministic)")
     ] = "cpu",
+    engine: Annotated[str | None, typer.Option(
+        help="on the GPU: fused (ece408's fused training kernels, the default there) or "
+             "framework (the layers with CuPy arrays)")] = None,
+    speedrun: Annotated[bool, typer.Option(
+        "--speedrun", help="fused engine: evaluate the test set once, at the end, and print "
+                           "the time to 0.91 test accuracy")] = False,
     limit: Annotated[int | None, typer.Option(help="use only the first N training images")] = None,
     out: Annotated[
         Path | None,
@@ -259,11 +269,12 @@ def train(
     from convolab import models
     from convolab import train as run
 
-    run.check_options(epochs, batch, lr, optimizer, seed, limit)
     models.spec(model)
+    dev = resolve_device(device)
+    chosen = run.pick_engine(engine, dev, model)
+    run.check_options(*run.resolve_options(chosen, epochs, batch, lr), optimizer, seed, limit)
     out_path = out if out is not None else run.default_out(model)
     run.plan_files(out_path, force)
-    dev = resolve_device(device)
     run.main(
         model=model,
         epochs=epochs,
@@ -276,6 +287,8 @@ def train(
         out=out_path,
         data_dir=data_dir,
         force=force,
+        engine=chosen,
+        speedrun=speedrun,
     )
 
 
@@ -302,6 +315,10 @@ def bench(
     ] = None,
     network: Annotated[
         bool, typer.Option("--network", help="whole-network forward instead of per layer")
+    ] = False,
+    train: Annotated[
+        bool, typer.Option("--train", help="training-step throughput of the fused GPU trainer "
+                           "against PyTorch eager and torch.compile (batch 256 and 4096)")
     ] = False,
     variant: Annotated[
         list[str] | None,
@@ -333,6 +350,17 @@ def bench(
     from convolab import bench as run
 
     command = "convolab " + " ".join(sys.argv[1:])
+    if train:
+        from convolab.bench import train as train_bench
+
+        if plan is not None or network:
+            fail("--train times training steps: it takes no --plan or --network")
+        resolve_device("gpu")
+        if batch is not None:
+            check_batch(batch, limit=4096)
+        train_bench.main((batch,) if batch is not None else train_bench.BATCHES,
+                         reps if reps is not None else BENCH_REPS, out)
+        return
     if plan is not None:
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),

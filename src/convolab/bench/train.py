@@ -1,0 +1,171 @@
+"""`convolab bench --train`: training-step throughput (images/s) of the fused GPU trainer
+against PyTorch eager and torch.compile on the same network, in the same run.
+
+convolab's step is the fused engine's (gpu/trainer.py: kernels 31-36, exact fp32 FFMA),
+timed as it trains: an epoch's steps captured in one CUDA graph over resident raw bytes,
+CUDA events around each replay. PyTorch's is torch.nn with Adam on a resident, already
+resized float batch (the usual way to feed it), fp32 with TF32 off and cuDNN autotuning on,
+timed with CUDA events over STEPS_PER_SAMPLE back-to-back steps. Random images and labels:
+throughput does not depend on the values. torch is optional: without it the rows say so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from convolab import models, outputs
+from convolab.gpu.trainer import MODEL, RECIPE, Recipe, Trainer
+
+BATCHES = (256, 4096)
+IMAGES = 60_000  # one epoch of the training set
+STEPS_PER_SAMPLE = 20  # PyTorch steps per timed sample
+
+
+def _row(name: str, batch: int, step_ms: list[float]) -> dict[str, Any]:
+    med = float(np.median(step_ms))
+    return {"name": name, "batch": batch, "median_step_ms": med,
+            "p10_step_ms": float(np.percentile(step_ms, 10)),
+            "p90_step_ms": float(np.percentile(step_ms, 90)),
+            "images_per_s": batch / med * 1e3, "samples": len(step_ms)}
+
+
+def convolab_row(batch: int, reps: int, rng: np.random.Generator) -> dict[str, Any]:
+    """The fused step: one epoch graph per sample, its time divided by its steps."""
+    import cupy as cp
+
+    raw = rng.integers(0, 256, size=(IMAGES, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=IMAGES).astype(np.uint8)
+    recipe = Recipe(**{**RECIPE.as_dict(), "batch": batch, "epochs": reps + 2})
+    trainer = Trainer(raw, labels, recipe, seed=0)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    samples = []
+    for i in range(reps + 2):  # the first two: capture and warm-up
+        start.record(trainer.stream)
+        trainer.run_epoch()
+        end.record(trainer.stream)
+        end.synchronize()
+        if i >= 2:
+            samples.append(cp.cuda.get_elapsed_time(start, end) / trainer.steps)
+    return _row("convolab fused fp32 (CUDA graph)", batch, samples)
+
+
+def stage_rows(batch: int, reps: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Each launch group of the fused step timed alone (median of `reps`, 20 launches each)."""
+    import cupy as cp
+
+    raw = rng.integers(0, 256, size=(max(batch, 1000), 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=len(raw)).astype(np.uint8)
+    trainer = Trainer(raw, labels, Recipe(**{**RECIPE.as_dict(), "batch": batch}), seed=0)
+    rows = []
+    with trainer.stream:
+        index = cp.asarray(rng.permutation(len(raw))[:batch], dtype=cp.int64)
+        trainer.launch_step(index, 0, "grad")
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        for name, launch in trainer.stages(index).items():
+            samples = []
+            for _ in range(reps):
+                start.record()
+                for _ in range(STEPS_PER_SAMPLE):
+                    launch()
+                end.record()
+                end.synchronize()
+                samples.append(cp.cuda.get_elapsed_time(start, end) / STEPS_PER_SAMPLE)
+            rows.append(_row(name, batch, samples))
+    return rows
+
+
+def _torch_model(torch: Any) -> Any:
+    nn = torch.nn
+    c1, c2 = models.conv_blocks(MODEL, 1)
+    shapes = models.param_shapes(MODEL)
+    return nn.Sequential(
+        nn.Conv2d(c1.shape.C, c1.shape.M, c1.shape.K), nn.ReLU(), nn.MaxPool2d(c1.pool),
+        nn.Conv2d(c2.shape.C, c2.shape.M, c2.shape.K), nn.ReLU(), nn.MaxPool2d(c2.pool),
+        nn.Flatten(), nn.Linear(shapes["f5.weight"][1], shapes["f5.weight"][0]), nn.ReLU(),
+        nn.Linear(shapes["f6.weight"][1], shapes["f6.weight"][0]))
+
+
+def _torch_step(torch: Any, compiled: bool, batch: int) -> Callable[[], None]:
+    dev = torch.device("cuda")
+    model = _torch_model(torch).to(dev)
+    size = models.spec(MODEL).input_size
+    x = torch.rand(batch, 1, size, size, device=dev)
+    y = torch.randint(0, 10, (batch,), device=dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    net = torch.compile(model) if compiled else model
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def torch_row(name: str, compiled: bool, batch: int, reps: int) -> dict[str, Any]:
+    try:
+        import torch
+
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        step = _torch_step(torch, compiled, batch)
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(STEPS_PER_SAMPLE):
+                step()
+            e.record()
+            e.synchronize()
+            samples.append(s.elapsed_time(e) / STEPS_PER_SAMPLE)
+        return _row(name, batch, samples)
+    except Exception as err:  # noqa: BLE001 - torch is optional; one failing row must not sink the run
+        return {"name": name, "batch": batch, "error": f"{type(err).__name__}: {err}"[:400]}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    rows = report["rows"]
+    print(f"training step, {MODEL}, {report['device']} (median of {report['reps']} samples)")
+    for row in rows:
+        if "error" in row:
+            print(f"  B={row['batch']:<5} {row['name']:<34} {row['error']}")
+            continue
+        ref = next((r for r in rows if r["batch"] == row["batch"] and "eager" in r["name"]
+                    and "error" not in r), None)
+        whole = row["name"].startswith(("convolab", "torch"))  # not one launch group alone
+        ratio = (f"  {row['images_per_s'] / ref['images_per_s']:.2f}x eager" if ref and whole
+                 else "")
+        print(f"  B={row['batch']:<5} {row['name']:<34} {row['median_step_ms']:8.3f} ms "
+              f"{row['images_per_s']:>12,.0f} img/s{ratio}")
+
+
+def main(batches: Sequence[int] = BATCHES, reps: int = 20, out: Path | None = None,
+         torch: bool = True, stages: bool = False) -> dict[str, Any]:
+    """Every row at every batch size; a table on stdout, train.json in `out` if given."""
+    from convolab.gpu.device import gpu_name
+
+    rng = np.random.default_rng(0)
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        rows.append(convolab_row(batch, reps, rng))
+        if stages:
+            rows.extend(stage_rows(batch, reps, rng))
+        if torch:
+            rows.append(torch_row("torch eager fp32", False, batch, reps))
+            rows.append(torch_row("torch.compile fp32", True, batch, reps))
+    report = {"what": "training-step throughput", "model": MODEL, "device": gpu_name(),
+              "date": dt.date.today().isoformat(), "reps": reps, "rows": rows}
+    print_table(report)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        outputs.write_json(out / "train.json", report)
+    return report
