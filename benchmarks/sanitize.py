@@ -9,8 +9,10 @@ kernel and also proves each launch computed the right numbers.
 
 Covered: every registered GPU implementation (registry.all_impls("gpu"): each rung, the fused
 conv+pool rungs, tensor-core variants, auto) on the first small shape it supports, FusedLeNet in
-every network mode, the LeNet head in each tile variant, and the training kernels of
-gpu/backward.py. Nothing here imports Numba (broken on the device image): the fp64 references
+every network mode from float images and from raw bytes (every zoo model: the dense head of
+kernel 30), rung 25's resize, the LeNet head in each tile variant, and the training kernels of
+gpu/backward.py (the fused training rungs 31-36: benchmarks/sanitize_trainer.py). Nothing here
+imports Numba (broken on the device image): the fp64 references
 are NumPy. Exit status 1 when any launch misses its tolerance.
 """
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from convolab.conv_cpu import reference_conv_relu_pool, reference_forward
 from convolab.gpu.lenet_head import HEAD_IMGS_CHOICES
+from convolab.models import MODELS
 from convolab.precision import NETWORK_MODES, TOLERANCE
 from convolab.registry import ConvImpl, all_impls
 from convolab.shapes import ConvShape
@@ -90,28 +93,55 @@ def _conv_launch(impl: ConvImpl, shape: ConvShape) -> Launch:
                   impl.tolerance, check)
 
 
-def _random_params(rng: Rng) -> dict[str, np.ndarray]:
-    from convolab.gpu.network import PARAM_SHAPES
+def _random_params(rng: Rng, model: str = "ece408") -> dict[str, np.ndarray]:
+    from convolab.models import param_shapes
 
     # Scaled so that activations stay O(1) through both conv blocks and F5.
     return {k: (_normal(rng, *s) / np.sqrt(np.prod(s[1:]) if len(s) > 1 else 1.0)).astype(
-        np.float32) for k, s in PARAM_SHAPES.items()}
+        np.float32) for k, s in param_shapes(model).items()}
 
 
-def _network_launch(mode: str) -> Launch:
+def _network_launch(mode: str, model: str = "ece408", raw: bool = False) -> Launch:
+    """FusedLeNet on float images, or on raw bytes (the resize inside the first conv kernel:
+    16/17/19's _raw entry points, or rung 25 in front of a first layer without one)."""
     def check(rng: Rng) -> float:
         import cupy as cp
 
+        from convolab.data import resize_bilinear
         from convolab.gpu.network import FusedLeNet, image_shape
 
-        params = _random_params(rng)
-        x = rng.random((NETWORK_BATCH, *image_shape())).astype(np.float32)
-        probs = FusedLeNet(params, mode=mode)(cp.asarray(x))
+        params = _random_params(rng, model)
+        size = image_shape(model)[-1]
+        if raw:
+            images = rng.integers(0, 256, (NETWORK_BATCH, 28, 28), dtype=np.uint8)
+            x = resize_bilinear(images, size)
+        else:
+            x = images = rng.random((NETWORK_BATCH, *image_shape(model))).astype(np.float32)
+        probs = FusedLeNet(params, mode=mode, model=model)(cp.asarray(images))
         cp.cuda.Device().synchronize()
-        return rel_l2(probs, reference_forward(params, x))
+        return rel_l2(probs, reference_forward(params, x, model=model))
 
-    return Launch(f"network:{mode}", f"FusedLeNet mode {mode}, batch {NETWORK_BATCH}",
+    source = "raw bytes" if raw else "float images"
+    return Launch(f"network:{model}:{mode}{':raw' if raw else ''}",
+                  f"FusedLeNet {model} mode {mode} from {source}, batch {NETWORK_BATCH}",
                   TOLERANCE[NETWORK_MODES[mode]], check)
+
+
+def _resize_launch() -> Launch:
+    def check(rng: Rng) -> float:
+        import cupy as cp
+
+        from convolab.data import resize_bilinear
+        from convolab.gpu.resize import resize_u8
+
+        raw = rng.integers(0, 256, (NETWORK_BATCH, 28, 28), dtype=np.uint8)
+        index = rng.integers(0, NETWORK_BATCH, NETWORK_BATCH)
+        got = resize_u8(cp.asarray(raw), 86, index=cp.asarray(index))
+        cp.cuda.Device().synchronize()
+        return rel_l2(got, resize_bilinear(raw[index], 86).astype(np.float64))
+
+    return Launch("resize_u8", f"rung 25: raw bytes resized on the GPU, batch {NETWORK_BATCH}",
+                  0.0, check)
 
 
 def _head_launch(imgs: int) -> Launch:
@@ -252,7 +282,9 @@ def launches() -> list[Launch]:
             raise ValueError(f"sanitize: no candidate shape fits {impl.name!r}; add one to "
                              "CANDIDATE_SHAPES")
         out.append(_conv_launch(impl, shape))
-    out += [_network_launch(mode) for mode in NETWORK_MODES]
+    out += [_network_launch(mode, raw=raw) for mode in NETWORK_MODES for raw in (False, True)]
+    out += [_network_launch("exact", model, raw=True) for model in MODELS if model != "ece408"]
+    out.append(_resize_launch())
     out += [_head_launch(imgs) for imgs in HEAD_IMGS_CHOICES]
     out += [_conv_backward_launch(stride, method, taps, need_dx)
             for stride in (1, 2, 3)

@@ -44,8 +44,13 @@ def test_list_names_every_gpu_impl_without_cupy_or_numba() -> None:
     gpu = all_impls("gpu")
     assert gpu, "no GPU implementations registered"
     assert {f"conv:{i.name}" for i in gpu} <= names
-    for required in ("network:exact", "network:tf32", "network:fp16", "head:imgs16"):
-        assert required in names
+    from convolab.models import MODELS
+    from convolab.precision import NETWORK_MODES
+
+    required = {f"network:ece408:{mode}{raw}" for mode in NETWORK_MODES for raw in ("", ":raw")}
+    required |= {f"network:{model}:exact:raw" for model in MODELS}
+    required |= {"head:imgs16", "resize_u8"}
+    assert required <= names, required - names
     assert any(n.startswith("backward:conv") for n in names)
     assert any(n.startswith("backward:pool") for n in names)
 
