@@ -188,7 +188,8 @@ def summary(rows: list[dict[str, Any]]) -> None:
             if not r["impl"].startswith("igemm"):
                 parts.append(f"{r['impl']} {r['ms']:.4f}")
         for mode in ("3xtf32", "tf32", "fp16", "bf16"):
-            r = best([s for s in sel if s["impl"].endswith("-" + mode)])
+            r = best([s for s in sel
+                      if s["impl"].startswith("igemm") and s["impl"].endswith("-" + mode)])
             if r:
                 parts.append(f"{mode} {r['ms']:.4f} ({r['impl'][6:]} {r['params']}, "
                              f"{gflop / r['ms']:.0f} TF/s)")

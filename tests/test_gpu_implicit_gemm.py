@@ -137,6 +137,30 @@ def test_gather_arithmetic_is_the_convolution(rng: np.random.Generator) -> None:
         assert rel_l2(gather_gemm(case.x, case.w, case.b, shape), case.ref) < 1e-12
 
 
+def test_loader_pieces_address_the_gather(rng: np.random.Generator) -> None:
+    """IgLoader replayed: a B piece is b_ptr (the pixel) + b_off (tap and channel of its first
+    k); its IG_VEC elements must be the channels-last elements of k, k+1, ... of that pixel."""
+    for _ in range(4):
+        shape = random_shape(rng)
+        cp_ = ig.padded_channels(shape.C)
+        _, N, Kd = ig.gemm_dims(shape)
+        for esize in (2, 4):
+            vec = 16 // esize
+            n = rng.integers(0, N, 64)
+            bb, r = n // (shape.H_out * shape.W_out), n % (shape.H_out * shape.W_out)
+            ho, wo = r // shape.W_out, r % shape.W_out
+            b_ptr = ((bb * shape.H + ho * shape.S) * shape.W + wo * shape.S) * cp_
+            k = rng.integers(0, Kd // vec, 64) * vec  # first element of a piece
+            tap = k // cp_
+            p, q = tap // shape.K, tap % shape.K
+            b_off = (p * shape.W + q) * cp_ + k - tap * cp_
+            for e in range(vec):
+                ke = k + e
+                want = ((bb * shape.H + ho * shape.S + (ke // cp_) // shape.K) * shape.W
+                        + wo * shape.S + (ke // cp_) % shape.K) * cp_ + ke % cp_
+                assert np.array_equal(b_ptr + b_off + e, want)
+
+
 def ldmatrix_x4(rows: np.ndarray, addr: list[tuple[int, int]]) -> np.ndarray:
     """What each lane receives: matrix j is addressed by lanes 8j..8j+7 (row, byte offset);
     lane l gets 4 bytes of row l/4 of each matrix at byte 4*(l%4)."""

@@ -130,7 +130,7 @@ __device__ __forceinline__ void ig_mma(float (&d)[4], const unsigned (&a)[4], un
 
 // Per-thread copy plan of one block: which A rows and B pixels this thread moves, decoded once.
 struct IgLoader {
-  const ig_t* a_ptr[IG_A_ITERS];
+  const ig_t* a_ptr[IG_A_ITERS];  // the weight row's element kc * IG_VEC
   bool a_ok[IG_A_ITERS];
   const ig_t* b_ptr[IG_B_ITERS];  // the pixel's (p, q, c) = (0, 0, 0) element
   bool b_ok[IG_B_ITERS];
@@ -157,8 +157,7 @@ struct IgLoader {
       const int nn = b_ok[i] ? n : 0;
       const int b = nn / pix, r = nn - b * pix;
       const int ho = r / p.Wo, wo = r - ho * p.Wo;
-      b_ptr[i] = x + (((size_t)b * p.H + (size_t)ho * p.S) * p.W + (size_t)wo * p.S) * p.Cp +
-                 kc * IG_VEC;
+      b_ptr[i] = x + (((size_t)b * p.H + (size_t)ho * p.S) * p.W + (size_t)wo * p.S) * p.Cp;
     }
     a_dst = smem + row0 * IG_ROWB + kc * 16;
     b_dst = smem + BM * IG_ROWB + row0 * IG_ROWB + kc * 16;
@@ -169,7 +168,8 @@ struct IgLoader {
     constexpr int ROWS_PER_PASS = IG_THREADS / IG_CHUNKS;
     const int k = k0 + kc * IG_VEC;
     const bool k_ok = k < k_end;
-    // The tap of this piece: one division pair per k-tile, shared by all its B rows.
+    // The tap of this piece: one division pair per k-tile, shared by all its B rows. A's
+    // pointers already hold kc * IG_VEC, B's hold the pixel only: b_off is the whole k part.
     const int tap = k_ok ? k / p.Cp : 0;
     const int c = k_ok ? k - tap * p.Cp : 0;
     const int pp = tap / p.K, q = tap - pp * p.K;
