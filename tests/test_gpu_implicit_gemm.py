@@ -266,3 +266,17 @@ def test_classifier_layer_deep_k(mode: str, rng: np.random.Generator) -> None:
         for name, params in ((f"igemm-{mode}", None), (f"igemm-splitk-{mode}", {"SPLIT": split})):
             err = run_impl(name, case, params)
             assert err <= TOLERANCE[mode], f"{name} B={batch}: {err:.3g}"
+
+
+def test_plan_picks_valid_tiles_for_every_vgg_batch() -> None:
+    from convolab.bench.cases import VGG_SWEEP_BATCHES, vgg_cases
+
+    for mode in MODES:
+        for case, batch in itertools.product(vgg_cases(64), VGG_SWEEP_BATCHES):
+            name, params = ig.plan(case.shape.with_batch(batch), mode)
+            impl = get_impl(name)
+            assert impl.supports(case.shape.with_batch(batch))
+            ig.igemm_defines(mode, impl.params_for(params))
+            assert all(v in impl.space[k] for k, v in params.items())
+    with pytest.raises(ValueError, match="unknown mode"):
+        ig.plan(ConvShape(1, 64, 8, 8, 64, 3), "fp8")

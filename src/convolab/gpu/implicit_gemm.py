@@ -53,12 +53,43 @@ def space(mode: str, split: bool = False) -> dict[str, tuple[int, ...]]:
     return out
 
 
+# Tile choices per operand family, from the H100 tile sweep on the VGG layers
+# (docs/vgg.md): (BM, BN, BK, STAGES) for rung 26 with M > 64, with M <= 64, and for 27.
+_TILES: dict[str, dict[str, tuple[int, int, int, int]]] = {
+    "3xtf32": {"wide": (128, 64, 32, 3), "narrow": (64, 64, 16, 4), "split": (128, 64, 32, 4)},
+    "tf32": {"wide": (128, 128, 16, 4), "narrow": (64, 128, 32, 4), "split": (128, 64, 32, 3)},
+    "fp16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
+    "bf16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
+}
+# Rung 26 needs this many 128 x 128 output tiles per SM (two waves) before split-K stops
+# paying: conv5_x at B=64 has 392 tiles for 132 SMs and runs best unsplit.
+SPLIT_BELOW_WAVES = 2
+
+
+def _tile_params(mode: str, kind: str) -> dict[str, int]:
+    bm, bn, bk, stages = _TILES[mode][kind]
+    return {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages}
+
+
 def defaults(mode: str, split: bool = False) -> dict[str, int]:
-    out = {"BM": 128, "BN": 64 if split else 128, "BK": 16 if elem_bytes(mode) == 4 else 32,
-           "STAGES": 4}
     if split:
-        out["SPLIT"] = 0
-    return out
+        return {**_tile_params(mode, "split"), "SPLIT": 0}
+    return _tile_params(mode, "wide")
+
+
+def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> tuple[str, dict[str, int]]:
+    """The rung and tiles the shape model picks (auto without a cache entry): split-K where
+    the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its factor then
+    chosen by split_factor at prepare), else rung 26 with 64-row tiles for M <= 64."""
+    if mode not in _TILES:
+        raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
+    M, N, _ = gemm_dims(shape)
+    if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
+        params = defaults(mode, split=True)
+        if N <= 32:
+            params["BN"] = 32
+        return f"igemm-splitk-{mode}", params
+    return f"igemm-{mode}", _tile_params(mode, "narrow" if M <= 64 else "wide")
 
 
 def warps(bm: int, bn: int) -> tuple[int, int]:
@@ -190,9 +221,19 @@ def _layout_pass(shape: ConvShape, mode: str, defines: Mapping[str, int],
     cp = require_cupy()
     if not needs_layout_pass(shape, mode):
         return lambda x: x
-    kernel = get_kernel(file, "to_channels_last", defines)
     cp_ = padded_channels(shape.C)
     buf = cp.empty((shape.B, shape.H, shape.W, cp_), dtype=_operand_dtype(mode))
+    if shape.H == 1 and shape.W == 1:
+        cast = get_kernel(file, "cast_channels", defines)
+        grid = (min(ceil_div(shape.B * cp_, REDUCE_BLOCK), 65535),)
+        args = tuple(np.int32(v) for v in (shape.C, cp_, shape.B))
+
+        def cast_x(x: Any) -> Any:
+            cast(grid, (REDUCE_BLOCK,), (x, buf, *args))
+            return buf
+
+        return cast_x
+    kernel = get_kernel(file, "to_channels_last", defines)
     grid = (ceil_div(shape.W, 32), ceil_div(cp_, 32), shape.B * shape.H)
     args = tuple(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W))
 
@@ -281,4 +322,5 @@ for _mode in ("3xtf32", "tf32", "fp16", "bf16"):
         space=space(_mode, split=True), defaults=defaults(_mode, split=True),
         compile_variants=_variants(_mode, True), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["gemm_dims", "igemm_defines", "k_slices", "operand_weights", "split_factor"]
+__all__ = ["gemm_dims", "igemm_defines", "k_slices", "operand_weights", "plan",
+           "split_factor"]

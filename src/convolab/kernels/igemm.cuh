@@ -354,3 +354,16 @@ to_channels_last(const float* __restrict__ x, ig_t* __restrict__ out, int C, int
     if (wc < W && c < Cp) out[((size_t)bh * W + wc) * Cp + c] = ig_t(tile[threadIdx.x][i]);
   }
 }
+
+// The same for 1x1 images (the classifier layers): NCHW already is channels-last, so only the
+// type changes and channels C..Cp-1 are zeroed. The tile transpose above would launch one
+// block per 32 channels of a single pixel there, slower than the GEMM it feeds.
+extern "C" __global__ void __launch_bounds__(256)
+cast_channels(const float* __restrict__ x, ig_t* __restrict__ out, int C, int Cp, int B) {
+  const size_t total = (size_t)B * Cp;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const int b = (int)(i / Cp), c = (int)(i - (size_t)b * Cp);
+    out[i] = ig_t(c < C ? x[(size_t)b * C + c] : 0.0f);
+  }
+}
