@@ -91,10 +91,13 @@ def from_impl(impl: Any, params: dict[str, Any]) -> Contender:
         return Prepared(lambda x: run(x, y), lambda: y.get(), lambda: poison(y),
                         _gpu_layer(impl, run, w, b, shape, params))
 
-    precision = precision_of(impl.tolerance)
+    tolerance = impl.tolerance
+    if impl.name == "auto":  # its promise is its mode's: auto:mode=fp16 may run an fp16 rung
+        tolerance = TOLERANCE[str(params.get("mode", "fp32"))]
+    precision = precision_of(tolerance)
     if precision == "fp32" and ("tf32" in impl.name or "tensor-core" in impl.name):
         precision = "tf32"
-    return Contender(impl.name, impl.device, precision, impl.tolerance, prepare, impl.supports,
+    return Contender(impl.name, impl.device, precision, tolerance, prepare, impl.supports,
                      impl.rung, impl.pool, impl=impl, params=params)
 
 
