@@ -324,7 +324,7 @@ def test_advanced_rung_defaults_are_valid_and_tree_split_adapts() -> None:
 
 def test_auto_model_sends_gemm_shaped_layers_to_the_implicit_gemm() -> None:
     """VGG's layers (C, M >= 32): the mode's implicit-GEMM family; split-K exactly where the
-    output has too few 128 x 128 tiles for two waves; LeNet's small C keeps its rungs."""
+    output has fewer 128 x 128 tiles than half the SMs; LeNet's small C keeps its rungs."""
     from convolab.bench.cases import VGG_SWEEP_BATCHES, vgg_cases
     from convolab.gpu import implicit_gemm as ig
 

@@ -11,8 +11,8 @@ heuristic below is used instead.
 Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
-    tf32, fp16: fp16), split-K where the output has too few 128 x 128 tiles to fill the GPU
-    twice, tiles by M (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64
+    tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
+    SMs, tiles by M (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64
     against every tile configuration (docs/vgg.md);
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
     alone cannot fill the GPU, so the channel sum is spread over blocks;

@@ -61,9 +61,10 @@ _TILES: dict[str, dict[str, tuple[int, int, int, int]]] = {
     "fp16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
     "bf16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
 }
-# Rung 26 needs this many 128 x 128 output tiles per SM (two waves) before split-K stops
-# paying: conv5_x at B=64 has 392 tiles for 132 SMs and runs best unsplit.
-SPLIT_BELOW_WAVES = 2
+# Split-K pays while the output has fewer 128 x 128 tiles than this fraction of the SMs:
+# on conv5_x (H100, 132 SMs) it wins at 52 tiles (B=8: 0.080 vs 0.112 ms fp16) and loses
+# from 76 (B=12: 0.124 vs 0.115 ms).
+SPLIT_BELOW_WAVES = 0.5
 
 
 def _tile_params(mode: str, kind: str) -> dict[str, int]:
