@@ -205,7 +205,8 @@ def test_padded_rows_are_free_of_bank_conflicts(row_bytes: int) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_loader_covers_each_stage_piece_once(mode: str) -> None:
-    for d in get_impl(f"igemm-{mode}").compile_variants():
+    variants = get_impl(f"igemm-{mode}").compile_variants()
+    for d in variants + get_impl(f"igemm-splitk-{mode}").compile_variants():
         threads = 32 * d["WARPS_M"] * d["WARPS_N"]
         chunks = d["BK"] * ig.elem_bytes(mode) // 16
         for rows in (d["BM"], d["BN"]):
@@ -255,15 +256,17 @@ def test_every_precision_on_random_shapes(name: str, cases: list[Case],
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["3xtf32", "fp16"])
 def test_classifier_layer_deep_k(mode: str, rng: np.random.Generator) -> None:
-    """fc7's 4096-term sums at batch 1 and 3 (split-K with its automatic factor and a forced
-    one): the 3xtf32 per-tile fp32 adds must keep the long sum at fp32 accuracy."""
-    for batch, split in ((1, 0), (3, 8)):
+    """fc7's 4096-term sums at batch 1, 3 and 16 (split-K with its automatic factor and forced
+    ones, 16- and 64-column tiles): the 3xtf32 per-tile fp32 adds must keep the long sum at
+    fp32 accuracy."""
+    for batch, split, bn in ((1, 0, 16), (3, 8, 64), (16, 4, 16)):
         shape = ConvShape(batch, 4096, 1, 1, 1024, 1)
         x = rng.standard_normal(shape.x_shape, dtype=np.float32)
         w = rng.standard_normal(shape.w_shape, dtype=np.float32) / np.float32(64)
         b = rng.standard_normal(shape.M, dtype=np.float32)
         case = Case(shape, x, w, b, conv_reference(x, w, b))
-        for name, params in ((f"igemm-{mode}", None), (f"igemm-splitk-{mode}", {"SPLIT": split})):
+        for name, params in ((f"igemm-{mode}", None),
+                             (f"igemm-splitk-{mode}", {"SPLIT": split, "BN": bn})):
             err = run_impl(name, case, params)
             assert err <= TOLERANCE[mode], f"{name} B={batch}: {err:.3g}"
 

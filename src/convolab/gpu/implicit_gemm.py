@@ -36,7 +36,7 @@ INT32_LIMIT = 2**31
 # The tunable space (BK in elements: one k-tile is 32 or 64 (fp32) / 64 or 128 (16-bit) bytes).
 # Split-K serves small N (B*Ho*Wo), so its columns are narrower.
 _TILE_SPACE: dict[str, tuple[int, ...]] = {"BM": (64, 128), "BN": (64, 128), "STAGES": (3, 4)}
-_SPLIT_BN = (32, 64)
+_SPLIT_BN = (16, 32, 64)  # 16: fc6/fc7 at batch <= 16, where wider tiles are mostly padding
 _BK = {"fp32": (16, 32), "16bit": (32, 64)}
 SPLIT_SPACE = (0, 2, 4, 8, 16)  # 0: chosen from the shape by split_factor
 
@@ -87,14 +87,14 @@ def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> tuple[str, dict
     M, N, _ = gemm_dims(shape)
     if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
         params = defaults(mode, split=True)
-        if N <= 32:
-            params["BN"] = 32
+        params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
         return f"igemm-splitk-{mode}", params
     return f"igemm-{mode}", _tile_params(mode, "narrow" if M <= 64 else "wide")
 
 
 def warps(bm: int, bn: int) -> tuple[int, int]:
-    """(WARPS_M, WARPS_N): warp tiles of 64 (BM >= 128) or 32 rows by 32 columns."""
+    """(WARPS_M, WARPS_N): warp tiles of 64 (BM >= 128) or 32 rows by 32 columns (by BN
+    where BN is 16)."""
     return (bm // 64 if bm >= 128 else max(1, bm // 32)), max(1, bn // 32)
 
 
@@ -110,9 +110,9 @@ def igemm_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
     wm, wn = warps(bm, bn)
     row = bk * elem_bytes(mode)
     threads = 32 * wm * wn
-    if bm % 32 or bn % 32 or bm < 32 or bn < 32 or row % 32:
-        raise ValueError(f"igemm: BM, BN must be multiples of 32 and BK*{elem_bytes(mode)} "
-                         f"bytes a multiple of 32, got BM={bm} BN={bn} BK={bk}")
+    if bm % 32 or bn % 16 or bm < 32 or bn < 16 or row % 32:
+        raise ValueError(f"igemm: BM must be a multiple of 32, BN of 16 and BK*"
+                         f"{elem_bytes(mode)} bytes of 32, got BM={bm} BN={bn} BK={bk}")
     chunks = row // 16
     if threads % chunks or (bm * chunks) % threads or (bn * chunks) % threads:
         raise ValueError(f"igemm: {threads} threads cannot split a {bm}x{bn}x{bk} tile evenly")
