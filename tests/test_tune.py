@@ -342,3 +342,15 @@ def test_auto_model_sends_gemm_shaped_layers_to_the_implicit_gemm() -> None:
         assert auto.default_choice(ConvShape(1, 512, 16, 16, 512, 3), ALL, mode).impl == \
             "channel-atomic"
     assert auto.default_choice(CONV2, ALL | names, "fp16").impl == "register-tiled"
+
+
+def test_tuner_takes_the_vgg_layer_set() -> None:
+    from convolab.bench.cases import vgg_cases
+
+    got = tune.model_conv_shapes(tune.VGG_LAYERS, 8)
+    assert [name for name, _ in got] == ["conv1_2", "conv5_x", "fc6", "fc7"]
+    assert [shape for _, shape in got] == [c.shape for c in vgg_cases(8)]
+    from convolab.gpu import implicit_gemm as ig
+
+    for _, shape in got:  # every layer has the implicit-GEMM rungs to race
+        assert ig.supports(shape)

@@ -168,8 +168,9 @@ def supports(shape: ConvShape) -> bool:
 
 
 def split_factor(shape: ConvShape, bm: int, bn: int, bk: int, sms: int = DEFAULT_SMS) -> int:
-    """Slices of k for split-K: enough blocks for two waves over `sms` SMs, a power of two,
-    each slice keeping at least 4 k-tiles (fewer leave the cp.async ring nothing to overlap)."""
+    """Slices of k for split-K: a power of two, doubled while the blocks stay within two per
+    SM (tiles x split <= 2 x sms) and each slice keeps at least 4 k-tiles (fewer leave the
+    cp.async ring nothing to overlap)."""
     M, N, Kd = gemm_dims(shape)
     tiles = ceil_div(M, bm) * ceil_div(N, bn)
     split = 1

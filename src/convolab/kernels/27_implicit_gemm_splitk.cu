@@ -7,7 +7,13 @@
 // a few walk k = 25088. Each slice writes fp32 partial sums to a workspace (SPLIT x M x N);
 // a second kernel adds the slices in slice order (deterministic, no atomics) plus the bias
 // and scatters to NCHW y. The workspace round trip is M*N*SPLIT*8 bytes, small exactly when
-// the split pays (fc6 at B=64, SPLIT=8: 16 MB against 411 MB of fp32 weights).
+// the split pays (fc6 at B=64, SPLIT=4: 4 MB against 411 MB of fp32 weights).
+//
+// Measured (H100, docs/vgg.md): fc7 3xtf32 0.027-0.039 ms at every batch 1-64, 1.2-2.1x
+// cuBLAS SGEMM; fc6 fp16 0.10-0.13 ms, 1.1-2.6x cuBLAS fp16; conv5_x B=1 fp16 0.039 ms vs
+// cuDNN 0.109. Split-K wins on conv5_x below ~66 output tiles of 128 x 128 (B <= 8) and
+// loses from 76 (B >= 12), which is auto's rule. fc6 3xtf32 at B=1 (0.213 ms with 16-column
+// tiles) stays behind cuBLAS's GEMV (0.154): most of each m16n8 MMA is padding there.
 
 #include "igemm.cuh"
 
