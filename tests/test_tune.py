@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -12,7 +13,7 @@ from convolab.gpu import auto, tune
 from convolab.gpu.tune import CacheWarning, TuneEntry
 from convolab.models import conv_blocks
 from convolab.precision import TOLERANCE, TUNE_MODES
-from convolab.shapes import ConvShape
+from convolab.shapes import ConvShape, ceil_div
 
 CONV1, CONV2 = (block.shape for block in conv_blocks("ece408", 10_000))
 GPU = "NVIDIA H100 80GB HBM3"
@@ -319,3 +320,37 @@ def test_advanced_rung_defaults_are_valid_and_tree_split_adapts() -> None:
         adv.tc_defines(mode, adv.TC_DEFAULTS)
     with pytest.raises(ValueError, match="power of two"):
         adv.tree_defines(dict(adv.TREE_DEFAULTS, CSPLIT=3))
+
+
+def test_auto_model_sends_gemm_shaped_layers_to_the_implicit_gemm() -> None:
+    """VGG's layers (C, M >= 32): the mode's implicit-GEMM family; split-K exactly where the
+    output has fewer 128 x 128 tiles than half the SMs; LeNet's small C keeps its rungs."""
+    from convolab.bench.cases import VGG_SWEEP_BATCHES, vgg_cases
+    from convolab.gpu import implicit_gemm as ig
+
+    names = {f"igemm-{s}{m}" for s in ("", "splitk-") for m in ig.MODES}
+    for mode, family in auto.GEMM_FAMILY.items():
+        for case, batch in itertools.product(vgg_cases(64), VGG_SWEEP_BATCHES):
+            shape = case.shape.with_batch(batch)
+            choice = auto.default_choice(shape, ALL | names, mode)
+            M, N, _ = ig.gemm_dims(shape)
+            few = ceil_div(M, 128) * ceil_div(N, 128) < ig.SPLIT_BELOW_WAVES * 132
+            assert choice.impl == f"igemm-{'splitk-' if few else ''}{family}"
+            ig.igemm_defines(family, choice.params)
+            assert choice.params["BM"] == (64 if M <= 64 and not few else 128)
+        # Without the family registered the old heuristic still answers.
+        assert auto.default_choice(ConvShape(1, 512, 16, 16, 512, 3), ALL, mode).impl == \
+            "channel-atomic"
+    assert auto.default_choice(CONV2, ALL | names, "fp16").impl == "register-tiled"
+
+
+def test_tuner_takes_the_vgg_layer_set() -> None:
+    from convolab.bench.cases import vgg_cases
+
+    got = tune.model_conv_shapes(tune.VGG_LAYERS, 8)
+    assert [name for name, _ in got] == ["conv1_2", "conv5_x", "fc6", "fc7"]
+    assert [shape for _, shape in got] == [c.shape for c in vgg_cases(8)]
+    from convolab.gpu import implicit_gemm as ig
+
+    for _, shape in got:  # every layer has the implicit-GEMM rungs to race
+        assert ig.supports(shape)

@@ -91,10 +91,13 @@ def from_impl(impl: Any, params: dict[str, Any]) -> Contender:
         return Prepared(lambda x: run(x, y), lambda: y.get(), lambda: poison(y),
                         _gpu_layer(impl, run, w, b, shape, params))
 
-    precision = precision_of(impl.tolerance)
+    tolerance = impl.tolerance
+    if impl.name == "auto":  # its promise is its mode's: auto:mode=fp16 may run an fp16 rung
+        tolerance = TOLERANCE[str(params.get("mode", "fp32"))]
+    precision = precision_of(tolerance)
     if precision == "fp32" and ("tf32" in impl.name or "tensor-core" in impl.name):
         precision = "tf32"
-    return Contender(impl.name, impl.device, precision, impl.tolerance, prepare, impl.supports,
+    return Contender(impl.name, impl.device, precision, tolerance, prepare, impl.supports,
                      impl.rung, impl.pool, impl=impl, params=params)
 
 
@@ -129,8 +132,60 @@ def _torch_prepare(torch: Any, device: str, tf32: bool) -> Callable[[ConvShape, 
     return prepare
 
 
+def _torch_half_prepare(torch: Any) -> Callable[[ConvShape, Any, Any], Prepared]:
+    """cuDNN at its fastest: fp16 operands, channels-last. Input and weights are converted
+    once per buffer outside the timed region (the rungs convert inside theirs)."""
+    import torch.nn.functional as F
+
+    def prepare(shape: ConvShape, w: Any, b: Any) -> Prepared:
+        cl = torch.channels_last
+        w_t = torch.from_dlpack(w).half().to(memory_format=cl)
+        b_t = torch.from_dlpack(b).half()
+        inputs: dict[int, Any] = {}
+        out: dict[str, Any] = {}
+
+        def op(x: Any) -> None:
+            x_t = inputs.get(id(x))
+            if x_t is None:
+                x_t = inputs[id(x)] = torch.from_dlpack(x).half().to(memory_format=cl)
+            out["y"] = F.conv2d(x_t, w_t, b_t, stride=shape.S)
+
+        return Prepared(op, lambda: out["y"].float().contiguous().cpu().numpy())
+
+    return prepare
+
+
+def _torch_gemm_prepare(torch: Any, half: bool) -> Callable[[ConvShape, Any, Any], Prepared]:
+    """cuBLAS through torch.matmul in TF32 or fp16 (operands converted outside the timing)."""
+    def prepare(shape: ConvShape, w: Any, b: Any) -> Prepared:
+        dtype = torch.float16 if half else torch.float32
+        w_t = torch.from_dlpack(w).reshape(shape.M, shape.C).t().to(dtype)
+        inputs: dict[int, Any] = {}
+        out: dict[str, Any] = {}
+
+        def op(x: Any) -> None:
+            torch.backends.cuda.matmul.allow_tf32 = not half
+            x_t = inputs.get(id(x))
+            if x_t is None:
+                x_t = inputs[id(x)] = torch.from_dlpack(x).reshape(shape.B, shape.C).to(dtype)
+            out["y"] = torch.matmul(x_t, w_t)
+
+        def fetch() -> np.ndarray:
+            y = out["y"].float() + torch.from_dlpack(b)[None, :]
+            return y.reshape(shape.y_shape).cpu().numpy()
+
+        return Prepared(op, fetch)
+
+    return prepare
+
+
+def _is_gemm(shape: ConvShape) -> bool:
+    return shape.K == 1 and shape.H == 1 and shape.W == 1
+
+
 def torch_contenders(gpu: bool) -> list[Contender]:
-    """torch-cpu, and on a GPU cuDNN fp32 and TF32 (with cuDNN autotuning: a fair anchor)."""
+    """torch-cpu, and on a GPU cuDNN fp32, TF32 and fp16 channels-last (with cuDNN autotuning:
+    a fair anchor) and, for the GEMM-shaped layers, cuBLAS in TF32 and fp16."""
     try:
         import torch
     except Exception:  # torch is an optional extra: no anchor rows without it
@@ -144,6 +199,12 @@ def torch_contenders(gpu: bool) -> list[Contender]:
                       _torch_prepare(torch, "gpu", False), anchor=True),
             Contender("torch-cudnn-tf32", "gpu", "tf32", TOLERANCE["tf32"],
                       _torch_prepare(torch, "gpu", True), anchor=True),
+            Contender("torch-cudnn-fp16-cl", "gpu", "fp16", TOLERANCE["fp16"],
+                      _torch_half_prepare(torch), anchor=True),
+            Contender("cublas-tf32", "gpu", "tf32", TOLERANCE["tf32"],
+                      _torch_gemm_prepare(torch, False), _is_gemm, anchor=True),
+            Contender("cublas-fp16", "gpu", "fp16", TOLERANCE["fp16"],
+                      _torch_gemm_prepare(torch, True), _is_gemm, anchor=True),
         ]
     return rows
 
@@ -166,10 +227,7 @@ def cublas_contender() -> Contender:
 
         return Prepared(op, fetch)
 
-    def supports(shape: ConvShape) -> bool:
-        return shape.K == 1 and shape.H == 1 and shape.W == 1
-
-    return Contender("cublas-sgemm", "gpu", "fp32", TOLERANCE["fp32"], prepare, supports,
+    return Contender("cublas-sgemm", "gpu", "fp32", TOLERANCE["fp32"], prepare, _is_gemm,
                      anchor=True)
 
 
@@ -219,6 +277,10 @@ def select_contenders(specs: Sequence[ImplSpec] | None, gpu: bool,
         contenders, notes = default_contenders(gpu)
     if not specs if anchors is None else anchors:
         torch_rows = torch_contenders(gpu)
+        if specs and all(c.device == "gpu" for c in contenders):
+            # Named GPU rungs are measured against the GPU anchors only (torch-CPU on the VGG
+            # layers alone would cost minutes a batch).
+            torch_rows = [c for c in torch_rows if c.device == "gpu"]
         if not torch_rows:
             notes.append("PyTorch is not installed: no cuDNN/torch-CPU anchor rows")
         contenders += torch_rows + ([cublas_contender()] if gpu else [])

@@ -309,6 +309,46 @@ def plot_roofline(path: Path, rows: Sequence[Row | dict[str, Any]], ceilings: di
     return path
 
 
+def _sweep_lines(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[tuple[int, Row]]]]:
+    """case label -> implementation -> [(batch, row)] over every run, timed GPU rows only."""
+    lines: dict[str, dict[str, list[tuple[int, Row]]]] = {}
+    for run in runs:
+        for r in (_as_row(d) for d in run.get("rows", [])):
+            if r.op and r.gflops and r.device == "gpu":
+                lines.setdefault(r.case, {}).setdefault(r.impl, []).append((r.batch, r))
+    return lines
+
+
+def plot_batch_sweep(out_dir: Path, runs: Sequence[dict[str, Any]]) -> list[Path]:
+    """One figure per layer over a batch sweep (runs that differ in batch): GFLOP/s against
+    batch, a line per implementation, the cuDNN/cuBLAS anchors dashed. Returns the files."""
+    plt = require_matplotlib()
+    written = []
+    for case, impls in _sweep_lines(runs).items():
+        if max(len({b for b, _ in pts}) for pts in impls.values()) < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        for impl, pts in sorted(impls.items()):
+            pts.sort(key=lambda p: p[0])
+            anchor = pts[0][1].anchor
+            ax.plot([b for b, _ in pts], [r.gflops for _, r in pts], marker="o",
+                    linestyle="--" if anchor else "-", linewidth=1.2 if anchor else 1.8,
+                    label=f"{impl} ({pts[0][1].precision})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("GFLOP/s (Op Time median)")
+        ax.set_title(f"{case}: GFLOP/s vs batch (dashed: cuDNN/cuBLAS anchors)",
+                     fontsize="medium")
+        ax.legend(fontsize="x-small", ncol=2)
+        ax.grid(True, which="major", alpha=0.3)
+        fig.tight_layout()
+        path = Path(out_dir) / f"sweep_{slug(case)}.png"
+        _save_figure(plt, fig, path)
+        written.append(path)
+    return written
+
+
 def plot_results(json_path: Path, out_dir: Path) -> list[Path]:
     """Redraw the ladder chart (plot*.png) and the roofline (roofline*.png) of an existing
     results file (a bench results.json, with runs, or a flat one with cases and rows) into
@@ -326,6 +366,8 @@ def plot_results(json_path: Path, out_dir: Path) -> list[Path]:
         name = "plot.png" if len(layer_runs) == 1 else f"plot_{slug(run['label'])}.png"
         cases = [SimpleNamespace(label=c["label"]) for c in run["cases"]]
         written += plot_rows(Path(out_dir) / name, cases, run["rows"], ceilings)
+    if len({(run.get("config") or {}).get("batch") for run in layer_runs}) > 1:
+        written += plot_batch_sweep(Path(out_dir), layer_runs)
     if not written:
         raise ConvolabError(f"{json_path}: no per-layer runs to plot")
     return written

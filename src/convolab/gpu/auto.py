@@ -8,7 +8,12 @@ rung that is not registered here, that does not support the shape, that is not a
 enough for the mode, or whose parameters the rung no longer knows, is not trusted: the
 heuristic below is used instead.
 
-Heuristic with no cache entry (`default_choice`):
+Heuristic with no cache entry (`default_choice`), a model of the shape:
+  * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
+    classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
+    tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
+    SMs, tiles by M (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64
+    against every tile configuration (docs/vgg.md);
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
     alone cannot fill the GPU, so the channel sum is spread over blocks;
   * C >= 16 otherwise: `channel-tree` — channel slices per block, reduced on chip;
@@ -26,7 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from convolab.gpu import tune
+from convolab.gpu import implicit_gemm, tune
 from convolab.gpu.device import gpu_name
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, all_impls, get_impl, register
@@ -34,6 +39,11 @@ from convolab.shapes import ConvShape
 
 LARGE_C = 16
 SMALL_OUTPUT = 1 << 18
+# Below these channel counts an implicit GEMM pads most of each tensor-core tile with zeros.
+GEMM_C = 32
+GEMM_M = 32
+# The implicit-GEMM family each mode runs: the fastest that meets the mode's tolerance.
+GEMM_FAMILY = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -43,10 +53,13 @@ class Choice:
     source: str = "default"  # "cache" or "default"
 
 
-def default_choice(shape: ConvShape, eligible: Collection[str]) -> Choice:
+def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp32") -> Choice:
     """The no-cache heuristic (see the module docstring); only names in `eligible`."""
     n_out = shape.B * shape.M * shape.H_out * shape.W_out
     wishes: list[Choice] = []
+    if shape.C >= GEMM_C and shape.M >= GEMM_M:
+        name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode])
+        wishes.append(Choice(name, params))
     if shape.C >= LARGE_C and n_out < SMALL_OUTPUT:
         wishes.append(Choice("channel-atomic", {"CGROUP": 4}))
     if shape.C >= LARGE_C:
@@ -71,7 +84,7 @@ def resolve(
     entry = tune.lookup(entries, gpu, shape, mode)
     if entry is not None and entry.impl in eligible:
         return Choice(entry.impl, dict(entry.params), "cache")
-    return default_choice(shape, eligible)
+    return default_choice(shape, eligible, mode)
 
 
 def eligible_impls(shape: ConvShape, mode: str) -> dict[str, ConvImpl]:

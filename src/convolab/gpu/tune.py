@@ -348,8 +348,18 @@ def coordinate_descent(
 # The model's conv layers
 # --------------------------------------------------------------------------------------
 
+# A layer set the tuner takes besides the zoo models: DianNao's VGG16 layers (bench/cases.py),
+# so `convolab tune --model vgg --batch B` caches winners for rungs 26-27's shapes.
+VGG_LAYERS = "vgg"
+
+
 def model_conv_shapes(model: str, batch: int) -> list[tuple[str, ConvShape]]:
-    """(layer name, shape) of each conv layer of the zoo model (raises ValueError if unknown)."""
+    """(layer name, shape) of each conv layer of the zoo model, or of the VGG16 layer set
+    (raises ValueError if unknown)."""
+    if model == VGG_LAYERS:
+        from convolab.bench.cases import vgg_cases
+
+        return [(case.label.split("/")[-1], case.shape) for case in vgg_cases(batch)]
     return [(block.name, block.shape) for block in models.conv_blocks(model, batch)]
 
 

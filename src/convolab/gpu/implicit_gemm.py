@@ -1,0 +1,328 @@
+"""Rungs 26-27: implicit-GEMM convolution on the tensor cores (mma.sync) for large channel
+counts, and its split-K form for small outputs (kernels/igemm.cuh, 26_*.cu, 27_*.cu).
+
+The GEMM is M x N x Kd with N = B*Ho*Wo and Kd = K*K*Cp, Cp = C rounded up to `CHANNEL_ALIGN`
+so that every 16-byte copy stays inside one tap. `prepare` lays the weights out once as
+(M, K, K, Cp) in the operand type; `run` makes x channels-last in that type (a counted kernel;
+skipped where x already is, fp32 modes on 1x1 images with aligned C), then launches the GEMM
+(and, for split-K, the ordered reduction). Everything above `prepare` is pure Python and is
+tested on the CPU. CuPy is imported inside `prepare` only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from convolab.backend import require_cupy
+from convolab.gpu.compile import get_kernel
+from convolab.precision import TOLERANCE
+from convolab.registry import ConvImpl, Run, register
+from convolab.shapes import ConvShape, ceil_div
+
+MMA_FILE = "26_implicit_gemm_mma.cu"
+SPLITK_FILE = "27_implicit_gemm_splitk.cu"
+MODES: dict[str, int] = {"tf32": 0, "fp16": 1, "bf16": 2, "3xtf32": 3}
+CHANNEL_ALIGN = 8  # Cp: one 16-byte piece holds 8 fp16 or 4 fp32 channels of one tap
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory one block may opt into (compute capability 9.0)
+REDUCE_BLOCK = 256
+DEFAULT_SMS = 132  # H100 SXM: the split rule's assumption where no GPU is asked
+MAX_SPLIT = 32
+INT32_LIMIT = 2**31
+
+# The tunable space (BK in elements: one k-tile is 32 or 64 (fp32) / 64 or 128 (16-bit) bytes).
+# Split-K serves small N (B*Ho*Wo), so its columns are narrower.
+_TILE_SPACE: dict[str, tuple[int, ...]] = {"BM": (64, 128), "BN": (64, 128), "STAGES": (3, 4)}
+_SPLIT_BN = (16, 32, 64)  # 16: fc6/fc7 at batch <= 16, where wider tiles are mostly padding
+_BK = {"fp32": (16, 32), "16bit": (32, 64)}
+SPLIT_SPACE = (0, 2, 4, 8, 16)  # 0: chosen from the shape by split_factor
+
+
+def elem_bytes(mode: str) -> int:
+    return 4 if mode in ("tf32", "3xtf32") else 2
+
+
+def space(mode: str, split: bool = False) -> dict[str, tuple[int, ...]]:
+    bk = _BK["fp32" if elem_bytes(mode) == 4 else "16bit"]
+    out = {**_TILE_SPACE, "BK": bk}
+    if split:
+        out.update(BN=_SPLIT_BN, SPLIT=SPLIT_SPACE)
+    return out
+
+
+# Tile choices per operand family, from the H100 tile sweep on the VGG layers
+# (docs/vgg.md): (BM, BN, BK, STAGES) for rung 26 with M > 64, with M <= 64, and for 27.
+_TILES: dict[str, dict[str, tuple[int, int, int, int]]] = {
+    "3xtf32": {"wide": (128, 64, 32, 3), "narrow": (64, 64, 16, 4), "split": (128, 64, 32, 4)},
+    "tf32": {"wide": (128, 128, 16, 4), "narrow": (64, 128, 32, 4), "split": (128, 64, 32, 3)},
+    "fp16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
+    "bf16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
+}
+# Split-K pays while the output has fewer 128 x 128 tiles than this fraction of the SMs:
+# on conv5_x (H100, 132 SMs) it wins at 52 tiles (B=8: 0.080 vs 0.112 ms fp16) and loses
+# from 76 (B=12: 0.124 vs 0.115 ms).
+SPLIT_BELOW_WAVES = 0.5
+
+
+def _tile_params(mode: str, kind: str) -> dict[str, int]:
+    bm, bn, bk, stages = _TILES[mode][kind]
+    return {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages}
+
+
+def defaults(mode: str, split: bool = False) -> dict[str, int]:
+    if split:
+        return {**_tile_params(mode, "split"), "SPLIT": 0}
+    return _tile_params(mode, "wide")
+
+
+def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> tuple[str, dict[str, int]]:
+    """The rung and tiles the shape model picks (auto without a cache entry): split-K where
+    the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its factor then
+    chosen by split_factor at prepare), else rung 26 with 64-row tiles for M <= 64."""
+    if mode not in _TILES:
+        raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
+    M, N, _ = gemm_dims(shape)
+    if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
+        params = defaults(mode, split=True)
+        params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
+        return f"igemm-splitk-{mode}", params
+    return f"igemm-{mode}", _tile_params(mode, "narrow" if M <= 64 else "wide")
+
+
+def warps(bm: int, bn: int) -> tuple[int, int]:
+    """(WARPS_M, WARPS_N): warp tiles of 64 (BM >= 128) or 32 rows by 32 columns (by BN
+    where BN is 16)."""
+    return (bm // 64 if bm >= 128 else max(1, bm // 32)), max(1, bn // 32)
+
+
+def smem_bytes(mode: str, bm: int, bn: int, bk: int, stages: int) -> int:
+    return stages * (bm + bn) * (bk * elem_bytes(mode) + 16)
+
+
+def igemm_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
+    """The -D set of one tile configuration; ValueError names what is wrong with it."""
+    if mode not in MODES:
+        raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    bm, bn, bk, stages = (int(params[k]) for k in ("BM", "BN", "BK", "STAGES"))
+    wm, wn = warps(bm, bn)
+    row = bk * elem_bytes(mode)
+    threads = 32 * wm * wn
+    if bm % 32 or bn % 16 or bm < 32 or bn < 16 or row % 32:
+        raise ValueError(f"igemm: BM must be a multiple of 32, BN of 16 and BK*"
+                         f"{elem_bytes(mode)} bytes of 32, got BM={bm} BN={bn} BK={bk}")
+    chunks = row // 16
+    if threads % chunks or (bm * chunks) % threads or (bn * chunks) % threads:
+        raise ValueError(f"igemm: {threads} threads cannot split a {bm}x{bn}x{bk} tile evenly")
+    if stages < 2:
+        raise ValueError(f"igemm: STAGES must be >= 2, got {stages}")
+    if smem_bytes(mode, bm, bn, bk, stages) > SMEM_LIMIT:
+        raise ValueError(f"igemm: {stages} stages of {bm}x{bn}x{bk} exceed {SMEM_LIMIT} B of "
+                         "shared memory")
+    return {"IG_MODE": MODES[mode], "BM": bm, "BN": bn, "BK": bk, "WARPS_M": wm,
+            "WARPS_N": wn, "STAGES": stages}
+
+
+def _product(sp: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    keys = sorted(sp)
+    return [dict(zip(keys, c, strict=True)) for c in itertools.product(*(sp[k] for k in keys))]
+
+
+def _variants(mode: str, split: bool) -> Callable[[], list[dict[str, int]]]:
+    def variants() -> list[dict[str, int]]:
+        out = []
+        tiles = {k: v for k, v in space(mode, split).items() if k != "SPLIT"}
+        for p in _product(tiles):
+            try:
+                out.append(igemm_defines(mode, p))
+            except ValueError:
+                continue
+        return out
+
+    return variants
+
+
+def padded_channels(C: int) -> int:
+    return ceil_div(C, CHANNEL_ALIGN) * CHANNEL_ALIGN
+
+
+def gemm_dims(shape: ConvShape) -> tuple[int, int, int]:
+    """(M, N, Kd) of the GEMM the convolution is."""
+    return shape.M, shape.B * shape.H_out * shape.W_out, shape.K * shape.K * padded_channels(
+        shape.C)
+
+
+def needs_layout_pass(shape: ConvShape, mode: str) -> bool:
+    """x must be rewritten channels-last unless NCHW already is (1x1 images) and the type and
+    channel padding already match (fp32 modes, C a multiple of CHANNEL_ALIGN)."""
+    already = shape.H == 1 and shape.W == 1 and padded_channels(shape.C) == shape.C
+    return not (already and elem_bytes(mode) == 4)
+
+
+def supports(shape: ConvShape) -> bool:
+    M, N, Kd = gemm_dims(shape)
+    return (N < INT32_LIMIT and M * Kd < INT32_LIMIT and shape.B * shape.H < 65536
+            and ceil_div(M, 32) < 65536)
+
+
+def split_factor(shape: ConvShape, bm: int, bn: int, bk: int, sms: int = DEFAULT_SMS) -> int:
+    """Slices of k for split-K: a power of two, doubled while the blocks stay within two per
+    SM (tiles x split <= 2 x sms) and each slice keeps at least 4 k-tiles (fewer leave the
+    cp.async ring nothing to overlap)."""
+    M, N, Kd = gemm_dims(shape)
+    tiles = ceil_div(M, bm) * ceil_div(N, bn)
+    split = 1
+    while (tiles * split * 2 <= 2 * sms and split * 2 <= MAX_SPLIT
+           and ceil_div(Kd, split * 2) >= 4 * bk):
+        split *= 2
+    return split
+
+
+def k_slices(Kd: int, split: int, bk: int) -> tuple[int, int]:
+    """(k_slice, slices): slice length a multiple of BK; the slices cover [0, Kd) exactly."""
+    k_slice = ceil_div(ceil_div(Kd, max(1, split)), bk) * bk
+    return k_slice, ceil_div(Kd, k_slice)
+
+
+# --------------------------------------------------------------------------------------
+# prepare / run (CuPy from here on)
+# --------------------------------------------------------------------------------------
+
+
+def to_bf16_bits(a: Any) -> Any:
+    """fp32 -> bfloat16 bit patterns (uint16), round to nearest even (CuPy has no bf16)."""
+    cp = require_cupy()
+    u = cp.ascontiguousarray(a, dtype=cp.float32).view(cp.uint32)
+    rounded = u + ((u >> 16) & 1) + cp.uint32(0x7FFF)
+    return (rounded >> 16).astype(cp.uint16)
+
+
+def operand_weights(w: Any, mode: str) -> Any:
+    """(M, C, K, K) fp32 -> (M, K, K, Cp) in the operand type, zero channels C..Cp-1."""
+    cp = require_cupy()
+    w = cp.asarray(w, dtype=cp.float32)
+    M, C, K, _ = w.shape
+    out = cp.zeros((M, K, K, padded_channels(C)), dtype=cp.float32)
+    out[..., :C] = w.transpose(0, 2, 3, 1)
+    if mode == "fp16":
+        return out.astype(cp.float16)
+    if mode == "bf16":
+        return to_bf16_bits(out)
+    return out
+
+
+def _operand_dtype(mode: str) -> Any:
+    return {"fp16": np.float16, "bf16": np.uint16}.get(mode, np.float32)
+
+
+def _layout_pass(shape: ConvShape, mode: str, defines: Mapping[str, int],
+                 file: str) -> Callable[[Any], Any]:
+    """x NCHW fp32 -> the GEMM's channels-last operand (a view of x where nothing moves)."""
+    cp = require_cupy()
+    if not needs_layout_pass(shape, mode):
+        return lambda x: x
+    cp_ = padded_channels(shape.C)
+    buf = cp.empty((shape.B, shape.H, shape.W, cp_), dtype=_operand_dtype(mode))
+    if shape.H == 1 and shape.W == 1:
+        cast = get_kernel(file, "cast_channels", defines)
+        grid = (min(ceil_div(shape.B * cp_, REDUCE_BLOCK), 65535),)
+        args = tuple(np.int32(v) for v in (shape.C, cp_, shape.B))
+
+        def cast_x(x: Any) -> Any:
+            cast(grid, (REDUCE_BLOCK,), (x, buf, *args))
+            return buf
+
+        return cast_x
+    kernel = get_kernel(file, "to_channels_last", defines)
+    grid = (ceil_div(shape.W, 32), ceil_div(cp_, 32), shape.B * shape.H)
+    args = tuple(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W))
+
+    def convert(x: Any) -> Any:
+        kernel(grid, (32, 8), (x, buf, *args))
+        return buf
+
+    return convert
+
+
+def _problem_args(shape: ConvShape) -> tuple[np.int32, ...]:
+    M, N, Kd = gemm_dims(shape)
+    s = shape
+    return tuple(np.int32(v) for v in (N, M, Kd, padded_channels(s.C), s.H, s.W, s.K, s.S,
+                                       s.H_out, s.W_out))
+
+
+def _gemm_kernel(file: str, name: str, defines: Mapping[str, int], smem: int) -> Any:
+    kernel = get_kernel(file, name, defines)
+    kernel.max_dynamic_shared_size_bytes = smem
+    return kernel
+
+
+def _prepare(mode: str, split: bool) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
+    file = SPLITK_FILE if split else MMA_FILE
+
+    def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        cp = require_cupy()
+        defines = igemm_defines(mode, params)
+        bm, bn, bk = defines["BM"], defines["BN"], defines["BK"]
+        smem = smem_bytes(mode, bm, bn, bk, defines["STAGES"])
+        threads = 32 * defines["WARPS_M"] * defines["WARPS_N"]
+        w_op = operand_weights(w, mode)
+        b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
+        convert = _layout_pass(shape, mode, defines, file)
+        M, N, Kd = gemm_dims(shape)
+        dims = _problem_args(shape)
+        if not split:
+            kernel = _gemm_kernel(file, "igemm_conv", defines, smem)
+            grid = (ceil_div(N, bn), ceil_div(M, bm))
+
+            def run(x: Any, y: Any) -> None:
+                kernel(grid, (threads,), (convert(x), w_op, b_d, y, *dims), shared_mem=smem)
+
+            return run
+        from convolab.gpu.device import sm_count
+
+        factor = int(params["SPLIT"]) or split_factor(shape, bm, bn, bk, sm_count())
+        k_slice, slices = k_slices(Kd, factor, bk)
+        kernel = _gemm_kernel(file, "igemm_conv_splitk", defines, smem)
+        reduce = get_kernel(file, "splitk_reduce", defines)
+        partial = cp.empty((slices, M, N), dtype=cp.float32)
+        grid = (ceil_div(N, bn), ceil_div(M, bm), slices)
+        r_grid = (min(ceil_div(M * N, REDUCE_BLOCK), 65535),)
+        r_args = tuple(np.int32(v) for v in (M, N, shape.H_out * shape.W_out, slices))
+
+        def run_split(x: Any, y: Any) -> None:
+            kernel(grid, (threads,), (convert(x), w_op, partial, *dims, np.int32(k_slice)),
+                   shared_mem=smem)
+            reduce(r_grid, (REDUCE_BLOCK,), (partial, b_d, y, *r_args))
+
+        return run_split
+
+    return prepare
+
+
+_WHAT = {
+    "3xtf32": "fp32-exact: operands split big+small TF32, 3 MMAs",
+    "tf32": "TF32 operands",
+    "fp16": "FP16 operands, FP32 accumulation",
+    "bf16": "BF16 operands, FP32 accumulation",
+}
+
+for _mode in ("3xtf32", "tf32", "fp16", "bf16"):
+    register(ConvImpl(
+        name=f"igemm-{_mode}", rung=26, device="gpu", kernel_file=MMA_FILE,
+        demonstrates=f"implicit GEMM, mma.sync + ldmatrix, cp.async ring, channels-last "
+                     f"operands ({_WHAT[_mode]})",
+        prepare=_prepare(_mode, split=False), supports=supports,
+        space=space(_mode), defaults=defaults(_mode), compile_variants=_variants(_mode, False),
+        tolerance=TOLERANCE[_mode]))
+    register(ConvImpl(
+        name=f"igemm-splitk-{_mode}", rung=27, device="gpu", kernel_file=SPLITK_FILE,
+        demonstrates=f"split-K implicit GEMM, slices summed in a fixed order ({_WHAT[_mode]})",
+        prepare=_prepare(_mode, split=True), supports=supports,
+        space=space(_mode, split=True), defaults=defaults(_mode, split=True),
+        compile_variants=_variants(_mode, True), tolerance=TOLERANCE[_mode]))
+
+__all__ = ["gemm_dims", "igemm_defines", "k_slices", "operand_weights", "plan",
+           "split_factor"]
