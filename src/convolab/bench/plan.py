@@ -74,6 +74,10 @@ class RunConfig:
                                 f"not {self.shapes!r}")
         for text in self.custom_shapes:
             parse_shape(text)
+        self._check_network_options()
+
+    def _check_network_options(self) -> None:
+        """The options that only whole-network runs (or only GPU ones) take."""
         if self.variants and not self.network:
             raise ConvolabError("--variant describes whole-network rows: add --network")
         if self.device not in (None, "cpu", "gpu"):
