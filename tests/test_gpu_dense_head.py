@@ -28,10 +28,15 @@ from convolab.models import (
     head_layers,
     param_shapes,
 )
+from convolab.precision import TOLERANCE
 
 KERNEL = KERNEL_DIR / dh.KERNEL_FILE
 NVCC, GXX = shutil.which("nvcc"), shutil.which("g++")
-TOL = 1e-5  # fp32 FFMA: largest probability difference from fp64
+# fp32 FFMA against fp64: the project's fp32 promise (relative L2 over the batch), and a bound on
+# any one probability. A logit is a sum of up to ~3000 fp32 products; on the random heads here
+# (logits up to ~10) its rounding moves a probability by about 1e-5, so 1e-5 itself is too tight
+# for the largest one (1.1e-5 seen on the H100 at F = 2,853).
+TOL = 1e-4
 
 
 def random_layers(rng: np.random.Generator, n_in: int | None = None) -> list[DenseLayer]:
@@ -344,6 +349,9 @@ def check_head(probs: np.ndarray, labels: np.ndarray | None, feat: np.ndarray,
     assert np.array_equal(np.isnan(probs).any(1), bad)
     assert np.isnan(probs[bad]).all()
     assert np.abs(probs[~bad] - ref[~bad]).max() <= TOL
+    if (~bad).any():
+        diff = probs[~bad] - ref[~bad]
+        assert np.linalg.norm(diff) <= TOLERANCE["fp32"] * np.linalg.norm(ref[~bad])
     if labels is not None:
         assert (labels[bad] == dh.NAN_LABEL).all()
         np.testing.assert_array_equal(labels[~bad], probs[~bad].argmax(1))
