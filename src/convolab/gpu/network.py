@@ -389,7 +389,8 @@ class FusedLeNet:
                    labels: bool = False) -> tuple[np.ndarray, float]:
         """(probabilities or labels, images per second) for a host batch, host to host, wall
         clock; compiling and first allocations happen before the clock starts."""
-        warm = x_host[: min(len(x_host), chunk)]
+        # Warm every slot (its plan, device and pinned buffers), not just the first.
+        warm = x_host[: min(len(x_host), chunk * streams)]
         self.forward_chunks(warm, chunk=chunk, streams=streams, labels=labels)
         self._cp.cuda.Device().synchronize()
         t0 = time.perf_counter()
