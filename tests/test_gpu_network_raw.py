@@ -171,3 +171,23 @@ def test_bytes_per_image_counts_raw_input() -> None:
         with_raw = bytes_per_image("exact", True, model, raw_hw=(28, 28))
         assert with_raw == with_float + 784  # the bytes, plus the resized copy's floats
         assert bytes_per_image("exact", False, model, (28, 28)) == with_float - 4 * floats
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["exact", "fp16"])
+def test_raw_batches_of_every_size(mode: str, rng: np.random.Generator) -> None:
+    """Every batch size 1..40 (partial tiles, partial head tiles, odd counts) from raw bytes
+    equals the float forward of the same images, and each image's answer does not depend on
+    the batch it came in."""
+    import cupy as cp
+
+    from convolab.gpu.network import FusedLeNet
+
+    net = FusedLeNet(zoo_params("ece408", int(rng.integers(1 << 30))), mode=mode)
+    raw = raw_batch(rng, 40)
+    whole = net(cp.asarray(raw)).get()
+    for n in range(1, 41):
+        part = net(cp.asarray(raw[:n])).get()
+        floats = net(cp.asarray(data.resize_bilinear(raw[:n], 86))).get()
+        assert np.array_equal(part.view(np.uint32), floats.view(np.uint32)), n
+        assert np.array_equal(part.view(np.uint32), whole[:n].view(np.uint32)), n
