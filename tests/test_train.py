@@ -87,3 +87,25 @@ def test_speedrun_needs_the_fused_engine(tmp_path: Path) -> None:
 
     with pytest.raises(ConvolabError, match="speedrun"):
         run(tmp_path, "s", speedrun=True)
+
+
+def test_recipe_options_belong_to_the_fused_engine(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from convolab.cli import app
+    from convolab.errors import ConvolabError
+
+    train.check_recipe_options("fused", 0.1, True)
+    train.check_recipe_options("framework", None, None)
+    for smoothing in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ConvolabError, match="smoothing"):
+            train.check_recipe_options("fused", smoothing, None)
+    with pytest.raises(ConvolabError, match="fused engine"):
+        run(tmp_path, "m", mirror=True)  # the CPU trains with the framework engine
+    out = tmp_path / "never.safetensors"
+    result = CliRunner().invoke(app, ["train", "--device", "cpu", "--smoothing", "0.1",
+                                      "--out", str(out)])
+    # the command refuses before loading anything (cli.main prints it as one `error:` line)
+    assert isinstance(result.exception, ConvolabError)
+    assert "fused engine" in str(result.exception)
+    assert not out.exists()

@@ -252,6 +252,11 @@ def train(
     speedrun: Annotated[bool, typer.Option(
         "--speedrun", help="fused engine: evaluate the test set once, at the end, and print "
                            "the time to 0.91 test accuracy")] = False,
+    smoothing: Annotated[float | None, typer.Option(
+        help="fused engine: label smoothing of the cross-entropy, in [0, 1) (recipe: 0)")] = None,
+    mirror: Annotated[bool | None, typer.Option(
+        "--mirror/--no-mirror", help="fused engine: flip a random half of each batch left to "
+                                     "right (recipe: off)")] = None,
     limit: Annotated[int | None, typer.Option(help="use only the first N training images")] = None,
     out: Annotated[
         Path | None,
@@ -273,6 +278,7 @@ def train(
     dev = resolve_device(device)
     chosen = run.pick_engine(engine, dev, model)
     run.check_options(*run.resolve_options(chosen, epochs, batch, lr), optimizer, seed, limit)
+    run.check_recipe_options(chosen, smoothing, mirror)
     out_path = out if out is not None else run.default_out(model)
     run.plan_files(out_path, force)
     run.main(
@@ -289,6 +295,8 @@ def train(
         force=force,
         engine=chosen,
         speedrun=speedrun,
+        smoothing=smoothing,
+        mirror=mirror,
     )
 
 

@@ -209,12 +209,22 @@ def resolve_options(engine: str, epochs: int | None, batch: int | None, lr: floa
             defaults["lr"] if lr is None else lr)
 
 
+def check_recipe_options(engine: str, smoothing: float | None, mirror: bool | None) -> None:
+    """Label smoothing and mirroring exist in the fused engine's recipe only."""
+    if engine != "fused" and (smoothing is not None or mirror is not None):
+        raise ConvolabError("--smoothing/--mirror are options of the fused engine (ece408 on "
+                            "the GPU); the framework engine has neither")
+    if smoothing is not None and not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
+        raise ConvolabError(f"--smoothing must be in [0, 1), got {smoothing}")
+
+
 def main(model: str = "ece408", epochs: int | None = None, batch: int | None = None,
          lr: float | None = None, optimizer: str = "adam", seed: int = 0, device: str = "cpu",
          limit: int | None = None, out: Path | str | None = None,
          data_dir: Path | str | None = None, quiet: bool = False,
          test_limit: int | None = None, force: bool = False, engine: str | None = None,
-         speedrun: bool = False) -> dict[str, Any]:
+         speedrun: bool = False, smoothing: float | None = None,
+         mirror: bool | None = None) -> dict[str, Any]:
     """Train, evaluate on the 10k test images after each epoch, write weights + JSON sidecar.
 
     `out` defaults to ./<model>.safetensors; the shipped weights are replaced only with
@@ -227,6 +237,7 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
     engine = pick_engine(engine, device, model)
     epochs, batch, lr = resolve_options(engine, epochs, batch, lr)
     check_options(epochs, batch, lr, optimizer, seed, limit)
+    check_recipe_options(engine, smoothing, mirror)
     if speedrun and engine != "fused":
         raise ConvolabError("--speedrun needs the fused engine (--device gpu, model ece408)")
     out, sidecar = plan_files(out if out is not None else default_out(model), force)
@@ -235,6 +246,12 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
         from convolab.gpu.trainer import RECIPE
         recipe = dataclasses.replace(RECIPE, epochs=epochs, batch=batch, lr=lr,
                                      optimizer=optimizer)
+        if smoothing is not None:
+            recipe = dataclasses.replace(recipe, smoothing=float(smoothing))
+        if mirror is not None:
+            recipe = dataclasses.replace(recipe, mirror=bool(mirror))
+        command += "".join([f" --smoothing {recipe.smoothing:g}" if recipe.smoothing else "",
+                            " --mirror" if recipe.mirror else ""])
         result, state = _main_fused(model, recipe, seed, limit, data_dir, test_limit, quiet,
                                     speedrun)
         result.update({"command": command, "device": device, "engine": engine})
