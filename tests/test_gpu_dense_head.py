@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emulator import CUDA_SHIM
 
 from convolab.gpu import dense_head as dh
 from convolab.gpu.compile import KERNEL_DIR, define_flags
@@ -227,35 +228,7 @@ def test_kernel_rejects_bad_defines(defines: dict[str, int], message: str) -> No
 
 # ---- the kernel source on the CPU -----------------------------------------------------------
 
-EMU = r"""
-#include <algorithm>
-#include <barrier>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <thread>
-#include <vector>
-struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-thread_local Dim3 threadIdx, blockIdx;
-Dim3 gridDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__
-#define __launch_bounds__(...)
-#define __shared__
-#define __align__(n) __attribute__((aligned(n)))
-template <class T> inline T __ldg(const T* p) { return *p; }
-using std::min;
-inline float __int_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-#define CONVOLAB_NEG_INF (__int_as_float(0xff800000u))
-inline float fmaxf(float a, float b) { return std::fmax(a, b); }
-inline float fmax_nan(float a, float b) { return (a != a || b != b) ? NAN : std::fmax(a, b); }
-inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
-inline float expf(float a) { return std::exp(a); }
+EMU = CUDA_SHIM + r"""
 std::barrier<>* block_bar;
 inline void __syncthreads() { block_bar->arrive_and_wait(); }
 alignas(16) float dh_smem[227 * 1024 / 4];

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emulator import CUDA_SHIM
 from test_gpu_fused import lenet_params
 
 from convolab.conv_cpu import reference_forward
@@ -104,36 +105,7 @@ def test_head_kernel_rejects_bad_defines(defines: dict[str, int], message: str) 
 
 # ---- the kernel source on the CPU -----------------------------------------------------------
 
-EMU = r"""
-#include <algorithm>
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <thread>
-#include <vector>
-struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-thread_local Dim3 threadIdx, blockIdx;
-Dim3 gridDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__
-#define __launch_bounds__(...)
-#define __shared__
-#define __align__(n) __attribute__((aligned(n)))
-template <class T> inline T __ldg(const T* p) { return *p; }
-using std::min;
-inline float __int_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline float fmaxf(float a, float b) { return std::fmax(a, b); }
-// common.cuh's IEEE maximum (max.NaN.f32): NaN if either operand is NaN.
-inline float fmax_nan(float a, float b) { return (a != a || b != b) ? NAN : std::fmax(a, b); }
-inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
-inline float expf(float a) { return std::exp(a); }
+EMU = CUDA_SHIM + r"""
 std::barrier<>* block_bar;
 std::barrier<>* warp_bar[32];
 float shfl[32][32];

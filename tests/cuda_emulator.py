@@ -1,0 +1,37 @@
+"""The CUDA-on-the-CPU prelude of the kernel emulator tests: a head kernel's source, with this
+prelude and a test's own main(), compiles with g++ and runs each block's threads as std::threads
+(std::barrier for __syncthreads), so index arithmetic and shared-memory use are checked where
+no GPU is. Each test adds what its kernel needs beyond it (warp shuffles, cp.async)."""
+
+CUDA_SHIM = r"""
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+thread_local Dim3 threadIdx, blockIdx;
+Dim3 gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __launch_bounds__(...)
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+template <class T> inline T __ldg(const T* p) { return *p; }
+using std::min;
+inline float __int_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+#define CONVOLAB_NEG_INF (__int_as_float(0xff800000u))
+inline float fmaxf(float a, float b) { return std::fmax(a, b); }
+// common.cuh's IEEE maximum (max.NaN.f32): NaN if either operand is NaN.
+inline float fmax_nan(float a, float b) { return (a != a || b != b) ? NAN : std::fmax(a, b); }
+inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
+inline float expf(float a) { return std::exp(a); }
+"""
