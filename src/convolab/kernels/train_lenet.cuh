@@ -9,14 +9,7 @@
 // written.
 #pragma once
 
-#include "resize.cuh"
-
-#ifndef RAW_H
-#define RAW_H 28
-#endif
-#ifndef RAW_W
-#define RAW_W 28
-#endif
+#include "resize.cuh"  // also RAW_H x RAW_W, the raw image size
 #ifndef IN_S
 #define IN_S 86  // the network's input side (the resize target)
 #endif
