@@ -64,6 +64,17 @@ __device__ __forceinline__ void mma_f16_m16n8k16(float (&d)[4], unsigned a0, uns
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The same with bf16 operands (bf16x2 registers).
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1,
+                                                  unsigned a2, unsigned a3, unsigned b0,
+                                                  unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // The same with tf32 operands: A 16x8, B 8x8, one 32-bit element a register.
 __device__ __forceinline__ void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1,
                                                  unsigned a2, unsigned a3, unsigned b0,

@@ -100,31 +100,25 @@ __device__ __forceinline__ void ig_ldsm_x4(unsigned (&r)[4], unsigned saddr) {
 }
 
 __device__ __forceinline__ unsigned ig_tf32(unsigned bits) {
-  unsigned u;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(__uint_as_float(bits)));
-  return u;
+  return __float_as_uint(tf32_round(__uint_as_float(bits)));
+}
+
+// 3xTF32: v becomes its tf32 part; returns the tf32 rounding of what that part leaves out.
+__device__ __forceinline__ unsigned ig_split_tf32(unsigned& v) {
+  const unsigned big = ig_tf32(v);
+  const unsigned small = ig_tf32(__float_as_uint(__uint_as_float(v) - __uint_as_float(big)));
+  v = big;
+  return small;
 }
 
 __device__ __forceinline__ void ig_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                        unsigned b1) {
 #if IG_MODE == 1
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_f16_m16n8k16(d, a[0], a[1], a[2], a[3], b0, b1);
 #elif IG_MODE == 2
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_bf16_m16n8k16(d, a[0], a[1], a[2], a[3], b0, b1);
 #else
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_tf32_m16n8k8(d, a[0], a[1], a[2], a[3], b0, b1);
 #endif
 }
 
@@ -214,19 +208,11 @@ __device__ __forceinline__ void ig_step(float (&acc)[IG_MI][IG_NI][4], unsigned 
 #pragma unroll
   for (int mi = 0; mi < IG_MI; ++mi)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const unsigned big = ig_tf32(a[mi][r]);
-      a_small[mi][r] = ig_tf32(__float_as_uint(__uint_as_float(a[mi][r]) - __uint_as_float(big)));
-      a[mi][r] = big;
-    }
+    for (int r = 0; r < 4; ++r) a_small[mi][r] = ig_split_tf32(a[mi][r]);
 #pragma unroll
   for (int ni = 0; ni < IG_NI; ++ni)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const unsigned big = ig_tf32(b[ni][r]);
-      b_small[ni][r] = ig_tf32(__float_as_uint(__uint_as_float(b[ni][r]) - __uint_as_float(big)));
-      b[ni][r] = big;
-    }
+    for (int r = 0; r < 2; ++r) b_small[ni][r] = ig_split_tf32(b[ni][r]);
 #pragma unroll
   for (int mi = 0; mi < IG_MI; ++mi)
 #pragma unroll
