@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from convolab.conv_cpu import reference_conv_relu_pool, reference_forward
+from convolab.data import IMAGE_SIDE
 from convolab.gpu.lenet_head import HEAD_IMGS_CHOICES
 from convolab.models import MODELS
 from convolab.precision import NETWORK_MODES, TOLERANCE
@@ -113,7 +114,7 @@ def _network_launch(mode: str, model: str = "ece408", raw: bool = False) -> Laun
         params = _random_params(rng, model)
         size = image_shape(model)[-1]
         if raw:
-            images = rng.integers(0, 256, (NETWORK_BATCH, 28, 28), dtype=np.uint8)
+            images = rng.integers(0, 256, (NETWORK_BATCH, IMAGE_SIDE, IMAGE_SIDE), dtype=np.uint8)
             x = resize_bilinear(images, size)
         else:
             x = images = rng.random((NETWORK_BATCH, *image_shape(model))).astype(np.float32)
@@ -134,11 +135,12 @@ def _resize_launch() -> Launch:
         from convolab.data import resize_bilinear
         from convolab.gpu.resize import resize_u8
 
-        raw = rng.integers(0, 256, (NETWORK_BATCH, 28, 28), dtype=np.uint8)
+        raw = rng.integers(0, 256, (NETWORK_BATCH, IMAGE_SIDE, IMAGE_SIDE), dtype=np.uint8)
         index = rng.integers(0, NETWORK_BATCH, NETWORK_BATCH)
-        got = resize_u8(cp.asarray(raw), 86, index=cp.asarray(index))
+        size = MODELS["ece408"].input_size
+        got = resize_u8(cp.asarray(raw), size, index=cp.asarray(index))
         cp.cuda.Device().synchronize()
-        return rel_l2(got, resize_bilinear(raw[index], 86).astype(np.float64))
+        return rel_l2(got, resize_bilinear(raw[index], size).astype(np.float64))
 
     return Launch("resize_u8", f"rung 25: raw bytes resized on the GPU, batch {NETWORK_BATCH}",
                   0.0, check)

@@ -18,6 +18,8 @@ from convolab.models import MODELS, build, spec
 from convolab.precision import TOLERANCE
 
 ZOO = tuple(MODELS)
+ECE408_SIZE = spec("ece408").input_size
+RAW_HW = (data.IMAGE_SIDE, data.IMAGE_SIDE)
 MODE_TOLERANCE = {"exact": TOLERANCE["fp32"], "tf32": 2 * TOLERANCE["tf32"],
                   "fp16": TOLERANCE["fp16"]}
 
@@ -33,7 +35,7 @@ def zoo_params(model: str, seed: int) -> dict[str, np.ndarray]:
 
 
 def raw_batch(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.integers(0, 256, (n, data.IMAGE_SIDE, data.IMAGE_SIDE), dtype=np.uint8)
+    return rng.integers(0, 256, (n, *RAW_HW), dtype=np.uint8)
 
 
 @pytest.mark.gpu
@@ -92,7 +94,7 @@ def test_every_dataset_image_raw_equals_float_exact() -> None:
         for start in range(0, len(raw), 10_000):
             part = raw[start:start + 10_000]
             a = net(cp.asarray(part)).get()
-            b = net(cp.asarray(data.resize_bilinear(part, 86))).get()
+            b = net(cp.asarray(data.resize_bilinear(part, ECE408_SIZE))).get()
             bad = int(np.count_nonzero((a.view(np.uint32) != b.view(np.uint32)).any(1)))
             assert bad == 0, f"{split}[{start}:]: {bad} images differ"
 
@@ -106,7 +108,7 @@ def test_shipped_weights_raw_gpu_equals_cpu_on_every_test_image() -> None:
     network = load("ece408")
     raw, labels = data.load_split("test")
     gpu = FusedLeNet(network.params(), mode="exact").forward_chunks(raw, labels=True)
-    cpu = network.predict(data.resize_bilinear(raw, 86))
+    cpu = network.predict(data.resize_bilinear(raw, ECE408_SIZE))
     assert np.array_equal(gpu, cpu)
     assert (gpu == labels).mean() > 0.85
 
@@ -155,8 +157,8 @@ def test_raw_input_is_checked() -> None:
 def test_parallel_copy_copies_every_byte(rng: np.random.Generator) -> None:
     from convolab.gpu.network import COPY_SLICE_BYTES, parallel_copy
 
-    for n in (0, 1, 7, int(rng.integers(3, 9)) * COPY_SLICE_BYTES // 784 + 13):
-        src = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    for n in (0, 1, 7, int(rng.integers(3, 9)) * COPY_SLICE_BYTES // (RAW_HW[0] * RAW_HW[1]) + 13):
+        src = rng.integers(0, 256, (n, *RAW_HW), dtype=np.uint8)
         dst = np.zeros_like(src)
         parallel_copy(dst, src)
         assert np.array_equal(dst, src), n
@@ -168,9 +170,10 @@ def test_bytes_per_image_counts_raw_input() -> None:
     for model in ZOO:
         floats = int(np.prod(image_shape(model)))
         with_float = bytes_per_image("exact", True, model)
-        with_raw = bytes_per_image("exact", True, model, raw_hw=(28, 28))
-        assert with_raw == with_float + 784  # the bytes, plus the resized copy's floats
-        assert bytes_per_image("exact", False, model, (28, 28)) == with_float - 4 * floats
+        with_raw = bytes_per_image("exact", True, model, raw_hw=RAW_HW)
+        # the raw bytes come on top of the resized copy's floats
+        assert with_raw == with_float + RAW_HW[0] * RAW_HW[1]
+        assert bytes_per_image("exact", False, model, RAW_HW) == with_float - 4 * floats
 
 
 @pytest.mark.gpu
@@ -188,6 +191,6 @@ def test_raw_batches_of_every_size(mode: str, rng: np.random.Generator) -> None:
     whole = net(cp.asarray(raw)).get()
     for n in range(1, 41):
         part = net(cp.asarray(raw[:n])).get()
-        floats = net(cp.asarray(data.resize_bilinear(raw[:n], 86))).get()
+        floats = net(cp.asarray(data.resize_bilinear(raw[:n], ECE408_SIZE))).get()
         assert np.array_equal(part.view(np.uint32), floats.view(np.uint32)), n
         assert np.array_equal(part.view(np.uint32), whole[:n].view(np.uint32)), n

@@ -9,6 +9,7 @@ import pytest
 from convolab import data
 from convolab.errors import InputError
 from convolab.gpu.resize import TAP_DTYPE, resize_taps
+from convolab.models import spec
 
 
 def test_tap_table_matches_the_cpu_rule(rng: np.random.Generator) -> None:
@@ -28,7 +29,7 @@ def test_every_dataset_image_resizes_bit_identically() -> None:
 
     from convolab.gpu.resize import resize_u8
 
-    size = 86
+    size = spec("ece408").input_size
     for split in ("train", "test"):
         raw, _ = data.load_split(split)
         want = data.resize_bilinear(raw, size)

@@ -18,7 +18,7 @@ CPU_BATCH_CAP = 1000
 CPU_FLOP_BUDGET = 20e9
 # The 7-loop algorithm is ~100x slower than BLAS: 100 images, 1 GFLOP per run at most.
 SLOW_CPU_IMPLS = {"cpu-loops": (100, 1e9)}
-# VGG16 layers run at most at these batches (seed 003's sweep goes to 64 on every layer;
+# VGG16 layers run at most at these batches (DianNao's sweep goes to 64 on every layer;
 # conv1_2 at 64 is 0.8 GB of input and 0.8 GB of output, one rotation buffer).
 VGG_BATCH_224 = 64
 VGG_BATCH_SMALL = 64
