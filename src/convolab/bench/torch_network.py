@@ -88,7 +88,8 @@ def torch_resize(torch: Any, size: int, dtype: Any, channels_last: bool = False
     return pre
 
 
-def _events_ms(torch: Any, fn: Callable[[], Any], per_sample: int = 1) -> float:
+def events_ms(torch: Any, fn: Callable[[], Any], per_sample: int = 1) -> float:
+    """Milliseconds per call of fn, `per_sample` calls between one pair of CUDA events."""
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     for _ in range(per_sample):
@@ -109,8 +110,8 @@ def _timed(torch: Any, name: str, job: tuple[Callable[[], Any], Callable[[], Any
             for _ in range(3):
                 out = run()
             torch.cuda.synchronize()
-            samples = [_events_ms(torch, run) for _ in range(reps)]
-            many = [_events_ms(torch, run, BACK_TO_BACK) for _ in range(max(3, reps // 4))]
+            samples = [events_ms(torch, run) for _ in range(reps)]
+            many = [events_ms(torch, run, BACK_TO_BACK) for _ in range(max(3, reps // 4))]
             out = run()
             torch.cuda.synchronize()
             p = probs().float().cpu().numpy()

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from convolab import models, outputs
+from convolab.bench.torch_network import events_ms
 from convolab.gpu.trainer import MODEL, RECIPE, Recipe, Trainer
 
 BATCHES = (256, 4096)
@@ -118,15 +119,7 @@ def torch_row(name: str, compiled: bool, batch: int, reps: int) -> dict[str, Any
         for _ in range(5):
             step()
         torch.cuda.synchronize()
-        samples = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(STEPS_PER_SAMPLE):
-                step()
-            e.record()
-            e.synchronize()
-            samples.append(s.elapsed_time(e) / STEPS_PER_SAMPLE)
+        samples = [events_ms(torch, step, STEPS_PER_SAMPLE) for _ in range(reps)]
         return _row(name, batch, samples)
     except Exception as err:  # noqa: BLE001 - torch is optional; one failing row must not sink the run
         return {"name": name, "batch": batch, "error": f"{type(err).__name__}: {err}"[:400]}
