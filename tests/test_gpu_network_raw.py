@@ -194,3 +194,40 @@ def test_raw_batches_of_every_size(mode: str, rng: np.random.Generator) -> None:
         floats = net(cp.asarray(data.resize_bilinear(raw[:n], ECE408_SIZE))).get()
         assert np.array_equal(part.view(np.uint32), floats.view(np.uint32)), n
         assert np.array_equal(part.view(np.uint32), whole[:n].view(np.uint32)), n
+
+
+@pytest.mark.parametrize("model", ZOO)
+@pytest.mark.parametrize("mode", ["exact", "fp16"])
+@pytest.mark.parametrize("raw_first", ["fused", "resize", None])
+def test_plan_chains_the_blocks(model: str, mode: str, raw_first: str | None,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's runs and buffers, without a GPU: run i reads buffer i and writes buffer i+1;
+    a raw input gets the fused first run, or rung 25's resize in front of the float one."""
+    from types import SimpleNamespace
+
+    from convolab.gpu import network
+    from convolab.models import conv_blocks
+
+    net = object.__new__(network.FusedLeNet)
+    net._cp = SimpleNamespace(empty=np.empty, float16=np.float16, float32=np.float32)
+    net.model, net.mode, net._kernel_params = model, mode, {}
+    net.channels_last = network._channels_last_pair(model, mode)
+    net.params = zoo_params(model, 0)
+    monkeypatch.setattr(net, "_float_run", lambda i, block: ("float", i))
+    monkeypatch.setattr(net, "_raw_first_block",
+                        lambda block, hw: ("raw", 0) if raw_first == "fused" else None)
+    blocks = conv_blocks(model, 5)
+    runs, buffers = net._new_plan(5, None if raw_first is None else RAW_HW)
+    resized = raw_first == "resize"
+    assert len(runs) == len(blocks) + resized and len(buffers) == len(runs) + 1
+    assert buffers[0] is None
+    if resized:
+        assert buffers[1].shape == blocks[0].shape.x_shape and buffers[1].dtype == np.float32
+    assert runs[resized] == (("raw", 0) if raw_first == "fused" else ("float", 0))
+    assert runs[resized + 1:] == [("float", i) for i in range(1, len(blocks))]
+    for block, out in zip(blocks, buffers[1 + resized:], strict=True):
+        s = block.shape
+        hp, wp = s.H_out // block.pool, s.W_out // block.pool
+        cl = net.channels_last and block is blocks[0]
+        assert out.shape == ((5, hp, wp, s.M) if cl else (5, s.M, hp, wp))
+        assert out.dtype == (np.float16 if cl else np.float32)

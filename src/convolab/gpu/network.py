@@ -221,40 +221,37 @@ class FusedLeNet:
                   raw_hw: tuple[int, int] | None) -> tuple[list[Callable], list[Any]]:
         """Prepared conv runs and the buffers between them, for one batch size: runs[i] reads
         buffers[i] (buffers[0] is the input, given per call) and writes buffers[i + 1]."""
-        cp, p = self._cp, self.params
+        cp = self._cp
         blocks = conv_blocks(self.model, batch)
         runs: list[Callable] = []
         buffers: list[Any] = [None]
-        if raw_hw is not None:
-            first = self._raw_first_block(blocks[0], raw_hw)
-            if first is None:  # the first layer cannot resize on chip: rung 25 first
-                from convolab.gpu.resize import resize_u8
+        first = self._raw_first_block(blocks[0], raw_hw) if raw_hw is not None else None
+        if raw_hw is not None and first is None:  # no on-chip resize there: rung 25 first
+            from convolab.gpu.resize import resize_u8
 
-                size = blocks[0].shape.H
-                runs.append(lambda raw, out: resize_u8(raw, size, out=out))
-                buffers.append(cp.empty(blocks[0].shape.x_shape, cp.float32))
+            size = blocks[0].shape.H
+            runs.append(lambda raw, out: resize_u8(raw, size, out=out))
+            buffers.append(cp.empty(blocks[0].shape.x_shape, cp.float32))
         for i, block in enumerate(blocks):
             b = block.shape
             hp, wp = b.H_out // block.pool, b.W_out // block.pool
-            kp = self._kernel_params.get(block.name, {})
-            w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
-            if self.channels_last:
-                from convolab.gpu import fused_cl
-
-                if i == 0:
-                    run = first if raw_hw is not None and first is not None else \
-                        fused_cl.prepare_conv1_cl(b, w, bias, kp)
-                    out = cp.empty((batch, hp, wp, b.M), cp.float16)
-                else:
-                    run = fused_cl.prepare_conv2_cl(b, w, bias, kp)
-                    out = cp.empty((batch, b.M, hp, wp), cp.float32)
-            else:
-                run = first if (i == 0 and raw_hw is not None and first is not None) else \
-                    self._block_impl(block).prepare(b, w, bias, kp)
-                out = cp.empty((batch, b.M, hp, wp), cp.float32)
-            runs.append(run)
+            cl_map = self.channels_last and i == 0  # fp16 channels-last pooled C1 map
+            out = (cp.empty((batch, hp, wp, b.M), cp.float16) if cl_map
+                   else cp.empty((batch, b.M, hp, wp), cp.float32))
+            runs.append(first if i == 0 and first is not None else self._float_run(i, block))
             buffers.append(out)
         return runs, buffers
+
+    def _float_run(self, i: int, block: ConvBlock) -> Callable:
+        """Block i's run on float input (fp16 channels-last for ece408's fp16 pair)."""
+        p, kp = self.params, self._kernel_params.get(block.name, {})
+        w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
+        if self.channels_last:
+            from convolab.gpu import fused_cl
+
+            prepare = fused_cl.prepare_conv1_cl if i == 0 else fused_cl.prepare_conv2_cl
+            return prepare(block.shape, w, bias, kp)
+        return self._block_impl(block).prepare(block.shape, w, bias, kp)
 
     def _block_impl(self, block: ConvBlock) -> Any:
         """The mode's fused rung for a block, or the exact one where the mode's kernels do not
