@@ -4,6 +4,7 @@ kernel and also proves each launch computed the right numbers.
 
     python3 benchmarks/sanitize.py --list            what it would launch (no CuPy needed)
     python3 benchmarks/sanitize.py [--seed N]        launch and check everything (GPU)
+    python3 benchmarks/sanitize.py --only REGEX      only the launches whose name matches
     python3 benchmarks/sanitize.py --summarize DIR   the tools' logs -> DIR/sanitize_summary.txt
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize.py
 
@@ -285,7 +286,8 @@ def launches() -> list[Launch]:
                              "CANDIDATE_SHAPES")
         out.append(_conv_launch(impl, shape))
     out += [_network_launch(mode, raw=raw) for mode in NETWORK_MODES for raw in (False, True)]
-    out += [_network_launch("exact", model, raw=True) for model in MODELS if model != "ece408"]
+    out += [_network_launch(mode, model, raw=True)
+            for model in MODELS if model != "ece408" for mode in NETWORK_MODES]
     out.append(_resize_launch())
     out += [_head_launch(imgs) for imgs in HEAD_IMGS_CHOICES]
     out += [_conv_backward_launch(stride, method, taps, need_dx)
@@ -296,17 +298,25 @@ def launches() -> list[Launch]:
     return out
 
 
-def run_all(seed: int) -> int:
-    """Runs every launch; prints one line each; returns how many missed their tolerance."""
+def selected(only: str | None) -> list[Launch]:
+    """The launches whose name matches the regular expression `only` (all when None)."""
+    pattern = re.compile(only) if only else None
+    return [launch for launch in launches() if pattern is None or pattern.search(launch.name)]
+
+
+def run_all(seed: int, only: str | None = None) -> int:
+    """Runs every selected launch; prints one line each; returns how many missed their
+    tolerance."""
     rng = np.random.default_rng(seed)
     failed = 0
-    for launch in launches():
+    chosen = selected(only)
+    for launch in chosen:
         err = launch.check(rng)
         ok = bool(np.isfinite(err)) and err <= launch.tolerance
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {launch.name:45s} rel_l2 {err:.2e} "
               f"(tol {launch.tolerance:.0e})  {launch.what}", flush=True)
-    print(f"sanitize: {len(launches())} launches, {failed} failed (seed {seed})")
+    print(f"sanitize: {len(chosen)} launches, {failed} failed (seed {seed})")
     return failed
 
 
@@ -354,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", "--dry-run", action="store_true", dest="list_only",
                         help="print what would be launched; needs no GPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", metavar="REGEX",
+                        help="launch only those whose name matches, e.g. 'network|resize'")
     parser.add_argument("--summarize", type=Path, metavar="DIR",
                         help=f"write DIR/{SUMMARY_FILE} from DIR/sanitize_<tool>.txt")
     args = parser.parse_args(argv)
@@ -361,10 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         print(write_summary(args.summarize).read_text(), end="")
         return 0
     if args.list_only:
-        for launch in launches():
+        for launch in selected(args.only):
             print(f"{launch.name:45s} {launch.what}")
         return 0
-    return 1 if run_all(args.seed) else 0
+    return 1 if run_all(args.seed, args.only) else 0
 
 
 if __name__ == "__main__":
