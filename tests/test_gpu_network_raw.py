@@ -14,6 +14,7 @@ import pytest
 from convolab import data
 from convolab.check import rel_l2
 from convolab.conv_cpu import reference_forward
+from convolab.errors import InputError
 from convolab.models import MODELS, build, spec
 from convolab.precision import TOLERANCE
 
@@ -135,16 +136,17 @@ def test_streaming_raw_host_equals_device_forward(pinned: bool,
     np.testing.assert_array_equal(probs, single)
     labels = net.forward_chunks(raw, chunk=chunk, streams=2, labels=True)
     np.testing.assert_array_equal(labels, single.argmax(1))
-    got, rate = net.throughput(raw, chunk=chunk, labels=True)
+    got, rate = net.throughput(raw, chunk=chunk, labels=True, repeats=3)
     np.testing.assert_array_equal(got, labels)
     assert rate > 0
+    with pytest.raises(InputError, match="repeats"):
+        net.throughput(raw, chunk=chunk, repeats=0)
 
 
 @pytest.mark.gpu
 def test_raw_input_is_checked() -> None:
     import cupy as cp
 
-    from convolab.errors import InputError
     from convolab.gpu.network import FusedLeNet
 
     net = FusedLeNet(zoo_params("ece408", 0))
