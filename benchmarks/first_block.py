@@ -33,11 +33,13 @@ from convolab.models import MODELS, conv_blocks, load
 from convolab.shapes import ConvShape
 
 BATCH = 10_000
+WIDE = ("ece408-mxnet", "eecs498")  # the models whose conv1 rung 29 is for
 REPS = 30
 CHECK_IMAGES = 64  # fp64 reference on this many images
 COPY_BYTES = 2 << 30
-# (threads, minb) points of the sweep; 0 = the planner's choice.
-SWEEP = ((0, 0), (0, 1), (128, 4), (160, 4), (224, 3), (256, 2), (288, 2), (384, 2))
+# Sweep points (0 = the planner's choice): FFMA (threads, minb), tensor cores (warps, minb).
+SWEEP = {"fp32": ((0, 0), (0, 1), (128, 4), (256, 2), (384, 2)),
+         "fp16": ((2, 0), (4, 0), (8, 0), (4, 2))}
 
 
 def median_ms(fn: Callable[[], Any], reps: int = REPS) -> float:
@@ -125,23 +127,27 @@ def layer_rows(layer: Layer) -> list[dict[str, Any]]:
     s, pool = layer.shape, layer.pool
     old = old_runs(layer)
     rows = [layer.measure(name, run, raw, dtype)[0] for name, (run, raw, dtype) in old.items()]
-    outs: dict[tuple[bool, str], Any] = {}
-    for raw in (True, False):
-        for dtype in fused_first.OUT_DTYPES:
-            run = fused_first.prepare(s, pool, layer.w, layer.b, {}, (28, 28) if raw else None,
-                                      dtype)
-            row, outs[raw, dtype] = layer.measure("rung 29", run, raw, dtype)
-            rows.append({**row, "plan": run.plan.defines})
-    f32 = outs[True, "float32"]
-    checks = {"model": layer.model, "name": "bit checks",
-              "raw_equals_float": bool((f32.view("uint32") == outs[False, "float32"].view(
-                  "uint32")).all()),
-              "fp16_is_fp32_rounded": bool((outs[True, "float16"].view("uint16") == f32.astype(
-                  "float16").view("uint16")).all())}
-    ffma = old[next(k for k in old if k.startswith("before, exact mode ("))][0]
-    theirs = layer.cp.full(layer.out_shape, layer.cp.nan, "float32")
-    ffma(layer.x_d, theirs)
-    checks["equals_ffma_rung_bits"] = bool((theirs.view("uint32") == f32.view("uint32")).all())
+    checks: dict[str, Any] = {"model": layer.model, "name": "bit checks"}
+    for precision in fused_first.PRECISIONS:
+        outs: dict[tuple[bool, str], Any] = {}
+        for raw in (True, False):
+            for dtype in fused_first.OUT_DTYPES:
+                run = fused_first.prepare(s, pool, layer.w, layer.b, {},
+                                          (28, 28) if raw else None, dtype, precision)
+                row, outs[raw, dtype] = layer.measure(f"rung 29 {precision}", run, raw, dtype)
+                rows.append({**row, "plan": run.plan.defines})
+        f32 = outs[True, "float32"]
+        checks[f"{precision}_raw_equals_float"] = bool(
+            (f32.view("uint32") == outs[False, "float32"].view("uint32")).all())
+        checks[f"{precision}_fp16_is_fp32_rounded"] = bool(
+            (outs[True, "float16"].view("uint16") == f32.astype("float16").view("uint16")).all())
+        if precision == "fp32":
+            ffma = old[next(k for k in old if k.startswith("before, exact mode ("))][0]
+            theirs = layer.cp.full(layer.out_shape, layer.cp.nan, "float32")
+            ffma(layer.x_d, theirs)
+            checks["fp32_equals_ffma_rung_bits"] = bool(
+                (theirs.view("uint32") == f32.view("uint32")).all())
+        del outs
     return [*rows, checks]
 
 
@@ -149,17 +155,18 @@ def sweep_rows(layer: Layer) -> list[dict[str, Any]]:
     from convolab.gpu import fused_first
 
     rows = []
-    for dtype in fused_first.OUT_DTYPES:
-        for threads, minb in SWEEP:
-            params = {"threads": threads, "minb": minb}
+    for precision, points in SWEEP.items():
+        for a, minb in points:
+            params = ({"threads": a, "minb": minb} if precision == "fp32"
+                      else {"warps": a, "minb": minb})
             try:
                 run = fused_first.prepare(layer.shape, layer.pool, layer.w, layer.b, params,
-                                          (28, 28), dtype)
+                                          (28, 28), "float16", precision)
             except ValueError as err:
                 rows.append({"model": layer.model, "name": "sweep", "params": params,
                              "error": str(err)})
                 continue
-            row, _ = layer.measure("sweep", run, True, dtype)
+            row, _ = layer.measure(f"sweep {precision}", run, True, "float16")
             rows.append({**row, "params": params, "plan": run.plan.defines})
     return rows
 
@@ -175,8 +182,8 @@ def network_rows(cp: Any, model: str, rng: np.random.Generator) -> list[dict[str
 
     floats = resize_u8(raw, size)
     rows = []
-    for mode in ("exact", "tf32", "fp16"):
-        for first in (1, -1):  # 1: rung 29 wherever it takes the shape (ece408's too)
+    for mode in ("exact", "fp16"):
+        for first in (1, -1):  # 1: rung 29 wherever it takes the shape
             net = FusedLeNet(params, mode=mode, model=model,
                              kernel_params={"c1": {"first": first}})
             probs = {}
@@ -202,16 +209,17 @@ def small_launches() -> None:
     raw = rng.integers(0, 256, (5, 17, 30), np.uint8)
     out_shape = (5, shape.M, shape.H_out // 2, shape.W_out // 2)
     x = rng.random(shape.x_shape, dtype=np.float32)
-    for dtype in fused_first.OUT_DTYPES:
-        y = cp.full(out_shape, cp.nan, dtype)
-        fused_first.prepare(shape, 2, w, b, {}, None, dtype)(cp.asarray(x), y)
-        err = rel_l2(y.get().astype(np.float32), reference_conv_relu_pool(x, w, b, 1, 2))
-        print(f"small float {dtype}: rel_l2 {err:.2e}")
     sq = ConvShape(5, 1, 23, 23, 20, 5)
-    y = cp.full(out_shape[:2] + (sq.H_out // 2, sq.W_out // 2), cp.nan, "float32")
-    fused_first.prepare(sq, 2, w, b, {}, (17, 30))(cp.asarray(raw), y)
-    ref = reference_conv_relu_pool(data.resize_bilinear(raw, 23), w, b, 1, 2)
-    print(f"small raw float32: rel_l2 {rel_l2(y.get(), ref):.2e}")
+    ref_raw = reference_conv_relu_pool(data.resize_bilinear(raw, 23), w, b, 1, 2)
+    for precision in fused_first.PRECISIONS:
+        for dtype in fused_first.OUT_DTYPES:
+            y = cp.full(out_shape, cp.nan, dtype)
+            fused_first.prepare(shape, 2, w, b, {}, None, dtype, precision)(cp.asarray(x), y)
+            err = rel_l2(y.get().astype(np.float32), reference_conv_relu_pool(x, w, b, 1, 2))
+            print(f"small float {precision} {dtype}: rel_l2 {err:.2e}")
+        y = cp.full(out_shape[:2] + (sq.H_out // 2, sq.W_out // 2), cp.nan, "float32")
+        fused_first.prepare(sq, 2, w, b, {}, (17, 30), precision=precision)(cp.asarray(raw), y)
+        print(f"small raw {precision} float32: rel_l2 {rel_l2(y.get(), ref_raw):.2e}")
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -242,7 +250,7 @@ def main() -> None:
     print(f"{gpu_name()}: device copy {bw / 1e9:.0f} GB/s (read + write)", flush=True)
     for model in MODELS:
         layer = Layer(cp, model, rng)
-        rows = layer_rows(layer) + ([] if args.no_sweep or model == "ece408"
+        rows = layer_rows(layer) + ([] if args.no_sweep or model not in WIDE
                                     else sweep_rows(layer))
         for row in rows:
             if "bytes" in row:
@@ -253,7 +261,7 @@ def main() -> None:
         cp.get_default_memory_pool().free_all_blocks()
         write_json(args.out / "first_block.json", result)
     if not args.no_network:
-        for model in MODELS:
+        for model in WIDE:
             rows = network_rows(cp, model, rng)
             for row in rows:
                 print(json.dumps(row), flush=True)

@@ -1,14 +1,16 @@
 """Rung 29 (gpu/fused_first.py, kernels/29_fused_first_conv_pool.cu): a first block
-(C = 1, many output channels) as one kernel, from raw bytes resized on chip or from floats,
-writing fp32 or fp16.
+(C = 1, many output channels) as one kernel, FFMA or fp16 tensor cores, from raw bytes resized
+on chip or from floats, writing fp32 or fp16.
 
 Every GPU check runs fresh random shapes and inputs into a NaN-poisoned output against the
 fp64 reference on data.resize_bilinear's output; the raw and float entries must agree bit for
-bit, the fp16 output must be the fp32 output rounded to nearest even, and the fp32 output the
-same bits as the FFMA fused rung's (so the exact network does not change).
+bit, the fp16 output must be the fp32 output rounded to nearest even, and the FFMA family's
+fp32 output the same bits as the FFMA fused rung's (so the exact network does not change).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from convolab import data
 from convolab.check import rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
 from convolab.gpu import fused_first
-from convolab.gpu.fused_ffma import ACC_BUDGET, CW_BYTES
+from convolab.gpu.fused_ffma import ACC_BUDGET
 from convolab.models import MODELS, conv_blocks, spec
 from convolab.precision import TOLERANCE
 from convolab.shapes import ConvShape, ceil_div
@@ -68,46 +70,65 @@ def pooled_shape(shape: ConvShape, n: int) -> tuple[int, int, int, int]:
 # ---- GPU -------------------------------------------------------------------------------------
 
 
-@pytest.mark.gpu
-def test_raw_entry_matches_fp64_and_the_float_entry(rng: np.random.Generator) -> None:
-    for _ in range(4):
-        shape = random_shape(rng, square=True)
-        raw_hw = random_raw_hw(rng)
-        if not fused_first.supports(shape, POOL, raw_hw):
-            continue
-        params = random_params(rng)
-        w, b = weights(rng, shape)
-        n = shape.B
-        raw = rng.integers(0, 256, (n, *raw_hw), dtype=np.uint8)
-        x = data.resize_bilinear(raw, shape.H)
-        out = pooled_shape(shape, n)
-        what = (shape, raw_hw, params)
-        from_raw = run_into(fused_first.prepare(shape, POOL, w, b, params, raw_hw), raw, out,
-                            np.float32)
-        from_float = run_into(fused_first.prepare(shape, POOL, w, b, params), x, out,
-                              np.float32)
-        assert np.array_equal(from_raw.view(np.uint32), from_float.view(np.uint32)), what
-        ref = reference_conv_relu_pool(x, w, b, 1, POOL)
-        assert np.all(np.isfinite(from_raw)), what
-        assert rel_l2(from_raw, ref) <= TOLERANCE["fp32"], what
-        half = run_into(fused_first.prepare(shape, POOL, w, b, params, raw_hw, "float16"),
-                        raw, out, np.float16)
-        # within fp16 rounding: exactly the fp32 output rounded to nearest even
-        assert np.array_equal(half.view(np.uint16),
-                              from_raw.astype(np.float16).view(np.uint16)), what
+def check_entries(rng: np.random.Generator, shape: ConvShape, raw_hw: tuple[int, int],
+                  precision: str) -> None:
+    """Raw entry vs fp64 on the resized images, vs the float entry (bits), fp16 vs fp32 out."""
+    params = random_params(rng) if precision == "fp32" else {}
+    w, b = weights(rng, shape)
+    n = shape.B
+    raw = rng.integers(0, 256, (n, *raw_hw), dtype=np.uint8)
+    x = data.resize_bilinear(raw, shape.H)
+    out = pooled_shape(shape, n)
+    what = (shape, raw_hw, params, precision)
+
+    def entry(raw_in: tuple[int, int] | None, dtype: str = "float32") -> Any:
+        return fused_first.prepare(shape, POOL, w, b, params, raw_in, dtype, precision)
+
+    assert entry(raw_hw).plan.tensor_cores == (precision == "fp16")
+    from_raw = run_into(entry(raw_hw), raw, out, np.float32)
+    from_float = run_into(entry(None), x, out, np.float32)
+    assert np.array_equal(from_raw.view(np.uint32), from_float.view(np.uint32)), what
+    assert np.all(np.isfinite(from_raw)), what
+    assert rel_l2(from_raw, reference_conv_relu_pool(x, w, b, 1, POOL)) <= TOLERANCE[
+        precision], what
+    half = run_into(entry(raw_hw, "float16"), raw, out, np.float16)
+    # within fp16 rounding: exactly the fp32 output rounded to nearest even
+    assert np.array_equal(half.view(np.uint16),
+                          from_raw.astype(np.float16).view(np.uint16)), what
 
 
 @pytest.mark.gpu
-def test_float_entry_odd_rectangles_match_fp64(rng: np.random.Generator) -> None:
-    for _ in range(4):
+@pytest.mark.parametrize("precision", fused_first.PRECISIONS)
+def test_raw_entry_matches_fp64_and_the_float_entry(precision: str,
+                                                    rng: np.random.Generator) -> None:
+    family = fused_first.tc_supports if precision == "fp16" else fused_first.supports
+    checked = 0
+    while checked < 4:
+        shape, raw_hw = random_shape(rng, square=True), random_raw_hw(rng)
+        if family(shape, POOL, raw_hw):
+            check_entries(rng, shape, raw_hw, precision)
+            checked += 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", fused_first.PRECISIONS)
+def test_float_entry_odd_rectangles_match_fp64(precision: str,
+                                               rng: np.random.Generator) -> None:
+    checked = 0
+    while checked < 4:
         shape = random_shape(rng, square=False)
-        params = {**random_params(rng), "minb": int(rng.choice([0, 1, 2, 3]))}
+        if precision == "fp16" and not fused_first.tc_supports(shape, POOL):
+            continue
+        checked += 1
+        params = {"minb": int(rng.choice([0, 1, 2, 3]))}
+        if precision == "fp32":
+            params |= random_params(rng)
         w, b = weights(rng, shape)
         x = rng.random(shape.x_shape, dtype=np.float32)
-        got = run_into(fused_first.prepare(shape, POOL, w, b, params), x,
+        got = run_into(fused_first.prepare(shape, POOL, w, b, params, precision=precision), x,
                        pooled_shape(shape, shape.B), np.float32)
         assert np.all(np.isfinite(got)), (shape, params)
-        assert rel_l2(got, reference_conv_relu_pool(x, w, b, 1, POOL)) <= TOLERANCE["fp32"]
+        assert rel_l2(got, reference_conv_relu_pool(x, w, b, 1, POOL)) <= TOLERANCE[precision]
 
 
 @pytest.mark.gpu
@@ -131,14 +152,17 @@ def test_fp32_output_is_the_ffma_rungs_bits(model: str, rng: np.random.Generator
 
 
 @pytest.mark.gpu
-def test_registry_entry_runs_its_shapes(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("impl", [fused_first.FIRST_IMPL, fused_first.FIRST_TC_IMPL],
+                         ids=lambda i: i.name)
+def test_registry_entries_run_their_shapes(impl: Any, rng: np.random.Generator) -> None:
     import cupy as cp
 
-    impl = fused_first.FIRST_IMPL
     shape = random_shape(rng, square=False)
+    while not impl.supports(shape):
+        shape = random_shape(rng, square=False)
     w, b = weights(rng, shape)
     x = rng.standard_normal(shape.x_shape, dtype=np.float32)
-    y = impl.forward(cp.asarray(x), cp.asarray(w), cp.asarray(b), threads=160).get()
+    y = impl.forward(cp.asarray(x), cp.asarray(w), cp.asarray(b), minb=1).get()
     assert y.shape == impl.out_shape(shape)
     assert rel_l2(y, reference_conv_relu_pool(x, w, b, 1, POOL)) <= impl.tolerance
 
@@ -198,9 +222,10 @@ def test_plan_covers_every_channel_within_the_limits(rng: np.random.Generator) -
         if not fused_first.supports(shape, pool):
             continue
         plan = fused_first.first_plan(shape, pool, random_params(rng))
-        mt = plan.channels
-        assert plan.groups * mt >= shape.M > (plan.groups - 1) * mt
-        assert mt * pool * pool <= ACC_BUDGET and 4 * mt * (shape.K ** 2 + 1) <= CW_BYTES
+        mt, groups = plan.channels, plan.defines["FF_G"]
+        assert not plan.tensor_cores
+        assert groups * mt >= shape.M > (groups - 1) * mt
+        assert mt * pool * pool <= ACC_BUDGET
         hp, wp = shape.H_out // pool, shape.W_out // pool
         assert plan.blocks_per_image == ceil_div(hp * wp, plan.threads)
         assert plan.threads % 32 == 0
@@ -211,19 +236,39 @@ def test_plan_covers_every_channel_within_the_limits(rng: np.random.Generator) -
             assert rows <= fused_first.band_rows(shape, pool, plan.threads)
 
 
-def test_group_params_pack_weights_and_bias(rng: np.random.Generator) -> None:
+def test_tensor_core_plan_covers_the_pooled_rows(rng: np.random.Generator) -> None:
+    for _ in range(30):
+        shape = random_shape(rng, square=bool(rng.integers(2)))
+        if not fused_first.tc_supports(shape, POOL):
+            continue
+        plan = fused_first.first_plan(shape, POOL, {}, None, "float16", "fp16")
+        assert plan.tensor_cores and plan.defines["FF_HALF"] == 1
+        hp = shape.H_out // POOL
+        tph = plan.defines["FF_TPH"]
+        assert plan.blocks_per_image * tph >= hp > (plan.blocks_per_image - 1) * tph
+        assert tph <= fused_first.TC_ROWS
+        # tc = -1 keeps FFMA; precision fp32 never runs tensor cores
+        assert not fused_first.first_plan(shape, POOL, {"tc": -1}, None, "float16",
+                                          "fp16").tensor_cores
+        assert not fused_first.first_plan(shape, POOL, {}, None, "float16").tensor_cores
+
+
+def test_ffma_weights_pack_groups_and_bias(rng: np.random.Generator) -> None:
     M, K, mt = int(rng.integers(5, 30)), int(rng.choice([3, 5, 7])), int(rng.integers(2, 9))
     w = rng.standard_normal((M, 1, K, K)).astype(np.float32)
     b = rng.standard_normal(M).astype(np.float32)
-    groups = fused_first.group_params(w, b, K, mt)
-    assert len(groups) == ceil_div(M, mt)
-    for g, packed in enumerate(groups):
-        assert packed.nbytes == 4 * mt * (K * K + 1)
-        for m in range(mt):
-            c = g * mt + m
-            want_w = w[c, 0].ravel() if c < M else np.zeros(K * K, np.float32)
-            assert np.array_equal(packed["w"][0, :, m], want_w)
-            assert packed["b"][0, m] == (b[c] if c < M else 0.0)
+    packed = fused_first.ffma_weights(w, b, mt)
+    groups, mt4 = ceil_div(M, mt), ceil_div(mt, 4) * 4
+    assert packed.dtype == np.float32 and packed.size == groups * (K * K + 1) * mt4
+    blocks = packed[:groups * K * K * mt4].reshape(groups, K * K, mt4)
+    biases = packed[groups * K * K * mt4:].reshape(groups, mt4)
+    for g in range(groups):
+        for j in range(mt4):
+            c = g * mt + j
+            real = j < mt and c < M
+            assert np.array_equal(blocks[g, :, j], w[c, 0].ravel() if real
+                                  else np.zeros(K * K, np.float32))
+            assert biases[g, j] == (b[c] if real else 0.0)
 
 
 def test_supports_only_single_channel_stride_one() -> None:
@@ -238,6 +283,8 @@ def test_supports_only_single_channel_stride_one() -> None:
     for model in MODELS:  # the wide models' conv1 is what it is for
         block = conv_blocks(model)[0]
         assert fused_first.preferred(block.shape, block.pool) == (block.shape.M > 4), model
+        assert fused_first.tc_supports(block.shape, block.pool), model
+    assert not fused_first.tc_supports(ConvShape(1, 1, 40, 40, 8, 11), POOL)  # K > 9
 
 
 def test_default_threads_leave_fewest_idle(rng: np.random.Generator) -> None:

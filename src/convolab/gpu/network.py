@@ -8,9 +8,13 @@ For ece408:
     C3 conv 4->16 K7 + ReLU + pool 4   15 fp32, 18 tf32; 19 in mode 'fp16')
     F5 + ReLU, F6, softmax            kernel 20, kernels/20_lenet_head.cu: 10 floats out
 
-and kernel 30 (gpu/dense_head.py) is the head of the other models. The only full-size
-intermediates are the pooled maps between blocks (ece408: 25.6 KB an image in fp32 NCHW; in
-mode 'fp16' ece408's pair passes it as fp16 channels-last, 12.8 KB: gpu/fused_cl.py).
+and kernel 30 (gpu/dense_head.py) is the head of the other models. The wider models' first
+block (one input channel, 12 output channels) runs rung 29 (gpu/fused_first.py: FFMA, or fp16
+tensor cores in mode 'fp16'). The only full-size intermediates are the pooled maps between
+blocks (ece408: 25.6 KB an image in fp32 NCHW; in mode 'fp16' ece408's pair passes it as fp16
+channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
+(`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
+writes directly (elsewhere a cast follows the block that writes it).
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
@@ -258,9 +262,10 @@ class FusedLeNet:
 
     def _first_run(self, block: ConvBlock, raw_hw: tuple[int, int] | None,
                    out_dtype: str) -> Callable | None:
-        """Rung 29 for the first block, from raw bytes or floats, writing `out_dtype`: where it
-        takes the shape and measured faster than the block's other kernels (or the block's
-        kernel parameters ask for it: first = 1; first = -1 turns it off); None elsewhere."""
+        """Rung 29 for the first block, from raw bytes or floats, writing `out_dtype` (fp16
+        tensor cores in mode 'fp16', FFMA otherwise): where it takes the shape and measured
+        faster than the block's other kernels (or the block's kernel parameters ask for it:
+        first = 1; first = -1 turns it off); None elsewhere."""
         from convolab.gpu import fused_first
 
         kp = self._kernel_params.get(block.name, {})
@@ -270,8 +275,9 @@ class FusedLeNet:
                 or (choice == 0 and not fused_first.preferred(block.shape, block.pool))):
             return None
         p = self.params
+        precision = "fp16" if NETWORK_MODES[self.mode] == "fp16" else "fp32"  # tf32: FFMA
         return fused_first.prepare(block.shape, block.pool, p[f"{block.name}.weight"],
-                                   p[f"{block.name}.bias"], kp, raw_hw, out_dtype)
+                                   p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision)
 
     def _float_run(self, i: int, block: ConvBlock) -> Callable:
         """Block i's run on float input (fp16 channels-last for ece408's fp16 pair)."""
