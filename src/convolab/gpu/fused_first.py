@@ -131,8 +131,8 @@ def supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None)
 def preferred(shape: ConvShape, pool: int) -> bool:
     """Whether the fused network runs a first block on rung 29 without being asked: where it
     takes the shape and fcp_exact_cw (rung 16: all channels in one thread's multi-window tile,
-    weights as constant-bank operands) does not — ece408's conv1 (M = 4) stays on 16 (0.556
-    vs 0.85 ms on H100) and its tensor-core / channels-last variants."""
+    weights as constant-bank operands) does not — ece408's conv1 (M = 4) stays on 16 (0.558
+    vs 0.774 ms on H100) and its tensor-core / channels-last variants (17: 0.259 vs 0.299)."""
     from convolab.gpu.fused_ffma import cw_fits
 
     return supports(shape, pool) and not cw_fits(shape, 4 if shape.M >= 3 else shape.M)
