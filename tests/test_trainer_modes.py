@@ -49,7 +49,7 @@ def _check_block(got: np.ndarray, arg: np.ndarray, want: dict[str, np.ndarray], 
     assert np.isfinite(got).all(), "unwritten or non-finite outputs"
     assert rel_l2(got.reshape(pooled.shape), pooled) <= tol
     clear = want[f"margin{block}"] > margin * np.sqrt(np.mean(want[f"conv{block}"] ** 2))
-    assert clear.mean() > 0.3, "the check would cover too few windows"
+    assert clear.mean() > 0.2, "the check would cover too few windows"
     got_arg = arg.reshape(want_arg.shape)
     np.testing.assert_array_equal(got_arg[clear], want_arg[clear])
     if ties:
@@ -108,3 +108,213 @@ def test_conv2_forward_emulated(mode: str, tmp_path, rng) -> None:
     pooled, arg, margin = ref.pool_argmax(y, c2.pool)
     want = {"pool2": pooled, "arg2": arg, "margin2": margin, "conv2": y}
     _check_block(out["feat"], out["arg2"], want, "2", 1e-6, 1e-4, ties=True)
+
+
+# ------------------------------------------------------------------ host plan (CPU)
+
+
+def test_modes_pick_their_kernels() -> None:
+    exact = tr.kernel_files("exact")
+    assert exact == tr.KERNELS and tr.mode_defines("exact") == {}
+    for mode in MMA_MODES:
+        files = tr.kernel_files(mode)
+        assert files["conv1_fwd"][0].startswith("37_") and files["conv2_fwd"][0].startswith("38_")
+        assert {k: v for k, v in files.items() if k not in tr.MMA_FORWARD} == {
+            k: v for k, v in exact.items() if k not in tr.MMA_FORWARD}
+        assert tr.mode_defines(mode)["TRAIN_PREC"] in (1, 2)
+    assert len({tr.mode_defines(m)["TRAIN_PREC"] for m in MMA_MODES}) == len(MMA_MODES)
+    jobs = tr.compile_jobs()
+    for f, _ in tr.MMA_FORWARD.values():
+        assert len(jobs[f"trainer:{f}"]) == len(MMA_MODES)
+
+
+@pytest.mark.parametrize("bad", ["fp16", "tensor-core", "", "EXACT"])
+def test_unknown_mode_is_refused(bad: str) -> None:
+    with pytest.raises(tr.ConvolabError, match="mode must be one of"):
+        tr.kernel_files(bad)
+
+
+def test_round_to_matches_the_kernels_rounding() -> None:
+    x = np.array([1.0, 1 + 2**-11, 1 + 3 * 2**-11, 1 + 2**-8, 1 + 3 * 2**-8, -1 - 2**-11],
+                 np.float32)
+    # tf32 keeps 10 mantissa bits, ties away from zero; bf16 keeps 7, ties to even
+    np.testing.assert_array_equal(ref.round_to(x, "tf32"),
+                                  [1.0, 1 + 2**-10, 1 + 2 * 2**-10, 1 + 2**-8, 1 + 3 * 2**-8,
+                                   -1 - 2**-10])
+    np.testing.assert_array_equal(ref.round_to(x, "bf16"),
+                                  [1.0, 1.0, 1.0, 1.0, 1 + 4 * 2**-8, -1.0])
+    np.testing.assert_array_equal(ref.round_to(x, "fp32"), x.astype(np.float64))
+
+
+def test_mirror_hash_flips_about_half() -> None:
+    src = np.arange(10_000)
+    flips = ref.mirrored(src, 0x9E3779B1)
+    assert 0.45 < flips.mean() < 0.55
+    assert not ref.mirrored(src, 0).any()
+    assert (flips != ref.mirrored(src, 12345)).mean() > 0.3  # another epoch, other flips
+
+
+def test_train_options_of_the_modes_and_speedrun(tmp_path) -> None:
+    from convolab import train
+    from convolab.errors import ConvolabError
+
+    train.check_recipe_options("fused", None, None, "bf16")
+    with pytest.raises(ConvolabError, match="--mode must be one of exact, tf32, bf16"):
+        train.check_recipe_options("fused", None, None, "fp16")
+    with pytest.raises(ConvolabError, match="fused engine"):
+        train.check_recipe_options("framework", None, None, "tf32")
+    assert train.check_speedrun_options("fused", True, 5, None, None) is None
+    assert train.check_speedrun_options("fused", True, 1, tmp_path / "r.json", None) == (
+        tmp_path / "r.json")
+    for args, message in ((("fused", False, 5, None, None), "add --speedrun"),
+                          (("fused", False, 1, tmp_path / "r.json", None), "add --speedrun"),
+                          (("fused", True, 0, None, None), "--seeds must be 1 or more"),
+                          (("fused", True, 3, None, "w.safetensors"), "writes no weights"),
+                          (("framework", True, 1, None, None), "fused engine"),
+                          (("fused", True, 2, tmp_path / "no" / "r.json", None), "--json")):
+        with pytest.raises(ConvolabError, match=message):
+            train.check_speedrun_options(*args)
+    recipe = train.fused_recipe(8, 128, 4e-3, "adam", 0.1, True)
+    assert (recipe.epochs, recipe.batch, recipe.smoothing, recipe.mirror) == (8, 128, 0.1, True)
+    assert train.recipe_flags(recipe, "bf16") == " --smoothing 0.1 --mirror --mode bf16"
+    assert train.recipe_flags(train.fused_recipe(8, 128, 4e-3, "adam", None, None), "exact") == ""
+
+
+def test_speedrun_summary(rng) -> None:
+    from convolab import train
+
+    acc = rng.uniform(0.9, 0.92, 5)
+    sec = rng.uniform(0.5, 0.7, 5)
+    s = train.speedrun_summary(acc, sec)
+    assert s["runs"] == 5 and s["accuracy_min"] == acc.min() and s["seconds_max"] == sec.max()
+    assert s["accuracy_mean"] == pytest.approx(acc.mean())
+    assert s["reached"] == int((acc >= train.SPEEDRUN_TARGET).sum())
+    assert s["above_floor"] == int((acc >= train.SPEEDRUN_FLOOR).sum())
+    assert f"{acc.mean():.4f}" in train.summary_line(s)
+    with pytest.raises(ValueError):
+        train.speedrun_summary([], [])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cpu", "--mode", "tf32"], "fused engine"),
+    (["--device", "cpu", "--seeds", "3"], "add --speedrun"),
+])
+def test_cli_refuses_mode_and_seeds_misuse(tmp_path, argv: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from convolab.cli import app
+    from convolab.errors import ConvolabError
+
+    out = tmp_path / "never.safetensors"
+    result = CliRunner().invoke(app, ["train", *argv, "--out", str(out)])
+    assert isinstance(result.exception, ConvolabError), result.output
+    assert message in str(result.exception)
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ GPU
+
+
+def _trainer(rng, n: int, batch: int, mode: str, **recipe):
+    raw = rng.integers(0, 256, size=(n, tr.RAW_SIDE, tr.RAW_SIDE), dtype=np.uint8)
+    raw[: n // 4, : tr.RAW_SIDE // 4] = 0  # black bands, as Fashion-MNIST's backgrounds
+    labels = rng.integers(0, 10, size=n).astype(np.uint8)
+    t = tr.Trainer(raw, labels, tr.Recipe(batch=batch, **recipe), seed=int(rng.integers(99)),
+                   mode=mode)
+    params = _params(rng)
+    t.load_params(params)
+    return t, raw, labels, params
+
+
+def _device_state(t: tr.Trainer, batch: int) -> dict[str, np.ndarray]:
+    return {name: getattr(t, name)[:batch].get() for name in ("pool1", "arg1", "feat", "arg2")}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(TRAIN_MODES))
+def test_forward_matches_fp64(mode: str, rng) -> None:
+    """Each conv forward of the mode on its own input against float64 (unrounded operands)
+    within the mode's tolerance; argmax bytes equal wherever the window is clear by 4x it."""
+    t, raw, _, params = _trainer(rng, 48, 16, mode, mirror=True)
+    index = rng.choice(48, size=16, replace=False)
+    for buf in (t.pool1, t.feat):
+        buf.fill(np.nan)
+    t.gradients(index)
+    got = _device_state(t, 16)
+    tol = TOLERANCE[TRAIN_MODES[mode]]
+    x = ref.input_images(raw, index, int(t.salt.get()[0]))
+    want = ref.forward_blocks(params, x)
+    _check_block(got["pool1"], got["arg1"], want, "1", tol, 4 * tol)
+    c1, c2 = models.conv_blocks(tr.MODEL, 1)
+    pool1 = got["pool1"].reshape(want["pool1"].shape)
+    y = conv_reference(pool1, params["c3.weight"], params["c3.bias"])
+    pooled, arg, margin = ref.pool_argmax(y, c2.pool)
+    _check_block(got["feat"], got["arg2"], {"pool2": pooled, "arg2": arg, "margin2": margin,
+                                             "conv2": y}, "2", tol, 4 * tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(TRAIN_MODES))
+@pytest.mark.parametrize("smoothing, mirror", [(0.0, False), (0.1, True)])
+def test_gradients_match_routed_fp64(mode: str, smoothing: float, mirror: bool, rng) -> None:
+    """Every parameter's gradient against the float64 backward routed through the device's
+    argmax bytes and activations (fp32 kernels in every mode: GRADIENT_TOLERANCE); the loss
+    against the float64 forward on unrounded operands within the mode's tolerance."""
+    t, raw, labels, params = _trainer(rng, 40, 13, mode, smoothing=smoothing, mirror=mirror)
+    index = rng.choice(40, size=13, replace=False)
+    loss, grads = t.gradients(index)
+    got = _device_state(t, 13)
+    x = ref.input_images(raw, index, int(t.salt.get()[0]))
+    want_loss, want = ref.routed_gradients(params, x, labels[index], got["pool1"], got["feat"],
+                                           got["arg1"], got["arg2"], smoothing)
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    for name, value in want.items():
+        assert rel_l2(grads[name], value) <= tr.GRADIENT_TOLERANCE, name
+    full = ref.forward_blocks(params, x)
+    fp64_loss, _, _ = ref._head(params, full["pool2"].reshape(13, -1), labels[index], smoothing)
+    assert loss == pytest.approx(fp64_loss, rel=TOLERANCE[TRAIN_MODES[mode]])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MMA_MODES)
+def test_head_gradient_matches_finite_differences(mode: str, rng) -> None:
+    """The mode's loss is quantized in the conv weights (rounded operands), but smooth in the
+    fp32 head's: a central difference of the device's own loss along a random direction of
+    f5 and f6 against the analytic gradient."""
+    t, raw, labels, params = _trainer(rng, 16, 16, mode)
+    _, grads = t.gradients(np.arange(16))
+    head = [k for k in params if k.startswith(("f5", "f6"))]
+    direction = {k: rng.standard_normal(params[k].shape) for k in head}
+    h = 1e-2 / np.sqrt(sum(float((d**2).sum()) for d in direction.values()))
+    dev = t.upload(raw, labels)
+
+    def loss_at(sign: float) -> float:
+        t.load_params({k: (v + sign * h * direction[k]).astype(np.float32) if k in direction
+                       else v for k, v in params.items()})
+        return t.evaluate(*dev).loss
+
+    numeric = (loss_at(1.0) - loss_at(-1.0)) / (2 * h)
+    analytic = sum(float((grads[k].astype(np.float64) * direction[k]).sum()) for k in head)
+    assert numeric == pytest.approx(analytic, rel=3e-2, abs=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(TRAIN_MODES))
+def test_every_mode_learns(mode: str) -> None:
+    """Three epochs on 2,500 real images must lift held-out accuracy well above chance (0.1)
+    and above the untrained network; the margin comes from a measured run (docs/training.md)."""
+    try:
+        raw, labels = data.load_split("train", limit=3000)
+    except Exception as err:  # noqa: BLE001 - any missing dataset skips
+        pytest.skip(f"Fashion-MNIST not available: {err}")
+    recipe = tr.Recipe(epochs=3, batch=64, lr=3e-3)
+    t = tr.Trainer(raw[:2500], labels[:2500], recipe, seed=5, mode=mode)
+    held = t.upload(raw[2500:], labels[2500:])
+    before = t.evaluate(*held).accuracy
+    for _ in range(recipe.epochs):
+        t.run_epoch()
+    stats = t.epoch_stats()
+    after = t.evaluate(*held).accuracy
+    print(f"{mode}: held-out accuracy {before:.4f} -> {after:.4f}, train loss {stats.loss:.4f}")
+    assert after > max(0.6, before + 0.3)
+    assert np.isfinite(stats.loss) and stats.accuracy > 0.5

@@ -30,7 +30,9 @@ inline float tf32_round(float v) {  // cvt.rna.tf32.f32: nearest, ties away from
 struct MmaFrag { unsigned a[4]; unsigned b[2]; };
 MmaFrag mma_frag[32][32];  // [warp][lane]
 inline float tf32_of(unsigned u) { return __uint_as_float(u & 0xffffe000u); }
-inline float bf16_of(unsigned u, int half) { return __uint_as_float(half ? u & 0xffff0000u : u << 16); }
+inline float bf16_of(unsigned u, int half) {
+  return __uint_as_float(half ? u & 0xffff0000u : u << 16);
+}
 // D (16x8) += A B; A(r, k), B(k, n) read out of the warp's fragments.
 template <class FA, class FB>
 inline void mma_emulated(float (&d)[4], int kdim, FA A, FB B) {

@@ -12,7 +12,7 @@ import typer
 
 from convolab.data import SPLIT_SIZES
 from convolab.errors import ConvolabError
-from convolab.precision import MODE_ALIASES
+from convolab.precision import MODE_ALIASES, TRAIN_MODES
 
 app = typer.Typer(
     name="convolab",
@@ -252,6 +252,13 @@ def train(
     speedrun: Annotated[bool, typer.Option(
         "--speedrun", help="fused engine: evaluate the test set once, at the end, and print "
                            "the time to 0.91 test accuracy")] = False,
+    seeds: Annotated[int, typer.Option(
+        help="--speedrun: train seeds SEED..SEED+N-1 and print the mean, min and max of time "
+             "and accuracy (N > 1 writes no weights)")] = 1,
+    json_out: JsonOpt = None,
+    mode: Annotated[str | None, typer.Option(
+        "--mode", help=f"fused engine: {', '.join(TRAIN_MODES)} (the conv forwards on tensor "
+                       "cores for tf32/bf16; fp32 master weights; default exact)")] = None,
     smoothing: Annotated[float | None, typer.Option(
         help="fused engine: label smoothing of the cross-entropy, in [0, 1) (recipe: 0)")] = None,
     mirror: Annotated[bool | None, typer.Option(
@@ -278,9 +285,11 @@ def train(
     dev = resolve_device(device)
     chosen = run.pick_engine(engine, dev, model)
     run.check_options(*run.resolve_options(chosen, epochs, batch, lr), optimizer, seed, limit)
-    run.check_recipe_options(chosen, smoothing, mirror)
-    out_path = out if out is not None else run.default_out(model)
-    run.plan_files(out_path, force)
+    run.check_recipe_options(chosen, smoothing, mirror, mode)
+    run.check_speedrun_options(chosen, speedrun, seeds, json_out, out if seeds > 1 else None)
+    out_path = out if out is not None else (None if seeds > 1 else run.default_out(model))
+    if out_path is not None:
+        run.plan_files(out_path, force)
     run.main(
         model=model,
         epochs=epochs,
@@ -297,6 +306,9 @@ def train(
         speedrun=speedrun,
         smoothing=smoothing,
         mirror=mirror,
+        mode=mode,
+        seeds=seeds,
+        json_out=json_out,
     )
 
 

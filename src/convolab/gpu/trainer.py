@@ -62,6 +62,10 @@ HEAD_CHUNK = 8  # images per pass of the head kernel (one warp each)
 MODES = {"adam": 0, "sgd": 1, "grad": 2}  # train_optim's `mode`
 SCHEDULES = ("onecycle", "cosine")
 EVAL_BATCH = 1000
+# The backward kernels and the optimizer are fp32 in every mode: each gradient against a float64
+# backward (routed through the same pool argmax bytes) within this rel. L2, through four layers
+# and sums over up to 1024 terms and a whole batch.
+GRADIENT_TOLERANCE = 1e-4
 RAW_SIDE = 28
 
 
