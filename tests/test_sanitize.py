@@ -50,6 +50,10 @@ def test_list_names_every_gpu_impl_without_cupy_or_numba() -> None:
     required = {f"network:ece408:{mode}{raw}" for mode in NETWORK_MODES for raw in ("", ":raw")}
     required |= {f"network:{model}:exact:raw" for model in MODELS}
     required |= {"head:imgs16", "resize_u8"}
+    from convolab.precision import TRAIN_MODES
+
+    required |= {f"trainer:{mode}:{what}" for mode in TRAIN_MODES
+                 for what in ("forward", "adam", "sgd")}
     assert required <= names, required - names
     assert any(n.startswith("backward:conv") for n in names)
     assert any(n.startswith("backward:pool") for n in names)

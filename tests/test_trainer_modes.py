@@ -212,6 +212,21 @@ def test_cli_refuses_mode_and_seeds_misuse(tmp_path, argv: list[str], message: s
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--train", "--variant", "fp16"], "mode must be one of exact, tf32, bf16"),
+    (["--train", "--engine", "turbo"], "engine must be one of fused, framework"),
+    (["--engine", "fused"], "--engine picks the training engines of --train"),
+])
+def test_bench_train_refuses_unknown_modes_and_engines(argv: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from convolab.cli import app
+
+    result = CliRunner().invoke(app, ["bench", *argv])
+    text = result.output + str(result.exception or "")
+    assert result.exit_code != 0 and message in text, text
+
+
 # ------------------------------------------------------------------ GPU
 
 

@@ -337,12 +337,17 @@ def bench(
         bool, typer.Option("--network", help="whole-network forward instead of per layer")
     ] = False,
     train: Annotated[
-        bool, typer.Option("--train", help="training-step throughput of the fused GPU trainer "
-                           "against PyTorch eager and torch.compile (batch 256 and 4096)")
+        bool, typer.Option("--train", help="training-step throughput of the GPU training "
+                           "engines against PyTorch eager and torch.compile (batch 256 and 4096)")
     ] = False,
+    engine: Annotated[
+        list[str] | None,
+        typer.Option("--engine", help="--train: fused or framework, repeatable (default both)"),
+    ] = None,
     variant: Annotated[
         list[str] | None,
-        typer.Option("--variant", help="--network: MODE[:layer.key=value,...], repeatable"),
+        typer.Option("--variant", help="--network: MODE[:layer.key=value,...]; --train: a "
+                     "trainer mode (exact, tf32, bf16); repeatable"),
     ] = None,
     shapes: Annotated[
         str | None, typer.Option(help="model, seeds, vgg or all (default: model)")
@@ -375,12 +380,17 @@ def bench(
 
         if plan is not None or network:
             fail("--train times training steps: it takes no --plan or --network")
+        modes, engines = variant or tuple(TRAIN_MODES), engine or train_bench.ENGINES
+        train_bench.check_choices(modes, engines)
         resolve_device("gpu")
         if batch is not None:
             check_batch(batch, limit=4096)
         train_bench.main((batch,) if batch is not None else train_bench.BATCHES,
-                         reps if reps is not None else BENCH_REPS, out)
+                         reps if reps is not None else BENCH_REPS, out, modes=tuple(modes),
+                         engines=tuple(engines))
         return
+    if engine:
+        fail("--engine picks the training engines of --train")
     if plan is not None:
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),

@@ -1,16 +1,20 @@
-"""The fused trainer's recipe search and speedrun (docs/training.md).
+"""The fused trainer's recipe search on a validation split (docs/training.md).
 
     search:   candidate recipes x seeds, trained on the first 55,000 training images and
-              scored on the last 5,000 (a validation split: the test set is never looked at)
-    speedrun: one recipe x seeds on all 60,000, the test set evaluated once at the end;
-              wall time from the first epoch launch (graph capture included) to the final
-              accuracy, with the data resident on the GPU and the kernels compiled
+              scored on the last 5,000 (a validation split: the test set is never looked at);
+              with several candidates, `select` names the one the rule picks
     final:    search, then `select` (the rule below, fixed before any result was seen), then
-              the speedrun of the selected recipe; writes the selected CLI flags to
-              --flags FILE
+              the speedrun of the selected recipe (train.speedrun_runs, as `convolab train
+              --speedrun --seeds N` runs it); writes the selected CLI flags to --flags FILE
 
-    PYTHONPATH=src python3 benchmarks/train_speedrun.py search --seeds 5 --out $OUT/search.json
-    PYTHONPATH=src python3 benchmarks/train_speedrun.py speedrun --seeds 5 --out $OUT/run.json
+    PYTHONPATH=src python3 benchmarks/train_search.py search --set flags --seeds 5 --out F.json
+    PYTHONPATH=src python3 benchmarks/train_search.py final --set final --seeds 5 --out F.json
+
+The speedrun itself (all 60,000 images, the test set once at the end) is the command line's:
+`convolab train --device gpu --speedrun --seeds 5 --json F.json`. The search stays a script,
+not a bench plan: a plan describes timing runs (bench.plan.RunConfig: implementations, shapes,
+batch, reps), while a search trains recipes on a held-out split and applies a selection rule
+to their validation accuracy, neither of which a timing plan has.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from convolab import data
+from convolab import data, train
 from convolab.gpu.trainer import RECIPE, Recipe, Trainer
+from convolab.precision import TRAIN_MODES
 
 VALIDATION = 5_000  # the last images of the training split
-TARGET = 0.91
 # The final search: candidates that `convolab train` flags can express (epochs, lr, batch),
 # then others tried for the record.
 FINAL: dict[str, dict[str, Any]] = {
@@ -50,11 +54,22 @@ OTHERS: dict[str, dict[str, Any]] = {
     "e24-lr8e-3-mirror": {"epochs": 24, "lr": 8e-3, "mirror": True},
     "e16-lr8e-3-wd": {"epochs": 16, "lr": 8e-3, "weight_decay": 5e-4},
 }
-CLI_FIELDS = ("epochs", "batch", "lr")
+# The recipe fields `convolab train` flags set (smoothing and mirror got flags after the final
+# search; the `flags` set below is the search that could pick them).
+CLI_FIELDS = ("epochs", "batch", "lr", "smoothing", "mirror")
 # A candidate qualifies when its validation accuracy has mean >= QUALIFY_MEAN and every seed
 # >= QUALIFY_MIN (margins over 0.91 / 0.905: validation ran ~0.003 above test in the first
 # search); the qualifying candidate with the shortest mean time wins, else the best mean.
 QUALIFY_MEAN, QUALIFY_MIN = 0.913, 0.908
+# Label smoothing and mirroring, now CLI-expressible, at the default's length and shorter,
+# with the default itself re-run beside them on the same code.
+FLAGS: dict[str, dict[str, Any]] = {
+    "e10-lr8e-3": {"epochs": 10, "lr": 8e-3},
+    "e10-lr8e-3-smooth": {"epochs": 10, "lr": 8e-3, "smoothing": 0.1},
+    "e10-lr8e-3-mirror": {"epochs": 10, "lr": 8e-3, "mirror": True},
+    "e8-lr8e-3-smooth": {"epochs": 8, "lr": 8e-3, "smoothing": 0.1},
+    "e8-lr8e-3-smooth-mirror": {"epochs": 8, "lr": 8e-3, "smoothing": 0.1, "mirror": True},
+}
 # The first search: what each candidate changes against the default recipe.
 CANDIDATES: dict[str, dict[str, Any]] = {
     "default": {},
@@ -72,9 +87,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 
 
-def run_one(recipe: Recipe, seed: int, train: tuple[np.ndarray, np.ndarray],
-            held: tuple[np.ndarray, np.ndarray], every_epoch: bool) -> dict[str, Any]:
-    trainer = Trainer(*train, recipe, seed)
+def run_one(recipe: Recipe, seed: int, split: tuple[np.ndarray, np.ndarray],
+            held: tuple[np.ndarray, np.ndarray], every_epoch: bool,
+            mode: str = "exact") -> dict[str, Any]:
+    trainer = Trainer(*split, recipe, seed, mode=mode)
     held_dev = trainer.upload(*held)
     curve = []
     started = time.perf_counter()
@@ -92,12 +108,7 @@ def run_one(recipe: Recipe, seed: int, train: tuple[np.ndarray, np.ndarray],
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    acc = [r["accuracy"] for r in runs]
-    sec = [r["seconds"] for r in runs]
-    return {"accuracy_mean": float(np.mean(acc)), "accuracy_min": min(acc),
-            "accuracy_max": max(acc), "seconds_mean": float(np.mean(sec)),
-            "seconds_min": min(sec), "seconds_max": max(sec),
-            "reached": sum(a >= TARGET for a in acc)}
+    return train.speedrun_summary([r["accuracy"] for r in runs], [r["seconds"] for r in runs])
 
 
 def select(results: dict[str, Any]) -> str:
@@ -111,47 +122,62 @@ def select(results: dict[str, Any]) -> str:
     return max(pool, key=lambda n: pool[n]["accuracy_mean"])
 
 
-def run_plans(plans: dict[str, dict[str, Any]], seeds: int, train: Any, held: Any,
-              every_epoch: bool, report: dict[str, Any], out: Path | None, key: str) -> None:
+def run_plans(plans: dict[str, dict[str, Any]], seeds: int, split: Any, held: Any,
+              every_epoch: bool, report: dict[str, Any], out: Path | None, key: str,
+              mode: str = "exact") -> None:
     for name, change in plans.items():
         recipe = dataclasses.replace(RECIPE, **change)
-        runs = [run_one(recipe, seed, train, held, every_epoch) for seed in range(seeds)]
+        runs = [run_one(recipe, seed, split, held, every_epoch, mode) for seed in range(seeds)]
         s = summary(runs)
         report[key][name] = {"change": change, "recipe": recipe.as_dict(), "summary": s,
                              "runs": runs}
         print(f"{name:<18} acc {s['accuracy_mean']:.4f} [{s['accuracy_min']:.4f}, "
               f"{s['accuracy_max']:.4f}]  {s['seconds_mean']:.2f} s [{s['seconds_min']:.2f}, "
-              f"{s['seconds_max']:.2f}]  >= {TARGET}: {s['reached']}/{len(runs)}  "
+              f"{s['seconds_max']:.2f}]  >= {train.SPEEDRUN_TARGET}: {s['reached']}/{len(runs)}  "
               f"curve {runs[0]['curve']}", flush=True)
         if out:
             out.write_text(json.dumps(report, indent=1))
 
 
+SETS = {"first": CANDIDATES, "final": {**FINAL, **OTHERS}, "flags": FLAGS}
+
+
+def cli_flags(recipe: Recipe) -> str:
+    """The `convolab train` flags of a recipe's CLI fields."""
+    parts = [f"--{f} {getattr(recipe, f):g}" for f in ("epochs", "batch", "lr")]
+    parts += [f"--smoothing {recipe.smoothing:g}"] if recipe.smoothing else []
+    return " ".join(parts + (["--mirror"] if recipe.mirror else []))
+
+
 def final(args: argparse.Namespace, raw: np.ndarray, labels: np.ndarray) -> None:
     report: dict[str, Any] = {"what": "final", "date": dt.date.today().isoformat(),
-                              "base": RECIPE.as_dict(), "rule": {
+                              "mode": args.mode, "base": RECIPE.as_dict(), "rule": {
                                   "qualify_mean": QUALIFY_MEAN, "qualify_min": QUALIFY_MIN,
-                                  "fields": CLI_FIELDS}, "search": {}, "speedrun": {}}
-    train = raw[:-VALIDATION], labels[:-VALIDATION]
+                                  "fields": CLI_FIELDS}, "search": {}}
+    split = raw[:-VALIDATION], labels[:-VALIDATION]
     held = raw[-VALIDATION:], labels[-VALIDATION:]
-    run_plans({**FINAL, **OTHERS}, args.seeds, train, held, True, report, args.out, "search")
+    plans = SETS[args.set]
+    run_plans(plans, args.seeds, split, held, True, report, args.out, "search", args.mode)
     chosen = select(report["search"])
     report["selected"] = chosen
     print(f"selected on validation: {chosen}", flush=True)
-    change = FINAL[chosen]
-    run_plans({chosen: change}, args.seeds, (raw, labels), data.load_split("test"), False,
-              report, args.out, "speedrun")
-    recipe = dataclasses.replace(RECIPE, **change)
+    recipe = dataclasses.replace(RECIPE, **plans[chosen])
+    report["speedrun"] = train.speedrun_runs(recipe, 0, args.seeds, args.mode, None, None, None,
+                                             False, None)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
     if args.flags:
-        args.flags.write_text(" ".join(f"--{f} {getattr(recipe, f):g}" for f in CLI_FIELDS))
+        args.flags.write_text(cli_flags(recipe))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("what", choices=("search", "speedrun", "final"))
+    parser.add_argument("what", choices=("search", "final"))
+    parser.add_argument("--set", choices=tuple(SETS), default="flags",
+                        help="which candidates (default: flags)")
+    parser.add_argument("--candidates", help="search: only these names of the set, comma-separated")
+    parser.add_argument("--mode", choices=tuple(TRAIN_MODES), default="exact")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--candidates", default=",".join(CANDIDATES))
-    parser.add_argument("--recipe", default="{}", help="speedrun: JSON overrides of RECIPE")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--flags", type=Path, help="final: write the winner's CLI flags here")
     args = parser.parse_args()
@@ -159,17 +185,22 @@ def main() -> None:
     if args.what == "final":
         final(args, raw, labels)
         return
-    if args.what == "search":
-        train = raw[:-VALIDATION], labels[:-VALIDATION]
-        held = raw[-VALIDATION:], labels[-VALIDATION:]
-        plans = {name: CANDIDATES[name] for name in args.candidates.split(",")}
-    else:
-        train, held = (raw, labels), data.load_split("test")
-        plans = {"speedrun": json.loads(args.recipe)}
-    report: dict[str, Any] = {"what": args.what, "date": dt.date.today().isoformat(),
-                              "base": RECIPE.as_dict(), "results": {}}
-    run_plans(plans, args.seeds, train, held, args.what == "search", report, args.out,
-              "results")
+    split = raw[:-VALIDATION], labels[:-VALIDATION]
+    held = raw[-VALIDATION:], labels[-VALIDATION:]
+    plans = SETS[args.set]
+    if args.candidates:
+        plans = {name: plans[name] for name in args.candidates.split(",")}
+    report: dict[str, Any] = {"what": "search", "set": args.set, "mode": args.mode,
+                              "date": dt.date.today().isoformat(), "base": RECIPE.as_dict(),
+                              "results": {}}
+    run_plans(plans, args.seeds, split, held, True, report, args.out, "results", args.mode)
+    if len(plans) > 1:
+        chosen = select(report["results"])
+        report["selected"] = chosen
+        flags = cli_flags(dataclasses.replace(RECIPE, **plans[chosen]))
+        print(f"selected by the rule: {chosen} ({flags})", flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
