@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import train_emulator as emu
+from test_gpu_trainer import fd_errors
 
 from convolab import data, models
 from convolab import train_reference as ref
@@ -177,7 +178,8 @@ def test_train_options_of_the_modes_and_speedrun(tmp_path) -> None:
     recipe = train.fused_recipe(8, 128, 4e-3, "adam", 0.1, True)
     assert (recipe.epochs, recipe.batch, recipe.smoothing, recipe.mirror) == (8, 128, 0.1, True)
     assert train.recipe_flags(recipe, "bf16") == " --smoothing 0.1 --mirror --mode bf16"
-    assert train.recipe_flags(train.fused_recipe(8, 128, 4e-3, "adam", None, None), "exact") == ""
+    plain = train.fused_recipe(8, 128, 4e-3, "adam", 0.0, None)
+    assert train.recipe_flags(plain, "exact") == " --smoothing 0 --no-mirror"
 
 
 def test_speedrun_summary(rng) -> None:
@@ -210,6 +212,27 @@ def test_cli_refuses_mode_and_seeds_misuse(tmp_path, argv: list[str], message: s
     assert isinstance(result.exception, ConvolabError), result.output
     assert message in str(result.exception)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_routed_reference_is_the_cpu_layers_backward(smoothing: float, rng) -> None:
+    """Fed its own float64 forward state, flattened as the device keeps it, the routed
+    backward gives the CPU layers' float64 gradients (random images: no tied windows)."""
+    from test_gpu_trainer import _cpu_reference
+
+    params = _params(rng)
+    raw = rng.integers(0, 256, (6, tr.RAW_SIDE, tr.RAW_SIDE), dtype=np.uint8)
+    labels = rng.integers(0, 10, 6).astype(np.uint8)
+    x = ref.input_images(raw, np.arange(6))
+    f = ref.forward_blocks(params, x)
+    loss, grads = ref.routed_gradients(params, x, labels, f["pool1"].reshape(6, -1),
+                                       f["pool2"].reshape(6, -1), f["arg1"].reshape(6, -1),
+                                       f["arg2"].reshape(6, -1), smoothing)
+    want_loss, want, pool1, feat = _cpu_reference(params, raw, labels, smoothing)
+    assert loss == pytest.approx(want_loss, rel=1e-8)
+    assert rel_l2(f["pool1"], pool1) <= 1e-6
+    for name, value in want.items():
+        assert rel_l2(grads[name], value) <= 1e-6, name  # the CPU layers round a little
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -294,35 +317,26 @@ def test_gradients_match_routed_fp64(mode: str, smoothing: float, mirror: bool, 
 @pytest.mark.parametrize("mode", MMA_MODES)
 def test_head_gradient_matches_finite_differences(mode: str, rng) -> None:
     """The mode's loss is quantized in the conv weights (rounded operands), but smooth in the
-    fp32 head's: a central difference of the device's own loss along a random direction of
-    f5 and f6 against the analytic gradient."""
-    t, raw, labels, params = _trainer(rng, 16, 16, mode)
+    fp32 head's: central differences of the device's own loss along random directions of f5
+    and f6 against the analytic gradient (median of five, as the exact test)."""
+    t, raw, labels, params = _trainer(rng, 16, 16, mode, smoothing=0.0)
     _, grads = t.gradients(np.arange(16))
     head = [k for k in params if k.startswith(("f5", "f6"))]
-    direction = {k: rng.standard_normal(params[k].shape) for k in head}
-    h = 1e-2 / np.sqrt(sum(float((d**2).sum()) for d in direction.values()))
-    dev = t.upload(raw, labels)
-
-    def loss_at(sign: float) -> float:
-        t.load_params({k: (v + sign * h * direction[k]).astype(np.float32) if k in direction
-                       else v for k, v in params.items()})
-        return t.evaluate(*dev).loss
-
-    numeric = (loss_at(1.0) - loss_at(-1.0)) / (2 * h)
-    analytic = sum(float((grads[k].astype(np.float64) * direction[k]).sum()) for k in head)
-    assert numeric == pytest.approx(analytic, rel=3e-2, abs=1e-3)
+    errors = fd_errors(t, raw, labels, grads, head, rng)
+    assert float(np.median(errors)) <= 3e-2, errors
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(TRAIN_MODES))
 def test_every_mode_learns(mode: str) -> None:
     """Three epochs on 2,500 real images must lift held-out accuracy well above chance (0.1)
-    and above the untrained network; the margin comes from a measured run (docs/training.md)."""
+    and above the untrained network. Measured on the H100 (2026-11-25): 0.100 -> 0.780
+    exact, 0.788 tf32, 0.786 bf16; the bar, 0.6, leaves that run 0.18 of margin."""
     try:
         raw, labels = data.load_split("train", limit=3000)
     except Exception as err:  # noqa: BLE001 - any missing dataset skips
         pytest.skip(f"Fashion-MNIST not available: {err}")
-    recipe = tr.Recipe(epochs=3, batch=64, lr=3e-3)
+    recipe = tr.Recipe(epochs=3, batch=64, lr=3e-3, smoothing=0.0)
     t = tr.Trainer(raw[:2500], labels[:2500], recipe, seed=5, mode=mode)
     held = t.upload(raw[2500:], labels[2500:])
     before = t.evaluate(*held).accuracy

@@ -231,7 +231,7 @@ def info(data_dir: DataDirOpt = None) -> None:
 def train(
     model: ModelOpt = "ece408",
     epochs: Annotated[int | None, typer.Option(
-        help="passes over the 60,000 training images (default 3; the fused engine's recipe: 10)"
+        help="passes over the 60,000 training images (default 3; the fused engine's recipe: 8)"
     )] = None,
     batch: Annotated[
         int | None, typer.Option("--batch", "-b", help="mini-batch: images per optimizer step "
@@ -260,7 +260,7 @@ def train(
         "--mode", help=f"fused engine: {', '.join(TRAIN_MODES)} (the conv forwards on tensor "
                        "cores for tf32/bf16; fp32 master weights; default exact)")] = None,
     smoothing: Annotated[float | None, typer.Option(
-        help="fused engine: label smoothing of the cross-entropy, in [0, 1) (recipe: 0)")] = None,
+        help="fused engine: label smoothing of the cross-entropy, in [0, 1) (recipe: 0.1)")] = None,
     mirror: Annotated[bool | None, typer.Option(
         "--mirror/--no-mirror", help="fused engine: flip a random half of each batch left to "
                                      "right (recipe: off)")] = None,

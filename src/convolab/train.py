@@ -366,9 +366,11 @@ def fused_recipe(epochs: int, batch: int, lr: float, optimizer: str, smoothing: 
 
 
 def recipe_flags(recipe: Any, mode: str | None) -> str:
-    """The fused engine's flags of the canonical command line, where they differ from none."""
-    return "".join([f" --smoothing {recipe.smoothing:g}" if recipe.smoothing else "",
-                    " --mirror" if recipe.mirror else "",
+    """The fused engine's flags of the canonical command line: smoothing and mirroring always
+    (so that the command reproduces the run whatever the defaults become), the mode unless
+    exact."""
+    return "".join([f" --smoothing {recipe.smoothing:g}",
+                    " --mirror" if recipe.mirror else " --no-mirror",
                     f" --mode {mode}" if mode not in (None, "exact") else ""])
 
 

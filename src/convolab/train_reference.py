@@ -145,6 +145,8 @@ def routed_gradients(params: Mapping[str, np.ndarray], x: np.ndarray, labels: np
     (shaped as pool1 and as the pooled conv2 output); `x` the images as the kernels saw them."""
     c1, c2 = models.conv_blocks(model, 1)
     b = len(x)
+    side1 = c1.shape.H_out // c1.pool
+    pool1 = np.asarray(pool1).reshape(b, c1.shape.M, side1, side1)
     loss, grads, dfeat = _head(params, feat, labels, smoothing)
     side2 = c2.shape.H_out // c2.pool
     arg2 = arg2.reshape(b, c2.shape.M, side2, side2)

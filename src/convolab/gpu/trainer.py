@@ -75,13 +75,13 @@ class Recipe:
     docs/training.md). lr is the peak; `warmup` the fraction of steps it ramps up linearly;
     then 'onecycle' decays linearly to 0 and 'cosine' along a half cosine."""
 
-    epochs: int = 10
+    epochs: int = 8
     batch: int = 256
     lr: float = 8e-3
     optimizer: str = "adam"
     schedule: str = "onecycle"
     warmup: float = 0.2
-    smoothing: float = 0.0
+    smoothing: float = 0.1  # label smoothing of the cross-entropy
     weight_decay: float = 0.0
     mirror: bool = False  # random left-right mirroring of training images
     betas: tuple[float, float] = (0.9, 0.999)
