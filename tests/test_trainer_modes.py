@@ -347,3 +347,22 @@ def test_every_mode_learns(mode: str) -> None:
     print(f"{mode}: held-out accuracy {before:.4f} -> {after:.4f}, train loss {stats.loss:.4f}")
     assert after > max(0.6, before + 0.3)
     assert np.isfinite(stats.loss) and stats.accuracy > 0.5
+
+
+@pytest.mark.gpu
+def test_bench_train_rows(tmp_path) -> None:
+    """`bench --train`'s rows at a small batch: the fused step in every mode with its four
+    launch groups, the framework engine by each backward method, the JSON written."""
+    from convolab.bench import train as train_bench
+    from convolab.gpu.backward import METHODS
+
+    report = train_bench.main((64,), reps=2, out=tmp_path, torch=False)
+    rows = report["rows"]
+    for mode in TRAIN_MODES:
+        whole = [r for r in rows if r.get("mode") == mode and "stage" not in r]
+        stages = [r for r in rows if r.get("mode") == mode and "stage" in r]
+        assert len(whole) == 1 and len(stages) == 4, mode
+        assert all(r["median_step_ms"] > 0 for r in whole + stages)
+    methods = {r["method"] for r in rows if r.get("engine") == "framework" and "stage" not in r}
+    assert methods == set(METHODS)
+    assert (tmp_path / "train.json").is_file()
