@@ -270,25 +270,29 @@ def _device_state(t: tr.Trainer, batch: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(TRAIN_MODES))
-def test_forward_matches_fp64(mode: str, rng) -> None:
-    """Each conv forward of the mode on its own input against float64 (unrounded operands)
-    within the mode's tolerance; argmax bytes equal wherever the window is clear by 4x it."""
+def test_forward_matches_fp64_on_rounded_operands(mode: str, rng) -> None:
+    """Each conv forward of the mode on its own input against float64 on the same operands
+    rounded to the mode's precision: the kernels' arithmetic is fp32 accumulation (fp32
+    tolerance), and every argmax byte agrees wherever the window is clear of fp32 rounding.
+    What the rounding itself costs (against unrounded operands) is a property of tf32/bf16,
+    measured in docs/training.md: on ReLU-pooled conv1 maps tf32 reaches 1.4e-3 on a few
+    percent of draws, above the 1e-3 of single convolutions."""
     t, raw, _, params = _trainer(rng, 48, 16, mode, mirror=True)
     index = rng.choice(48, size=16, replace=False)
     for buf in (t.pool1, t.feat):
         buf.fill(np.nan)
     t.gradients(index)
     got = _device_state(t, 16)
-    tol = TOLERANCE[TRAIN_MODES[mode]]
+    precision, tol = TRAIN_MODES[mode], TOLERANCE["fp32"]
     x = ref.input_images(raw, index, int(t.salt.get()[0]))
-    want = ref.forward_blocks(params, x)
-    _check_block(got["pool1"], got["arg1"], want, "1", tol, 4 * tol)
     c1, c2 = models.conv_blocks(tr.MODEL, 1)
-    pool1 = got["pool1"].reshape(want["pool1"].shape)
-    y = conv_reference(pool1, params["c3.weight"], params["c3.bias"])
-    pooled, arg, margin = ref.pool_argmax(y, c2.pool)
-    _check_block(got["feat"], got["arg2"], {"pool2": pooled, "arg2": arg, "margin2": margin,
-                                             "conv2": y}, "2", tol, 4 * tol)
+    want1 = ref.conv_block(x, params["c1.weight"], params["c1.bias"], c1.pool, precision)
+    _check_block(got["pool1"], got["arg1"], {f"{k}1": v for k, v in want1.items()}, "1", tol,
+                 4 * tol)
+    pool1 = got["pool1"].reshape(want1["pool"].shape)
+    want2 = ref.conv_block(pool1, params["c3.weight"], params["c3.bias"], c2.pool, precision)
+    _check_block(got["feat"], got["arg2"], {f"{k}2": v for k, v in want2.items()}, "2", tol,
+                 4 * tol)
 
 
 @pytest.mark.gpu

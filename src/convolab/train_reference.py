@@ -74,21 +74,28 @@ def pool_argmax(y: np.ndarray, pool: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return np.where(alive, best, 0.0), np.where(alive, arg, ARG_DEAD).astype(np.uint8), margin
 
 
+def conv_block(a: np.ndarray, w: np.ndarray, b: np.ndarray, pool: int,
+               precision: str = "fp32") -> dict[str, np.ndarray]:
+    """One conv block in float64 on its input and weights rounded to `precision` (as kernels
+    37 and 38 round them; the bias stays fp32): the conv output, the pooled map after ReLU,
+    the argmax bytes and their margins (pool_argmax)."""
+    y = conv_reference(round_to(a, precision), round_to(w, precision),
+                       np.asarray(b, np.float64))
+    pooled, arg, margin = pool_argmax(y, pool)
+    return {"conv": y, "pool": pooled, "arg": arg, "margin": margin}
+
+
 def forward_blocks(params: Mapping[str, np.ndarray], x: np.ndarray, model: str = MODEL,
                    precision: str = "fp32") -> dict[str, np.ndarray]:
-    """The two conv blocks in float64 on operands rounded to `precision` (both blocks' inputs
-    and weights, as kernels 37 and 38 round them): conv outputs, pooled maps, argmax bytes and
-    margins of each block."""
+    """The two conv blocks chained (conv_block), keyed conv1, pool1, arg1, margin1, conv2, ..."""
     c1, c2 = models.conv_blocks(model, 1)
     out: dict[str, np.ndarray] = {}
-    a = np.asarray(x, np.float64)
-    for name, block in (("1", c1), ("2", c2)):
-        layer = "c1" if name == "1" else "c3"
-        w = round_to(params[f"{layer}.weight"], precision)
-        y = conv_reference(round_to(a, precision), w, np.asarray(params[f"{layer}.bias"],
-                                                                   np.float64))
-        a, out[f"arg{name}"], out[f"margin{name}"] = pool_argmax(y, block.pool)
-        out[f"conv{name}"], out[f"pool{name}"] = y, a
+    a = np.asarray(x, np.float32)
+    for name, block, layer in (("1", c1, "c1"), ("2", c2, "c3")):
+        got = conv_block(a, params[f"{layer}.weight"], params[f"{layer}.bias"], block.pool,
+                         precision)
+        out.update({f"{key}{name}": value for key, value in got.items()})
+        a = got["pool"].astype(np.float32)  # the next kernel reads fp32 maps
     return out
 
 
