@@ -283,7 +283,7 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
     and reports the time to SPEEDRUN_TARGET; with `seeds` > 1 it trains seeds seed, seed + 1,
     ... and reports their mean, min and max (`speedrun_runs`), writing no weights. `mode`
     (fused only, precision.TRAIN_MODES) picks the conv forwards' arithmetic."""
-    spec = models.spec(model)
+    models.spec(model)
     engine = pick_engine(engine, device, model)
     epochs, batch, lr = resolve_options(engine, epochs, batch, lr)
     check_options(epochs, batch, lr, optimizer, seed, limit)
@@ -309,6 +309,18 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
             network.set_param(name, value)
         return _finish(network, out, sidecar, result, command, quiet)
 
+    network, result = _main_framework(model, epochs, batch, lr, optimizer, seed, device, limit,
+                                      data_dir, test_limit, quiet)
+    result.update({"command": command, "engine": engine})
+    return _finish(network, out, sidecar, result, command, quiet)
+
+
+def _main_framework(model: str, epochs: int, batch: int, lr: float, optimizer: str, seed: int,
+                    device: str, limit: int | None, data_dir: Path | str | None,
+                    test_limit: int | None, quiet: bool) -> tuple[Network, dict[str, Any]]:
+    """The framework engine (the layers on NumPy or CuPy arrays): (the trained network, the
+    sidecar's record without its command)."""
+    spec = models.spec(model)
     x_train, y_train = data.load_images("train", n=limit, size=spec.input_size, data_dir=data_dir)
     x_test, y_test = data.load_images("test", n=test_limit, size=spec.input_size,
                                       data_dir=data_dir)
@@ -339,17 +351,14 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
         if not quiet:
             console.print(f"epoch {epoch}: loss {loss:.4f}, train acc {acc:.4f}, test acc "
                           f"{test_acc:.4f} ({len(x_test)} images), {seconds:.1f} s")
-
-    result = {
-        "model": model, "command": command, "seed": seed, "epochs": epochs, "batch": batch,
+    return network, {
+        "model": model, "seed": seed, "epochs": epochs, "batch": batch,
         "lr": lr, "optimizer": optimizer, "schedule": "cosine", "device": device,
-        "engine": engine,
         "train_images": n, "test_images": len(x_test),
         "test_accuracy": history[-1]["test_accuracy"], "history": history,
         "date": dt.date.today().isoformat(), "convolab_version": __version__,
         "cpu_threads": os.cpu_count(),
     }
-    return _finish(network, out, sidecar, result, command, quiet)
 
 
 def fused_recipe(epochs: int, batch: int, lr: float, optimizer: str, smoothing: float | None,
