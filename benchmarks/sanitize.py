@@ -11,10 +11,13 @@ kernel and also proves each launch computed the right numbers.
 Covered: every registered GPU implementation (registry.all_impls("gpu"): each rung, the fused
 conv+pool rungs, tensor-core variants, auto) on the first small shape it supports, FusedLeNet in
 every network mode from float images and from raw bytes (every zoo model: the dense head of
-kernel 30), rung 25's resize, the LeNet head in each tile variant, and the training kernels of
-gpu/backward.py (the fused training rungs 31-36: benchmarks/sanitize_trainer.py). Nothing here
-imports Numba (broken on the device image): the fp64 references
-are NumPy. Exit status 1 when any launch misses its tolerance.
+kernel 30), rung 25's resize, the LeNet head in each tile variant, the training kernels of
+gpu/backward.py, and the fused trainer (kernels 31-38) in every mode: its forward against fp64,
+and a gradient step at an odd batch (partial slices and head chunks) against the fp64 backward
+routed through the device's argmax bytes, followed by a captured epoch (Adam with mirroring and
+label smoothing, or SGD) and an evaluation with a partial batch. Nothing here imports Numba
+(broken on the device image): the fp64 references are NumPy. Exit status 1 when any launch
+misses its tolerance.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ import numpy as np
 from convolab.conv_cpu import reference_conv_relu_pool, reference_forward
 from convolab.data import IMAGE_SIDE
 from convolab.gpu.lenet_head import HEAD_IMGS_CHOICES
+from convolab.gpu.trainer import GRADIENT_TOLERANCE
 from convolab.models import MODELS
-from convolab.precision import NETWORK_MODES, TOLERANCE
+from convolab.precision import NETWORK_MODES, TOLERANCE, TRAIN_MODES
 from convolab.registry import ConvImpl, all_impls
 from convolab.shapes import ConvShape
 
@@ -49,6 +53,8 @@ CANDIDATE_SHAPES: tuple[ConvShape, ...] = (
     ConvShape(B=3, C=1, H=19, W=17, M=12, K=5, S=1),  # a first block (rung 29: C = 1)
 )
 NETWORK_BATCH = 19  # not a multiple of any head tile: the last tile is partial
+TRAIN_BATCH = 13  # the trainer's step: partial batch slices and head chunks
+TRAIN_IMAGES = 70  # its training set; the evaluation takes the first 9 (a partial batch)
 BACKWARD_TOLERANCE = TOLERANCE["fp32"]
 SUMMARY_FILE = "sanitize_summary.txt"
 
@@ -277,6 +283,73 @@ def _pool_launch(k: int, s: int) -> Launch:
                   BACKWARD_TOLERANCE, check)
 
 
+def _trainer(rng: Rng, mode: str, optimizer: str) -> tuple[Any, np.ndarray, np.ndarray]:
+    """A fused trainer on random raw bytes (a black band in some, as real backgrounds)."""
+    from convolab.gpu.trainer import Recipe, Trainer
+
+    raw = rng.integers(0, 256, (TRAIN_IMAGES, IMAGE_SIDE, IMAGE_SIDE), dtype=np.uint8)
+    raw[: TRAIN_IMAGES // 4, : IMAGE_SIDE // 4] = 0
+    labels = rng.integers(0, 10, TRAIN_IMAGES).astype(np.uint8)
+    adam = optimizer == "adam"
+    recipe = Recipe(batch=TRAIN_BATCH, epochs=1, optimizer=optimizer, lr=3e-3 if adam else 0.01,
+                    mirror=adam, smoothing=0.1 if adam else 0.0)
+    return Trainer(raw, labels, recipe, seed=int(rng.integers(1 << 16)), mode=mode), raw, labels
+
+
+def _trainer_state(t: Any) -> dict[str, np.ndarray]:
+    return {k: getattr(t, k)[:TRAIN_BATCH].get() for k in ("pool1", "arg1", "feat", "arg2")}
+
+
+def _trainer_forward_launch(mode: str) -> Launch:
+    """Kernels 31/32 (37/38 in tf32 and bf16), each on its own input, against float64 on the
+    same operands rounded to the mode's precision (the kernels' arithmetic: fp32 tolerance)."""
+    def check(rng: Rng) -> float:
+        from convolab.models import conv_blocks
+        from convolab.train_reference import conv_block, input_images
+
+        t, raw, _ = _trainer(rng, mode, "adam")
+        t.pool1.fill(np.nan)
+        t.feat.fill(np.nan)
+        index = rng.choice(TRAIN_IMAGES, TRAIN_BATCH, replace=False)
+        t.gradients(index)
+        got, p = _trainer_state(t), t.state_dict()
+        c1, c2 = conv_blocks("ece408", 1)
+        x = input_images(raw, index, int(t.salt.get()[0]))
+        want1 = conv_block(x, p["c1.weight"], p["c1.bias"], c1.pool, TRAIN_MODES[mode])
+        pool1 = got["pool1"].reshape(want1["pool"].shape)
+        want2 = conv_block(pool1, p["c3.weight"], p["c3.bias"], c2.pool, TRAIN_MODES[mode])
+        return max(rel_l2(pool1, want1["pool"]),
+                   rel_l2(got["feat"], want2["pool"].reshape(TRAIN_BATCH, -1)))
+
+    return Launch(f"trainer:{mode}:forward",
+                  f"fused trainer {mode}: conv forwards from raw bytes (mirrored), batch "
+                  f"{TRAIN_BATCH}, vs fp64 on {TRAIN_MODES[mode]}-rounded operands",
+                  TOLERANCE["fp32"], check)
+
+
+def _trainer_step_launch(mode: str, optimizer: str) -> Launch:
+    def check(rng: Rng) -> float:
+        from convolab.train_reference import input_images, routed_gradients
+
+        t, raw, labels = _trainer(rng, mode, optimizer)
+        index = rng.choice(TRAIN_IMAGES, TRAIN_BATCH, replace=False)
+        _, grads = t.gradients(index)
+        got = _trainer_state(t)
+        x = input_images(raw, index, int(t.salt.get()[0]))
+        _, want = routed_gradients(t.state_dict(), x, labels[index], got["pool1"], got["feat"],
+                                   got["arg1"], got["arg2"], t.recipe.smoothing)
+        err = max(rel_l2(grads[k], v) for k, v in want.items())
+        t.run_epoch()  # the captured epoch: every kernel of the step, the optimizer's update
+        stats = t.epoch_stats()
+        held = t.upload(raw[:9], labels[:9])
+        finite = np.isfinite([stats.loss, t.evaluate(*held).loss]).all()
+        return err if finite else float("inf")
+
+    return Launch(f"trainer:{mode}:{optimizer}",
+                  f"fused trainer {mode}: gradient step vs routed fp64, batch {TRAIN_BATCH}; "
+                  f"an epoch ({optimizer}); an evaluation of 9", GRADIENT_TOLERANCE, check)
+
+
 def launches() -> list[Launch]:
     """Everything the script launches, in order; built without CuPy."""
     out: list[Launch] = []
@@ -296,13 +369,19 @@ def launches() -> list[Launch]:
             for method, taps in (("gemm", 9), ("direct", 9), ("direct", 0))
             for need_dx in (True, False)]
     out += [_pool_launch(k, s) for k, s in ((2, 2), (4, 4), (3, 2), (2, 1))]
+    out += [launch for mode in TRAIN_MODES for launch in (
+        _trainer_forward_launch(mode), _trainer_step_launch(mode, "adam"),
+        _trainer_step_launch(mode, "sgd"))]
     return out
 
 
 def selected(only: str | None) -> list[Launch]:
-    """The launches whose name matches the regular expression `only` (all when None)."""
+    """The launches whose name matches the regular expression `only` (all without it)."""
     pattern = re.compile(only) if only else None
-    return [launch for launch in launches() if pattern is None or pattern.search(launch.name)]
+    chosen = [launch for launch in launches() if pattern is None or pattern.search(launch.name)]
+    if not chosen:
+        raise ValueError(f"sanitize: no launch name matches {only!r} (see --list)")
+    return chosen
 
 
 def run_all(seed: int, only: str | None = None) -> int:
