@@ -32,6 +32,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.ladder_advanced",
     "convolab.gpu.fused",
     "convolab.gpu.implicit_gemm",
+    "convolab.gpu.implicit_gemm_wgmma",
     "convolab.gpu.auto",
 )
 

@@ -61,6 +61,18 @@ _TILES: dict[str, dict[str, tuple[int, int, int, int]]] = {
     "fp16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
     "bf16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
 }
+# Rung 37's tiles (kernels/37_implicit_gemm_wgmma.cu: BM 64 or 128, BN, STAGES, PIPE), for
+# M > 64 ("wide") and M <= 64 ("narrow").
+WGMMA_TILES: dict[str, dict[str, dict[str, int]]] = {
+    "3xtf32": {"wide": {"BM": 128, "BN": 128, "STAGES": 3},
+               "narrow": {"BM": 64, "BN": 128, "STAGES": 4}},
+    "tf32": {"wide": {"BM": 128, "BN": 256, "STAGES": 4, "PIPE": 1},
+             "narrow": {"BM": 64, "BN": 256, "STAGES": 4, "PIPE": 1}},
+    "fp16": {"wide": {"BM": 128, "BN": 256, "STAGES": 4, "PIPE": 1},
+             "narrow": {"BM": 64, "BN": 256, "STAGES": 4, "PIPE": 1}},
+    "bf16": {"wide": {"BM": 128, "BN": 256, "STAGES": 4, "PIPE": 1},
+             "narrow": {"BM": 64, "BN": 256, "STAGES": 4, "PIPE": 1}},
+}
 # Split-K pays while the output has fewer 128 x 128 tiles than this fraction of the SMs:
 # on conv5_x (H100, 132 SMs) it wins at 52 tiles (B=8: 0.080 vs 0.112 ms fp16) and loses
 # from 76 (B=12: 0.124 vs 0.115 ms).
@@ -78,18 +90,23 @@ def defaults(mode: str, split: bool = False) -> dict[str, int]:
     return _tile_params(mode, "wide")
 
 
-def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> tuple[str, dict[str, int]]:
+def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
+         wgmma: bool = False) -> tuple[str, dict[str, int]]:
     """The rung and tiles the shape model picks (auto without a cache entry): split-K where
     the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its factor then
-    chosen by split_factor at prepare), else rung 26 with 64-row tiles for M <= 64."""
+    chosen by split_factor at prepare); else rung 37 (wgmma) where the GPU has it, else rung
+    26, each with 64-row tiles for M <= 64."""
     if mode not in _TILES:
         raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
     M, N, _ = gemm_dims(shape)
+    kind = "narrow" if M <= 64 else "wide"
     if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
         params = defaults(mode, split=True)
         params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
         return f"igemm-splitk-{mode}", params
-    return f"igemm-{mode}", _tile_params(mode, "narrow" if M <= 64 else "wide")
+    if wgmma:
+        return f"igemm-wg-{mode}", dict(WGMMA_TILES[mode][kind])
+    return f"igemm-{mode}", _tile_params(mode, kind)
 
 
 def warps(bm: int, bn: int) -> tuple[int, int]:
@@ -246,7 +263,7 @@ def _layout_pass(shape: ConvShape, mode: str, defines: Mapping[str, int],
     return convert
 
 
-def _problem_args(shape: ConvShape) -> tuple[np.int32, ...]:
+def problem_args(shape: ConvShape) -> tuple[np.int32, ...]:
     M, N, Kd = gemm_dims(shape)
     s = shape
     return tuple(np.int32(v) for v in (N, M, Kd, padded_channels(s.C), s.H, s.W, s.K, s.S,
@@ -272,7 +289,7 @@ def _prepare(mode: str, split: bool) -> Callable[[ConvShape, Any, Any, Mapping[s
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         convert = _layout_pass(shape, mode, defines, file)
         M, N, Kd = gemm_dims(shape)
-        dims = _problem_args(shape)
+        dims = problem_args(shape)
         if not split:
             kernel = _gemm_kernel(file, "igemm_conv", defines, smem)
             grid = (ceil_div(N, bn), ceil_div(M, bm))
@@ -302,7 +319,7 @@ def _prepare(mode: str, split: bool) -> Callable[[ConvShape, Any, Any, Mapping[s
     return prepare
 
 
-_WHAT = {
+WHAT = {
     "3xtf32": "fp32-exact: operands split big+small TF32, 3 MMAs",
     "tf32": "TF32 operands",
     "fp16": "FP16 operands, FP32 accumulation",
@@ -313,13 +330,13 @@ for _mode in ("3xtf32", "tf32", "fp16", "bf16"):
     register(ConvImpl(
         name=f"igemm-{_mode}", rung=26, device="gpu", kernel_file=MMA_FILE,
         demonstrates=f"implicit GEMM, mma.sync + ldmatrix, cp.async ring, channels-last "
-                     f"operands ({_WHAT[_mode]})",
+                     f"operands ({WHAT[_mode]})",
         prepare=_prepare(_mode, split=False), supports=supports,
         space=space(_mode), defaults=defaults(_mode), compile_variants=_variants(_mode, False),
         tolerance=TOLERANCE[_mode]))
     register(ConvImpl(
         name=f"igemm-splitk-{_mode}", rung=27, device="gpu", kernel_file=SPLITK_FILE,
-        demonstrates=f"split-K implicit GEMM, slices summed in a fixed order ({_WHAT[_mode]})",
+        demonstrates=f"split-K implicit GEMM, slices summed in a fixed order ({WHAT[_mode]})",
         prepare=_prepare(_mode, split=True), supports=supports,
         space=space(_mode, split=True), defaults=defaults(_mode, split=True),
         compile_variants=_variants(_mode, True), tolerance=TOLERANCE[_mode]))
