@@ -112,7 +112,7 @@ def test_host_tf32_rounding_matches_the_device_rule(rng: np.random.Generator) ->
     assert np.array_equal(wg.tf32_round(a).view(np.uint32), tf32_bits(a))
     big = wg.tf32_round(a)
     small = wg.tf32_round(a - big)
-    assert np.all(np.abs((big.astype(np.float64) + small - a)) <= 2.0**-21 * np.abs(a))
+    assert np.all(np.abs(big.astype(np.float64) + small - a) <= 2.0**-21 * np.abs(a))
 
 
 def test_not_eligible_without_a_hopper_gpu() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -287,11 +288,18 @@ def test_main_flow_without_gpu(cache_file: Path, monkeypatch: pytest.MonkeyPatch
             tolerance=tol,
         )
 
-    impls = [fake_impl("exact", 1e-5), fake_impl("half", 1e-2)]
+    # "slow" is exact too, but its defaults run 10x slower than exact's: screened, not searched.
+    impls = [fake_impl("exact", 1e-5), fake_impl("half", 1e-2), fake_impl("slow", 1e-5)]
+    calls: dict[str, int] = {}
 
-    def fake_trial(impl, layer, shape, params, data, reps):  # noqa: ANN001, ANN202
-        speed = (1.0 if impl.name == "exact" else 0.5) + abs(params["T"] - 4) + params["U"]
-        return tune.Trial(layer, impl.name, tune.mode_of(impl.tolerance), params, True, 1e-7, speed)
+    def fake_trial(impl, layer, shape, params, data, reps, limit_ms=math.inf):  # noqa: ANN001, ANN202
+        calls[impl.name] = calls.get(impl.name, 0) + 1
+        speed = {"exact": 1.0, "half": 0.5, "slow": 50.0}[impl.name] + abs(params["T"] - 4) + \
+            params["U"]
+        mode = tune.mode_of(impl.tolerance)
+        if speed > limit_ms:  # the real trial stops after one run
+            return tune.Trial(layer, impl.name, mode, params, False, 1e-7, note="too slow")
+        return tune.Trial(layer, impl.name, mode, params, True, 1e-7, speed)
 
     fake_cp = types.SimpleNamespace(asarray=np.asarray, zeros=np.zeros)
     monkeypatch.setattr(backend, "require_cupy", lambda: fake_cp)
@@ -306,6 +314,9 @@ def test_main_flow_without_gpu(cache_file: Path, monkeypatch: pytest.MonkeyPatch
     assert best[(1, "fp32")] == ("exact", {"T": 4, "U": 1})
     assert best[(4, "fp16")] == ("half", {"T": 4, "U": 1})
     assert tune.load_cache() == found
+    layers = len(tune.model_conv_shapes("ece408", 2))
+    assert calls["slow"] == layers  # its defaults only, once per layer
+    assert calls["exact"] > layers and calls["half"] > layers  # searched
 
 
 def test_advanced_rung_defaults_are_valid_and_tree_split_adapts() -> None:

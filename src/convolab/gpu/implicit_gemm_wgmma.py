@@ -30,13 +30,14 @@ FILE = "37_implicit_gemm_wgmma.cu"
 THREADS = 256  # two warpgroups
 ROW_BYTES = 128  # one operand row of a stage: the 128-byte swizzle span, i.e. BK*element size
 COPY_ROWS = THREADS // (ROW_BYTES // 16)  # rows one pass of the block's 16-byte copies covers
-WG_N = (64, 128, 256)  # the wgmma N a warpgroup may run
-MAX_ACC = 128  # fp32 accumulators a thread may hold (3xTF32 holds two sets: acc and total)
+WG_N = (64, 96, 128, 192, 256)  # the wgmma N a warpgroup may run
+MAX_ACC = 192  # fp32 accumulators a thread may hold (3xTF32 holds two sets: acc and total)
+PLANE_LIMIT = 2**32  # the loader keeps pixel offsets within one operand plane in 32 bits
 ALIGN_SLACK = 1024  # the kernel aligns its ring to the swizzle's 1024-byte period
 LAYOUT_TILE = 32  # the layout pass transposes 32 x 32 tiles with (32, 8) threads
 
-_SPACE = {"BM": (64, 128), "BN": (128, 256), "STAGES": (3, 4), "PIPE": (0, 1)}
-_SPACE_3X = {"BM": (64, 128), "BN": (64, 128), "STAGES": (2, 3, 4)}
+_SPACE = {"BM": (64, 128, 256), "BN": (128, 192, 256), "STAGES": (2, 3, 4), "PIPE": (0, 1)}
+_SPACE_3X = {"BM": (64, 128), "BN": (64, 128, 192), "STAGES": (2, 3, 4)}
 
 
 def space(mode: str) -> dict[str, tuple[int, ...]]:
@@ -54,7 +55,13 @@ def planes(mode: str) -> int:
 
 def warpgroup_n(bm: int, bn: int) -> int:
     """A warpgroup's wgmma N: BM = 64 puts the two warpgroups side by side along n."""
-    return bn // (2 // (bm // 64))
+    return bn // 2 if bm == 64 else bn
+
+
+def accumulators(mode: str, bm: int, bn: int) -> int:
+    """fp32 accumulators a thread holds: N/2 per 64-row wgmma (two of them at BM = 256),
+    twice that for 3xTF32's separate total."""
+    return (2 if bm == 256 else 1) * warpgroup_n(bm, bn) // 2 * planes(mode)
 
 
 def smem_bytes(mode: str, bm: int, bn: int, stages: int) -> int:
@@ -67,11 +74,11 @@ def wgmma_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"igemm-wg: unknown mode {mode!r}; known: {', '.join(ig.MODES)}")
     bm, bn, stages = (int(params[k]) for k in ("BM", "BN", "STAGES"))
     pipe = 0 if mode == "3xtf32" else int(params.get("PIPE", 1))
-    if bm not in (64, 128) or bn % COPY_ROWS or warpgroup_n(bm, bn) not in WG_N:
-        raise ValueError(f"igemm-wg: BM must be 64 or 128 and each warpgroup's N "
+    if bm not in (64, 128, 256) or bn % COPY_ROWS or warpgroup_n(bm, bn) not in WG_N:
+        raise ValueError(f"igemm-wg: BM must be 64, 128 or 256 and each warpgroup's N "
                          f"({', '.join(map(str, WG_N))}) a multiple of {COPY_ROWS}; got "
                          f"BM={bm} BN={bn}")
-    if warpgroup_n(bm, bn) // 2 * planes(mode) > MAX_ACC:
+    if accumulators(mode, bm, bn) > MAX_ACC:
         raise ValueError(f"igemm-wg: {mode} with BM={bm} BN={bn} needs more than {MAX_ACC} "
                          "accumulators a thread")
     if pipe not in (0, 1) or stages < 2 + pipe:
@@ -106,7 +113,8 @@ def has_wgmma() -> bool:
 
 
 def supports(shape: ConvShape) -> bool:
-    return ig.supports(shape) and has_wgmma()
+    plane = shape.B * shape.H * shape.W * ig.padded_channels(shape.C)
+    return ig.supports(shape) and plane < PLANE_LIMIT and has_wgmma()
 
 
 # --------------------------------------------------------------------------------------

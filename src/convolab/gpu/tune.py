@@ -49,6 +49,11 @@ CACHE_FILE = "tune.json"
 NOT_TUNED: frozenset[str] = frozenset({"auto", "streams"})
 DEFAULT_MAX_CANDIDATES = 16
 CHECK_BATCH = 4
+# A rung whose defaults run slower than this many times the fastest defaults among the rungs
+# it competes with (those accurate enough for its own mode) is not searched further, and a
+# candidate whose first run already is that slow is not timed further: on VGG's layers the
+# early rungs take 10-600 ms a run where the implicit GEMMs take 0.03-1.
+SEARCH_WITHIN = 2.0
 
 
 class CacheWarning(UserWarning):
@@ -399,7 +404,8 @@ def tunable_impls() -> list[Any]:
 
 
 def _trial(
-    impl: Any, layer: str, shape: ConvShape, params: dict[str, Any], data: dict[str, Any], reps: int
+    impl: Any, layer: str, shape: ConvShape, params: dict[str, Any], data: dict[str, Any],
+    reps: int, limit_ms: float = math.inf,
 ) -> Trial:
     import numpy as np
 
@@ -422,7 +428,11 @@ def _trial(
         run = impl.prepare(shape, data["w"], data["b"], full)
         y = cp.empty(impl.out_shape(shape), dtype=np.float32)
         poison(y)
-        stats = Stats.of(time_gpu(lambda: run(data["x"], y), reps=reps, warmup=2))
+        first_ms = time_gpu(lambda: run(data["x"], y), reps=1, warmup=1)[0]
+        if first_ms > limit_ms:
+            trial.note = f"{first_ms:.3g} ms a run, over {limit_ms:.3g}: not timed further"
+            return trial
+        stats = Stats.of(time_gpu(lambda: run(data["x"], y), reps=reps, warmup=1))
         n = data["x_small"].shape[0]
         err_full = rel_l2(y[:n], data["ref"])
         trial.rel_l2 = max(err_small, err_full)
@@ -515,6 +525,47 @@ def _layer_data(cp: Any, rng: Any, shape: ConvShape) -> dict[str, Any]:
     }
 
 
+def pool_best(done: Mapping[str, Trial], tolerance: float) -> float:
+    """The fastest checked time among trials of rungs accurate enough for a rung of
+    `tolerance` to compete with (they win its mode if faster)."""
+    times = [t.median_ms for t in done.values()
+             if t.ok and TOLERANCE[t.mode] <= TOLERANCE[mode_of(tolerance)]]
+    return min(times, default=math.inf)
+
+
+def _screen(pairs: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
+            data: dict[str, Any], reps: int, progress: Any, task: Any) -> dict[str, Trial]:
+    """Every rung of one layer at its defaults; a run slower than SEARCH_WITHIN x the fastest
+    defaults it competes with so far is not timed further."""
+    screened: dict[str, Trial] = {}
+    for layer, shape, impl, _first in pairs:
+        progress.update(task, description=f"{layer} {impl.name:<20} defaults")
+        limit = SEARCH_WITHIN * pool_best(screened, impl.tolerance)
+        screened[impl.name] = _trial(impl, layer, shape, dict(impl.defaults), data, reps,
+                                     limit_ms=limit)
+        progress.advance(task)
+    return screened
+
+
+def _search(impl: Any, layer: str, shape: ConvShape, default: Trial, data: dict[str, Any],
+            cap: int, reps: int, progress: Any, task: Any) -> list[Trial]:
+    """Coordinate descent from the rung's (already measured) defaults."""
+    trials: list[Trial] = []
+
+    def measure(params: dict[str, Any]) -> float:
+        if _key(params) == _key(default.params):
+            return default.median_ms
+        trial = _trial(impl, layer, shape, params, data, reps,
+                       limit_ms=SEARCH_WITHIN * default.median_ms)
+        trials.append(trial)
+        progress.advance(task)
+        return trial.median_ms if trial.ok else math.inf
+
+    progress.update(task, description=f"{layer} {impl.name:<20}")
+    coordinate_descent(impl.space, impl.defaults, measure, cap)
+    return trials
+
+
 def sweep(
     plan: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
     cap: int,
@@ -522,8 +573,9 @@ def sweep(
     budget_s: float,
     progress: Any,
 ) -> list[Trial]:
-    """Check and time each (layer, rung) pair's candidates (coordinate descent, at most `cap`
-    each); past `budget_s` seconds every remaining pair tries its defaults only."""
+    """Per layer: every rung at its defaults first (`_screen`), then a coordinate descent (at
+    most `cap` candidates) for each rung whose defaults came within SEARCH_WITHIN of the
+    fastest it competes with; past `budget_s` seconds no further rung is searched."""
     import numpy as np
 
     from convolab.backend import require_cupy
@@ -532,24 +584,21 @@ def sweep(
     rng = np.random.default_rng()
     trials: list[Trial] = []
     started = time.perf_counter()
-    data: dict[str, Any] = {}
     task = progress.add_task("tuning", total=len(plan) * cap)
-    for layer, shape, impl, _first in plan:
-        if data.get("layer") != layer:
-            data = {"layer": layer, **_layer_data(cp, rng, shape)}  # frees the previous layer
-        over_budget = time.perf_counter() - started > budget_s
-        progress.update(task, description=f"{layer} {impl.name:<20}")
-        before = len(trials)
-
-        def measure(params: dict[str, Any], impl: Any = impl, layer: str = layer,
-                    shape: ConvShape = shape, data: dict[str, Any] = data) -> float:
-            trial = _trial(impl, layer, shape, params, data, reps)
-            trials.append(trial)
-            progress.advance(task)
-            return trial.median_ms if trial.ok else math.inf
-
-        coordinate_descent(impl.space, impl.defaults, measure, 1 if over_budget else cap)
-        progress.advance(task, cap - (len(trials) - before))
+    for layer in dict.fromkeys(entry[0] for entry in plan):
+        pairs = [entry for entry in plan if entry[0] == layer]
+        data = {"layer": layer, **_layer_data(cp, rng, pairs[0][1])}
+        screened = _screen(pairs, data, reps, progress, task)
+        trials += screened.values()
+        searched = [(shape, impl, first) for _, shape, impl, first in pairs
+                    if screened[impl.name].ok and screened[impl.name].median_ms
+                    <= SEARCH_WITHIN * pool_best(screened, impl.tolerance)]
+        if time.perf_counter() - started > budget_s:
+            searched = []
+        precompile([(layer, shape, impl, first) for shape, impl, first in searched], progress)
+        for shape, impl, _first in searched:
+            trials += _search(impl, layer, shape, screened[impl.name], data, cap, reps,
+                              progress, task)
     return trials
 
 
@@ -590,13 +639,15 @@ def main(
     ]
     console.print(
         f"tuning {model} at B={batch} on {gpu}: {len(plan)} (layer, rung) pairs, "
-        f"at most {cap} candidates each (whole space if it fits, else coordinate descent), "
+        f"each at its defaults, then at most {cap} candidates for those within "
+        f"{SEARCH_WITHIN:g}x of the fastest (whole space if it fits, else coordinate descent), "
         f"{reps} reps each"
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        precompile(plan, progress)
+        precompile([(layer, shape, impl, [dict(impl.defaults)])
+                    for layer, shape, impl, _ in plan], progress)
         trials = sweep(plan, cap, reps, budget_s, progress)
     date = _dt.date.today().isoformat()
     found = winners(trials, gpu, dict(layers), date)

@@ -20,8 +20,9 @@
 //     3xTF32 is then three wgmmas per k-step (small*big, big*small, big*big), summed from zero
 //     per k-tile into a separate fp32 total, since the tensor cores truncate as they add.
 // Block: 2 warpgroups (256 threads). BM = 64 puts them side by side along n (each 64 x BN/2),
-// BM = 128 one above the other (each 64 x BN). The k-tile is 128 bytes of a row: BK = 64
-// fp16/bf16 or 32 fp32 elements.
+// BM = 128 one above the other (each 64 x BN), BM = 256 one above the other with two 64-row
+// wgmmas each (each 128 x BN: every B tile read from shared memory feeds twice the work).
+// The k-tile is 128 bytes of a row: BK = 64 fp16/bf16 or 32 fp32 elements.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -57,10 +58,11 @@ typedef float ig_t;
 #define WG_ROWB 128                         // bytes of one operand row in a stage: the swizzle span
 #define WG_BK (WG_ROWB / (int)sizeof(ig_t))
 #define WG_VEC (16 / (int)sizeof(ig_t))     // elements of one 16-byte piece
-#define WG_GROUPS_M (BM / 64)               // warpgroups along m (1 or 2)
+#define WG_MI (BM == 256 ? 2 : 1)           // 64-row wgmmas per warpgroup
+#define WG_GROUPS_M (BM == 64 ? 1 : 2)      // warpgroups along m
 #define WG_GROUPS_N (2 / WG_GROUPS_M)       // and along n
 #define WG_N (BN / WG_GROUPS_N)             // a warpgroup's wgmma N
-#define WG_ACC (WG_N / 2)                   // its accumulators per thread
+#define WG_ACC (WG_N / 2)                   // accumulators per thread of one wgmma
 #define WG_A_ROWS (BM * WG_SPLIT)
 #define WG_B_ROWS (BN * WG_SPLIT)
 #define WG_STAGE_BYTES ((WG_A_ROWS + WG_B_ROWS) * WG_ROWB)
@@ -69,8 +71,9 @@ typedef float ig_t;
 #define WG_B_ITERS (BN / WG_PASS)
 #define WG_KSTEPS (WG_ROWB / 32)            // wgmma k-steps of 32 bytes per k-tile
 
-static_assert(BM == 64 || BM == 128, "BM is one or two warpgroups of 64 rows");
-static_assert(WG_N == 64 || WG_N == 128 || WG_N == 256, "a warpgroup's N is 64, 128 or 256");
+static_assert(BM == 64 || BM == 128 || BM == 256, "BM is 64, 128 or 256 rows");
+static_assert(WG_N == 64 || WG_N == 96 || WG_N == 128 || WG_N == 192 || WG_N == 256,
+              "a warpgroup's N is 64, 96, 128, 192 or 256");
 static_assert(BM % WG_PASS == 0 && BN % WG_PASS == 0, "every thread copies whole passes");
 static_assert(STAGES >= 2 + PIPE, "PIPE=1 needs a slot for the k-tile still in flight");
 static_assert(IG_MODE != 3 || PIPE == 0, "3xTF32 reads each k-tile's sum before the next");
@@ -118,9 +121,18 @@ __device__ __forceinline__ void wg_mma(float (&d)[WG_ACC], unsigned long long da
   asm volatile(WG_MMA(64, WG_R0 ", " WG_R1, 32, 33, 34)
                : WG_D16(0), WG_D16(16)
                : "l"(da), "l"(db), "r"(scale_d));
+#elif WG_N == 96
+  asm volatile(WG_MMA(96, WG_R0 ", " WG_R1 ", " WG_R2, 48, 49, 50)
+               : WG_D16(0), WG_D16(16), WG_D16(32)
+               : "l"(da), "l"(db), "r"(scale_d));
 #elif WG_N == 128
   asm volatile(WG_MMA(128, WG_R0 ", " WG_R1 ", " WG_R2 ", " WG_R3, 64, 65, 66)
                : WG_D16(0), WG_D16(16), WG_D16(32), WG_D16(48)
+               : "l"(da), "l"(db), "r"(scale_d));
+#elif WG_N == 192
+  asm volatile(WG_MMA(192, WG_R0 ", " WG_R1 ", " WG_R2 ", " WG_R3 ", " WG_R4 ", " WG_R5,
+                      96, 97, 98)
+               : WG_D16(0), WG_D16(16), WG_D16(32), WG_D16(48), WG_D16(64), WG_D16(80)
                : "l"(da), "l"(db), "r"(scale_d));
 #else
   asm volatile(WG_MMA(256, WG_R0 ", " WG_R1 ", " WG_R2 ", " WG_R3 ", " WG_R4 ", " WG_R5
@@ -155,9 +167,11 @@ __device__ __forceinline__ void wg_wait() {
 
 // Keeps the compiler from moving reads or writes of the accumulators across the asynchronous
 // wgmmas that own them between wg_fence and wg_wait.
-__device__ __forceinline__ void wg_hold(float (&d)[WG_ACC]) {
+__device__ __forceinline__ void wg_hold(float (&d)[WG_MI][WG_ACC]) {
 #pragma unroll
-  for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int mi = 0; mi < WG_MI; ++mi)
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[mi][i])::"memory");
 }
 
 // cp.async (generic proxy) wrote the stage; the wgmmas read it through the async proxy.
@@ -175,36 +189,40 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr) {
 
 // ---- loader ----------------------------------------------------------------------------------
 
-// Per-thread copy plan: the thread moves 16-byte piece kc of rows row0 + WG_PASS * i of A and B.
+// Per-thread copy plan: the thread moves 16-byte piece kc of rows row0 + WG_PASS * i of A and
+// B. A's rows are a fixed stride apart; B's pixels are not, so each keeps its own offset (32
+// bits: `supports` keeps one operand plane under 2^32 elements, and registers matter here).
 struct WgLoader {
-  const ig_t* a_ptr[WG_A_ITERS];  // the weight row's element kc * WG_VEC
-  bool a_ok[WG_A_ITERS];
-  const ig_t* b_ptr[WG_B_ITERS];  // the pixel's (p, q, c) = (0, 0, 0) element
-  bool b_ok[WG_B_ITERS];
+  const ig_t* w;
+  const ig_t* x;
+  size_t a_first;                 // row m0 + row0, element kc * WG_VEC
+  unsigned a_ok, b_ok;            // bit i: row i of this thread is inside M / N
+  unsigned b_pix[WG_B_ITERS];     // the pixel's (p, q, c) = (0, 0, 0) element
   unsigned dst;                   // row0's swizzled piece in stage 0 (add the section)
   int kc;
   long long a_plane, x_plane;     // 3xTF32: elements from a big part to its small part
 
-  __device__ void init(const ig_t* x, const ig_t* w, const IgProblem& p, int m0, int n0,
+  __device__ void init(const ig_t* x_, const ig_t* w_, const IgProblem& p, int m0, int n0,
                        unsigned smem, long long xp) {
     const int tid = threadIdx.x;
+    w = w_;
+    x = x_;
     kc = tid % 8;
     const int row0 = tid / 8;
+    a_first = (size_t)(m0 + row0) * p.Kd + kc * WG_VEC;
+    a_ok = b_ok = 0;
 #pragma unroll
-    for (int i = 0; i < WG_A_ITERS; ++i) {
-      const int m = m0 + row0 + i * WG_PASS;
-      a_ok[i] = m < p.M;
-      a_ptr[i] = w + (size_t)(a_ok[i] ? m : 0) * p.Kd + kc * WG_VEC;
-    }
+    for (int i = 0; i < WG_A_ITERS; ++i) a_ok |= (m0 + row0 + i * WG_PASS < p.M ? 1u : 0u) << i;
     const int pix = p.Ho * p.Wo;
 #pragma unroll
     for (int i = 0; i < WG_B_ITERS; ++i) {
       const int n = n0 + row0 + i * WG_PASS;
-      b_ok[i] = n < p.N;
-      const int nn = b_ok[i] ? n : 0;
+      b_ok |= (n < p.N ? 1u : 0u) << i;
+      const int nn = n < p.N ? n : 0;
       const int b = nn / pix, r = nn - b * pix;
       const int ho = r / p.Wo, wo = r - ho * p.Wo;
-      b_ptr[i] = x + (((size_t)b * p.H + (size_t)ho * p.S) * p.W + (size_t)wo * p.S) * p.Cp;
+      b_pix[i] = (unsigned)((((size_t)b * p.H + (size_t)ho * p.S) * p.W + (size_t)wo * p.S) *
+                            p.Cp);
     }
     // row0 + WG_PASS * i keeps row0 % 8 (WG_PASS is a multiple of 8): one swizzle a thread.
     dst = smem + row0 * WG_ROWB + ((kc ^ (row0 % 8)) << 4);
@@ -225,13 +243,17 @@ struct WgLoader {
 #pragma unroll
     for (int s = 0; s < WG_SPLIT; ++s) {
 #pragma unroll
-      for (int i = 0; i < WG_A_ITERS; ++i)
-        ig_cp16(a_dst + (s * BM + i * WG_PASS) * WG_ROWB,
-                a_ptr[i] + s * a_plane + (k_ok ? k0 : 0), a_ok[i] && k_ok);
+      for (int i = 0; i < WG_A_ITERS; ++i) {
+        const bool ok = k_ok && (a_ok >> i & 1u);
+        const ig_t* src = w + (ok ? a_first + (size_t)i * WG_PASS * p.Kd + s * a_plane + k0 : 0);
+        ig_cp16(a_dst + (s * BM + i * WG_PASS) * WG_ROWB, src, ok);
+      }
 #pragma unroll
-      for (int i = 0; i < WG_B_ITERS; ++i)
-        ig_cp16(b_dst + (s * BN + i * WG_PASS) * WG_ROWB, b_ptr[i] + s * x_plane + b_off,
-                b_ok[i] && k_ok);
+      for (int i = 0; i < WG_B_ITERS; ++i) {
+        const bool ok = k_ok && (b_ok >> i & 1u);
+        const ig_t* src = x + (ok ? b_pix[i] + s * x_plane + b_off : 0);
+        ig_cp16(b_dst + (s * BN + i * WG_PASS) * WG_ROWB, src, ok);
+      }
     }
   }
 };
@@ -240,24 +262,29 @@ struct WgLoader {
 
 // The warpgroup's wgmmas of one k-tile in the ring slot at `slot` (its A rows from a_row,
 // its B rows from b_row).
-__device__ __forceinline__ void wg_tile(float (&acc)[WG_ACC], unsigned slot, int a_row,
+__device__ __forceinline__ void wg_tile(float (&acc)[WG_MI][WG_ACC], unsigned slot, int a_row,
                                         int b_row) {
   const unsigned a = slot + a_row * WG_ROWB;
   const unsigned b = slot + WG_A_ROWS * WG_ROWB + b_row * WG_ROWB;
-  const unsigned long long da = wg_desc(a), db = wg_desc(b);
+  const unsigned long long db = wg_desc(b);
 #pragma unroll
   for (int ks = 0; ks < WG_KSTEPS; ++ks) {
     // A k-step is 32 bytes further along the row: +2 in the descriptor's 16-byte units (the
     // hardware applies the swizzle to the address it forms).
     const unsigned long long step = 2ull * ks;
+#pragma unroll
+    for (int mi = 0; mi < WG_MI; ++mi) {
+      const unsigned long long da = wg_desc(a + mi * 64 * WG_ROWB);
 #if IG_MODE == 3
-    const unsigned long long da_s = wg_desc(a + BM * WG_ROWB), db_s = wg_desc(b + BN * WG_ROWB);
-    wg_mma(acc, da_s + step, db + step, ks > 0);  // the k-tile's sum starts from zero
-    wg_mma(acc, da + step, db_s + step, 1);
-    wg_mma(acc, da + step, db + step, 1);
+      const unsigned long long da_s = wg_desc(a + (BM + mi * 64) * WG_ROWB);
+      const unsigned long long db_s = wg_desc(b + BN * WG_ROWB);
+      wg_mma(acc[mi], da_s + step, db + step, ks > 0);  // the k-tile's sum starts from zero
+      wg_mma(acc[mi], da + step, db_s + step, 1);
+      wg_mma(acc[mi], da + step, db + step, 1);
 #else
-    wg_mma(acc, da + step, db + step, 1);
+      wg_mma(acc[mi], da + step, db + step, 1);
 #endif
+    }
   }
 }
 
@@ -290,19 +317,23 @@ igemm_wgmma(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
       (static_cast<unsigned>(__cvta_generic_to_shared(wg_smem_raw)) + 1023u) & ~1023u;
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
   const int group = threadIdx.x / 128;
-  const int a_row = (group / WG_GROUPS_N) * 64, b_row = (group % WG_GROUPS_N) * WG_N;
+  const int a_row = (group / WG_GROUPS_N) * 64 * WG_MI, b_row = (group % WG_GROUPS_N) * WG_N;
 
   WgLoader ld;
   ld.init(x, w, p, m0, n0, smem, x_plane);
-  float acc[WG_ACC];
+  float acc[WG_MI][WG_ACC];
 #pragma unroll
-  for (int i = 0; i < WG_ACC; ++i) acc[i] = 0.0f;
+  for (int mi = 0; mi < WG_MI; ++mi)
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) acc[mi][i] = 0.0f;
 #if IG_MODE == 3
-  float total[WG_ACC];
+  float total[WG_MI][WG_ACC];
 #pragma unroll
-  for (int i = 0; i < WG_ACC; ++i) total[i] = 0.0f;
+  for (int mi = 0; mi < WG_MI; ++mi)
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) total[mi][i] = 0.0f;
 #else
-  float (&total)[WG_ACC] = acc;
+  float (&total)[WG_MI][WG_ACC] = acc;
 #endif
 
   const int tiles = (p.Kd + WG_BK - 1) / WG_BK;
@@ -327,13 +358,17 @@ igemm_wgmma(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
     wg_hold(acc);
 #if IG_MODE == 3
 #pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) total[i] += acc[i];
+    for (int mi = 0; mi < WG_MI; ++mi)
+#pragma unroll
+      for (int i = 0; i < WG_ACC; ++i) total[mi][i] += acc[mi][i];
 #endif
   }
   wg_wait<0>();
   wg_hold(acc);
   cp_async_wait_all();
-  wg_store(total, y, bias, p, m0 + a_row, n0 + b_row);
+#pragma unroll
+  for (int mi = 0; mi < WG_MI; ++mi)
+    wg_store(total[mi], y, bias, p, m0 + a_row + 64 * mi, n0 + b_row);
 }
 
 // x NCHW fp32 -> channels-last (B, H, W, Cp) operands, channels C..Cp-1 zero: fp16/bf16 cast,
