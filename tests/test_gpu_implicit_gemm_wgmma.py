@@ -151,17 +151,19 @@ def test_every_precision_on_random_shapes(name: str, cases: list[Case],
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
 def test_conv5_like_deep_k(mode: str, rng: np.random.Generator) -> None:
-    """conv5_x's 4608-term sums (C = 512, 3x3) at batch 2, on both tile kinds: the 3xTF32
-    per-k-tile fp32 adds must keep the long sum at fp32 accuracy."""
+    """conv5_x's 4608-term sums (C = 512, 3x3) at batch 2, on both tile kinds and the largest
+    tile: the 3xTF32 per-k-tile fp32 adds must keep the long sum at fp32 accuracy."""
     shape = ConvShape(2, 512, 16, 16, 512, 3)
     x = rng.standard_normal(shape.x_shape, dtype=np.float32)
     w = rng.standard_normal(shape.w_shape, dtype=np.float32) / np.float32(48)
     b = rng.standard_normal(shape.M, dtype=np.float32)
     case = Case(shape, x, w, b, conv_reference(x, w, b))
     impl = get_impl(f"igemm-wg-{mode}")
-    for kind in ("wide", "narrow"):
-        err = run_impl(impl.name, case, ig.WGMMA_TILES[mode][kind])
-        assert err <= impl.tolerance, f"{impl.name} {kind}: {err:.3g}"
+    largest = ({"BM": 128, "BN": 192, "STAGES": 2} if mode == "3xtf32" else
+               {"BM": 256, "BN": 192, "STAGES": 3, "PIPE": 1})
+    for params in (ig.WGMMA_TILES[mode]["wide"], ig.WGMMA_TILES[mode]["narrow"], largest):
+        err = run_impl(impl.name, case, params)
+        assert err <= impl.tolerance, f"{impl.name} {params}: {err:.3g}"
 
 
 @pytest.mark.gpu

@@ -290,18 +290,35 @@ __device__ __forceinline__ void wg_tile(float (&acc)[WG_MI][WG_ACC], unsigned sl
 
 // y[b, m, pix] = total + bias for this thread's accumulators: register r of a warpgroup's
 // 64 x WG_N tile is row 16*warp + lane/4 + 8*((r/2)%2), column 8*(r/4) + 2*(lane%4) + r%2.
+// Registers r, r+1 (r even) are columns n, n+1 of one row with n even: with an even pixel
+// count per image (and y 8-byte aligned) both land in one image, 8-byte aligned, and go out
+// as one 8-byte store.
 __device__ __forceinline__ void wg_store(const float (&total)[WG_ACC], float* __restrict__ y,
                                          const float* __restrict__ bias, const IgProblem& p,
                                          int m_base, int n_base) {
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int pix = p.Ho * p.Wo;
+  const bool pairs = pix % 2 == 0 && reinterpret_cast<size_t>(y) % 8 == 0;
 #pragma unroll
-  for (int r = 0; r < WG_ACC; ++r) {
+  for (int r = 0; r < WG_ACC; r += 2) {
     const int m = m_base + 16 * warp + lane / 4 + 8 * ((r / 2) % 2);
-    const int n = n_base + 8 * (r / 4) + 2 * (lane % 4) + r % 2;
-    if (m < p.M && n < p.N) {
+    const int n = n_base + 8 * (r / 4) + 2 * (lane % 4);
+    if (m >= p.M) continue;
+    const float bm = bias[m];
+    if (pairs && n < p.N) {
       const int b = n / pix;
-      y[((size_t)b * p.M + m) * pix + (n - b * pix)] = total[r] + bias[m];
+      // (nvcc splits a float2 store through a cast pointer into two here)
+      asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(
+                       y + ((size_t)b * p.M + m) * pix + (n - b * pix)),
+                   "f"(total[r] + bm), "f"(total[r + 1] + bm)
+                   : "memory");
+      continue;
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (pairs || n + e >= p.N) continue;
+      const int b = (n + e) / pix;
+      y[((size_t)b * p.M + m) * pix + (n + e - b * pix)] = total[r + e] + bm;
     }
   }
 }
