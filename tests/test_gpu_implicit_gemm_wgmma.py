@@ -43,8 +43,8 @@ def test_defaults_and_space_are_valid(mode: str) -> None:
         assert d["IG_MODE"] == ig.MODES[mode]
         assert wg.smem_bytes(mode, d["BM"], d["BN"], d["STAGES"]) <= ig.SMEM_LIMIT
         assert wg.warpgroup_n(d["BM"], d["BN"]) in wg.WG_N
-    for kind in ("wide", "narrow"):
-        wg.wgmma_defines(mode, impl.params_for(ig.WGMMA_TILES[mode][kind]))
+    for params in (ig.WGMMA_NARROW[mode], *ig.WGMMA_WIDE[mode]):
+        wg.wgmma_defines(mode, impl.params_for(params))
 
 
 @pytest.mark.parametrize(("mode", "bad"), [
@@ -65,11 +65,23 @@ def test_plan_takes_wgmma_where_the_output_fills_the_gpu() -> None:
     conv1 = ConvShape(16, 64, 226, 226, 64, 3)
     fc6 = ConvShape(64, 25088, 1, 1, 4096, 1)
     for mode in MODES:
-        assert ig.plan(conv5, mode, wgmma=True) == (f"igemm-wg-{mode}",
-                                                    ig.WGMMA_TILES[mode]["wide"])
-        assert ig.plan(conv1, mode, wgmma=True)[1] == ig.WGMMA_TILES[mode]["narrow"]
+        name, params = ig.plan(conv5, mode, wgmma=True)
+        assert name == f"igemm-wg-{mode}" and params in ig.WGMMA_WIDE[mode]
+        assert ig.plan(conv1, mode, wgmma=True)[1] == ig.WGMMA_NARROW[mode]
         assert ig.plan(conv5, mode)[0] == f"igemm-{mode}"  # no wgmma: rung 26
         assert ig.plan(fc6, mode, wgmma=True)[0] == f"igemm-splitk-{mode}"
+
+
+@pytest.mark.parametrize(("mode", "batch", "tile"), [
+    # What the H100 sweeps measured fastest on conv5_x (docs/vgg.md).
+    ("fp16", 64, (128, 192)), ("fp16", 32, (128, 192)), ("fp16", 16, (128, 128)),
+    ("tf32", 64, (256, 192)), ("tf32", 32, (128, 192)), ("tf32", 12, (128, 128)),
+    ("3xtf32", 64, (128, 192)), ("3xtf32", 32, (128, 192)), ("3xtf32", 16, (128, 128)),
+])
+def test_wave_model_picks_the_measured_tiles(mode: str, batch: int,
+                                             tile: tuple[int, int]) -> None:
+    got = ig.wgmma_tiles(ConvShape(batch, 512, 16, 16, 512, 3), mode, sms=132)
+    assert (got["BM"], got["BN"]) == tile
 
 
 def swizzle(offset: np.ndarray) -> np.ndarray:
@@ -161,7 +173,7 @@ def test_conv5_like_deep_k(mode: str, rng: np.random.Generator) -> None:
     impl = get_impl(f"igemm-wg-{mode}")
     largest = ({"BM": 128, "BN": 192, "STAGES": 2} if mode == "3xtf32" else
                {"BM": 256, "BN": 192, "STAGES": 3, "PIPE": 1})
-    for params in (ig.WGMMA_TILES[mode]["wide"], ig.WGMMA_TILES[mode]["narrow"], largest):
+    for params in (ig.WGMMA_NARROW[mode], *ig.WGMMA_WIDE[mode], largest):
         err = run_impl(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params}: {err:.3g}"
 

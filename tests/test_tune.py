@@ -365,3 +365,20 @@ def test_tuner_takes_the_vgg_layer_set() -> None:
 
     for _, shape in got:  # every layer has the implicit-GEMM rungs to race
         assert ig.supports(shape)
+
+
+def test_search_order_ranks_every_layers_leaders_first() -> None:
+    """Rungs within SEARCH_WITHIN of the fastest defaults they compete with, by that ratio:
+    each layer's leaders (ratio 1) before anyone's runners-up; the slow and the failed never."""
+    def t(layer: str, name: str, tol: float, ms: float, ok: bool = True) -> tune.Trial:
+        return tune.Trial(layer, name, tune.mode_of(tol), {}, ok, 1e-7, ms)
+
+    screened = {
+        "a": {"x": t("a", "x", 1e-5, 2.0), "y": t("a", "y", 1e-5, 3.0),
+              "h": t("a", "h", 1e-2, 1.0), "slow": t("a", "slow", 1e-5, 10.0)},
+        "b": {"x": t("b", "x", 1e-5, 5.0), "bad": t("b", "bad", 1e-5, 1.0, ok=False)},
+    }
+    order = tune.search_order(screened)
+    assert order[:3] == [("a", "h"), ("a", "x"), ("b", "x")]  # ratio 1 each, then by name
+    assert order[3:] == [("a", "y")]  # 1.5x the fp32 leader
+    assert ("a", "slow") not in order and ("b", "bad") not in order

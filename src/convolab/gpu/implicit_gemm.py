@@ -61,18 +61,42 @@ _TILES: dict[str, dict[str, tuple[int, int, int, int]]] = {
     "fp16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
     "bf16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
 }
-# Rung 37's tiles (kernels/37_implicit_gemm_wgmma.cu: BM 64 or 128, BN, STAGES, PIPE), for
-# M > 64 ("wide") and M <= 64 ("narrow").
-WGMMA_TILES: dict[str, dict[str, dict[str, int]]] = {
-    "3xtf32": {"wide": {"BM": 128, "BN": 128, "STAGES": 3},
-               "narrow": {"BM": 64, "BN": 128, "STAGES": 4}},
-    "tf32": {"wide": {"BM": 128, "BN": 256, "STAGES": 4, "PIPE": 1},
-             "narrow": {"BM": 64, "BN": 256, "STAGES": 4, "PIPE": 1}},
-    "fp16": {"wide": {"BM": 128, "BN": 256, "STAGES": 4, "PIPE": 1},
-             "narrow": {"BM": 64, "BN": 256, "STAGES": 4, "PIPE": 1}},
-    "bf16": {"wide": {"BM": 128, "BN": 256, "STAGES": 4, "PIPE": 1},
-             "narrow": {"BM": 64, "BN": 256, "STAGES": 4, "PIPE": 1}},
+# Rung 37's tiles (kernels/37_implicit_gemm_wgmma.cu: BM 64/128/256, BN, STAGES, PIPE), from
+# its H100 tile sweeps (docs/vgg.md). M <= 64 ("narrow", conv1_2): one 64-row tile, 128
+# columns, few stages so that 2-4 blocks share an SM (conv1_2 B=16 fp16: 2 stages 0.435 ms,
+# 4 stages 0.516). M > 64: the candidates `wgmma_tiles` weighs, first wins a tie.
+WGMMA_NARROW: dict[str, dict[str, int]] = {
+    "3xtf32": {"BM": 64, "BN": 128, "STAGES": 2},
+    "tf32": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
+    "fp16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
+    "bf16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
 }
+_WG_16BIT = ({"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1},
+             {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1})
+WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
+    "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2}, {"BM": 128, "BN": 128, "STAGES": 3}),
+    "tf32": ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1}, *_WG_16BIT),
+    "fp16": _WG_16BIT,
+    "bf16": _WG_16BIT,
+}
+
+
+def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> dict[str, int]:
+    """Rung 37's tile for the shape: WGMMA_NARROW for M <= 64, else the WGMMA_WIDE candidate
+    with the least waves x (BM + BN). Its main loop streams both operands from L2, so a tile
+    costs about its BM + BN rows per k-step, and a partly filled last wave costs a full one
+    (conv5_x on 132 SMs: B=64 takes 128 x 192, 264 tiles in 2 waves, over 128 x 128's 392 in
+    3; B=16 keeps 128 x 128, 100 tiles in one wave)."""
+    M, N, _ = gemm_dims(shape)
+    if M <= 64:
+        return dict(WGMMA_NARROW[mode])
+
+    def cost(t: Mapping[str, int]) -> int:
+        return ceil_div(ceil_div(M, t["BM"]) * ceil_div(N, t["BN"]), sms) * (t["BM"] + t["BN"])
+
+    return dict(min(WGMMA_WIDE[mode], key=cost))
+
+
 # Split-K pays while the output has fewer 128 x 128 tiles than this fraction of the SMs:
 # on conv5_x (H100, 132 SMs) it wins at 52 tiles (B=8: 0.080 vs 0.112 ms fp16) and loses
 # from 76 (B=12: 0.124 vs 0.115 ms).
@@ -105,7 +129,7 @@ def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
         params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
         return f"igemm-splitk-{mode}", params
     if wgmma:
-        return f"igemm-wg-{mode}", dict(WGMMA_TILES[mode][kind])
+        return f"igemm-wg-{mode}", wgmma_tiles(shape, mode, sms)
     return f"igemm-{mode}", _tile_params(mode, kind)
 
 

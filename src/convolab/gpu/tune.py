@@ -566,6 +566,19 @@ def _search(impl: Any, layer: str, shape: ConvShape, default: Trial, data: dict[
     return trials
 
 
+def search_order(screened: Mapping[str, Mapping[str, Trial]]) -> list[tuple[str, str]]:
+    """(layer, rung) pairs worth a search, most promising first: checked, and at defaults
+    within SEARCH_WITHIN of the fastest defaults each competes with, ordered by that ratio
+    (so a budget spends itself on every layer's leaders before anyone's runners-up)."""
+    ranked = []
+    for layer, trials in screened.items():
+        for name, t in trials.items():
+            best = pool_best(trials, TOLERANCE[t.mode])
+            if t.ok and t.median_ms <= SEARCH_WITHIN * best:
+                ranked.append((t.median_ms / best, layer, name))
+    return [(layer, name) for _, layer, name in sorted(ranked)]
+
+
 def sweep(
     plan: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
     cap: int,
@@ -573,32 +586,32 @@ def sweep(
     budget_s: float,
     progress: Any,
 ) -> list[Trial]:
-    """Per layer: every rung at its defaults first (`_screen`), then a coordinate descent (at
-    most `cap` candidates) for each rung whose defaults came within SEARCH_WITHIN of the
-    fastest it competes with; past `budget_s` seconds no further rung is searched."""
+    """Every layer's rungs at their defaults first (`_screen`, newest rung first: the newest
+    are usually the fastest, and a fast time known early lets slow rungs stop after one run),
+    then coordinate descents (at most `cap` candidates each) in `search_order`, until
+    `budget_s` seconds have passed since the start."""
     import numpy as np
 
     from convolab.backend import require_cupy
 
     cp = require_cupy()
     rng = np.random.default_rng()
-    trials: list[Trial] = []
     started = time.perf_counter()
     task = progress.add_task("tuning", total=len(plan) * cap)
+    data: dict[str, dict[str, Any]] = {}
+    screened: dict[str, dict[str, Trial]] = {}
     for layer in dict.fromkeys(entry[0] for entry in plan):
         pairs = [entry for entry in plan if entry[0] == layer]
-        data = {"layer": layer, **_layer_data(cp, rng, pairs[0][1])}
-        screened = _screen(pairs, data, reps, progress, task)
-        trials += screened.values()
-        searched = [(shape, impl, first) for _, shape, impl, first in pairs
-                    if screened[impl.name].ok and screened[impl.name].median_ms
-                    <= SEARCH_WITHIN * pool_best(screened, impl.tolerance)]
+        data[layer] = {"layer": layer, **_layer_data(cp, rng, pairs[0][1])}
+        screened[layer] = _screen(pairs[::-1], data[layer], reps, progress, task)
+    trials = [t for layer_trials in screened.values() for t in layer_trials.values()]
+    pairs_by_key = {(layer, impl.name): (shape, impl) for layer, shape, impl, _ in plan}
+    for layer, name in search_order(screened):
         if time.perf_counter() - started > budget_s:
-            searched = []
-        precompile([(layer, shape, impl, first) for shape, impl, first in searched], progress)
-        for shape, impl, _first in searched:
-            trials += _search(impl, layer, shape, screened[impl.name], data, cap, reps,
-                              progress, task)
+            break
+        shape, impl = pairs_by_key[(layer, name)]
+        trials += _search(impl, layer, shape, screened[layer][name], data[layer], cap, reps,
+                          progress, task)
     return trials
 
 
