@@ -382,3 +382,18 @@ def test_search_order_ranks_every_layers_leaders_first() -> None:
     assert order[:3] == [("a", "h"), ("a", "x"), ("b", "x")]  # ratio 1 each, then by name
     assert order[3:] == [("a", "y")]  # 1.5x the fp32 leader
     assert ("a", "slow") not in order and ("b", "bad") not in order
+
+
+def test_screen_starts_from_the_shape_models_tiles() -> None:
+    """The implicit GEMMs start where auto's model would run them (conv1_2's 64-row tiles,
+    conv5_x's wave-picked tiles), other rungs at their defaults."""
+    from convolab.bench.cases import vgg_cases
+    from convolab.gpu import implicit_gemm as ig
+    from convolab.registry import get_impl
+
+    conv1, conv5 = (c.shape for c in vgg_cases(64)[:2])
+    wg = get_impl("igemm-wg-tf32")
+    assert tune.start_params(wg, conv1) == wg.params_for(ig.WGMMA_NARROW["tf32"])
+    assert tune.start_params(wg, conv5) == wg.params_for(ig.wgmma_tiles(conv5, "tf32"))
+    basic = get_impl("basic")
+    assert tune.start_params(basic, conv1) == basic.params_for(None)

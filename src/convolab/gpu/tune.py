@@ -49,8 +49,8 @@ CACHE_FILE = "tune.json"
 NOT_TUNED: frozenset[str] = frozenset({"auto", "streams"})
 DEFAULT_MAX_CANDIDATES = 16
 CHECK_BATCH = 4
-# A rung whose defaults run slower than this many times the fastest defaults among the rungs
-# it competes with (those accurate enough for its own mode) is not searched further, and a
+# A rung whose start (`start_params`) runs slower than this many times the fastest start among
+# the rungs it competes with (those accurate enough for its own mode) is not searched, and a
 # candidate whose first run already is that slow is not timed further: on VGG's layers the
 # early rungs take 10-600 ms a run where the implicit GEMMs take 0.03-1.
 SEARCH_WITHIN = 2.0
@@ -533,15 +533,25 @@ def pool_best(done: Mapping[str, Trial], tolerance: float) -> float:
     return min(times, default=math.inf)
 
 
+def start_params(impl: Any, shape: ConvShape) -> dict[str, Any]:
+    """Where a rung's screen and search start: the parameters `auto`'s shape model gives it
+    for this shape where the model would run it (the implicit GEMMs' tiles depend on M and
+    on the wave count: their fixed defaults are one shape's tiles), else its defaults."""
+    from convolab.gpu import auto
+
+    choice = auto.default_choice(shape, {impl.name}, mode_of(impl.tolerance))
+    return impl.params_for(choice.params if choice.impl == impl.name else None)
+
+
 def _screen(pairs: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
             data: dict[str, Any], reps: int, progress: Any, task: Any) -> dict[str, Trial]:
-    """Every rung of one layer at its defaults; a run slower than SEARCH_WITHIN x the fastest
-    defaults it competes with so far is not timed further."""
+    """Every rung of one layer at its `start_params`; a run slower than SEARCH_WITHIN x the
+    fastest start it competes with so far is not timed further."""
     screened: dict[str, Trial] = {}
     for layer, shape, impl, _first in pairs:
-        progress.update(task, description=f"{layer} {impl.name:<20} defaults")
+        progress.update(task, description=f"{layer} {impl.name:<20} start")
         limit = SEARCH_WITHIN * pool_best(screened, impl.tolerance)
-        screened[impl.name] = _trial(impl, layer, shape, dict(impl.defaults), data, reps,
+        screened[impl.name] = _trial(impl, layer, shape, start_params(impl, shape), data, reps,
                                      limit_ms=limit)
         progress.advance(task)
     return screened
@@ -549,7 +559,7 @@ def _screen(pairs: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
 
 def _search(impl: Any, layer: str, shape: ConvShape, default: Trial, data: dict[str, Any],
             cap: int, reps: int, progress: Any, task: Any) -> list[Trial]:
-    """Coordinate descent from the rung's (already measured) defaults."""
+    """Coordinate descent from the rung's (already measured) start."""
     trials: list[Trial] = []
 
     def measure(params: dict[str, Any]) -> float:
@@ -562,7 +572,7 @@ def _search(impl: Any, layer: str, shape: ConvShape, default: Trial, data: dict[
         return trial.median_ms if trial.ok else math.inf
 
     progress.update(task, description=f"{layer} {impl.name:<20}")
-    coordinate_descent(impl.space, impl.defaults, measure, cap)
+    coordinate_descent(impl.space, default.params, measure, cap)
     return trials
 
 
@@ -586,7 +596,7 @@ def sweep(
     budget_s: float,
     progress: Any,
 ) -> list[Trial]:
-    """Every layer's rungs at their defaults first (`_screen`, newest rung first: the newest
+    """Every layer's rungs at their start first (`_screen`, newest rung first: the newest
     are usually the fastest, and a fast time known early lets slow rungs stop after one run),
     then coordinate descents (at most `cap` candidates each) in `search_order`, until
     `budget_s` seconds have passed since the start."""
@@ -652,14 +662,15 @@ def main(
     ]
     console.print(
         f"tuning {model} at B={batch} on {gpu}: {len(plan)} (layer, rung) pairs, "
-        f"each at its defaults, then at most {cap} candidates for those within "
+        f"each at its start (auto's tiles, else its defaults), then at most {cap} candidates "
+        f"for those within "
         f"{SEARCH_WITHIN:g}x of the fastest (whole space if it fits, else coordinate descent), "
         f"{reps} reps each"
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        precompile([(layer, shape, impl, [dict(impl.defaults)])
+        precompile([(layer, shape, impl, [start_params(impl, shape)])
                     for layer, shape, impl, _ in plan], progress)
         trials = sweep(plan, cap, reps, budget_s, progress)
     date = _dt.date.today().isoformat()
