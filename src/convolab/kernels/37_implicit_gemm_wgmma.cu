@@ -23,6 +23,15 @@
 // BM = 128 one above the other (each 64 x BN), BM = 256 one above the other with two 64-row
 // wgmmas each (each 128 x BN: every B tile read from shared memory feeds twice the work).
 // The k-tile is 128 bytes of a row: BK = 64 fp16/bf16 or 32 fp32 elements.
+//
+// Measured (H100, docs/vgg.md; 59.2 GFLOP each, layout pass included): conv5_x B=64 fp16
+// 0.199 ms = 297 TFLOP/s (rung 26: 0.328; cuDNN fp16 channels-last 0.116), TF32 0.304 (26:
+// 0.657; cuDNN 0.246), 3xTF32 0.777 (26: 1.33; cuDNN fp32 0.776); conv1_2 B=16 fp16 0.435
+// (26: 0.626; cuDNN 0.308), TF32 0.616 (cuDNN 0.763), 3xTF32 1.06 (cuDNN fp32 1.68). The
+// layout pass alone takes 0.175 ms of conv1_2's 0.435 and 0.057 of conv5_x's 0.199. BM = 256
+// did not pay for 16-bit operands (conv5_x 0.211 vs 128 x 192's 0.199): with one block
+// barrier per k-tile the two warpgroups still stall together; a producer warp with mbarriers
+// (and TMA) is the next step.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
