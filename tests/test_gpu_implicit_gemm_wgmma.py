@@ -127,9 +127,10 @@ def test_host_tf32_rounding_matches_the_device_rule(rng: np.random.Generator) ->
     assert np.all(np.abs(big.astype(np.float64) + small - a) <= 2.0**-21 * np.abs(a))
 
 
-def test_not_eligible_without_a_hopper_gpu() -> None:
-    if not wg.has_wgmma():
-        assert not get_impl("igemm-wg-fp16").supports(ConvShape(1, 64, 18, 18, 64, 3))
+def test_supported_unless_the_gpu_rules_wgmma_out() -> None:
+    shape = ConvShape(1, 64, 18, 18, 64, 3)
+    assert get_impl("igemm-wg-fp16").supports(shape) == (not wg.wgmma_ruled_out())
+    assert not get_impl("igemm-wg-fp16").supports(ConvShape(70000, 3, 1, 1, 4, 1))
 
 
 # ------------------------------------------------------------------------------- GPU
@@ -185,4 +186,4 @@ def test_auto_takes_wgmma_on_hopper() -> None:
     conv5 = ConvShape(64, 512, 16, 16, 512, 3)
     eligible = auto.eligible_impls(conv5, "fp16")
     choice = auto.default_choice(conv5, eligible, "fp16")
-    assert choice.impl == ("igemm-wg-fp16" if wg.has_wgmma() else "igemm-fp16")
+    assert choice.impl == ("igemm-fp16" if wg.wgmma_ruled_out() else "igemm-wg-fp16")

@@ -109,20 +109,17 @@ def _variants(mode: str) -> Callable[[], list[dict[str, int]]]:
 
 
 @functools.cache
-def has_wgmma() -> bool:
-    """True where the current GPU runs sm_90a code (compute capability 9.0: H100, H200)."""
+def wgmma_ruled_out() -> bool:
+    """True where the current GPU cannot run sm_90a code (compute capability other than 9.0).
+    With no GPU at all nothing runs anyway, and `supports` answers for the shape alone, as
+    every other rung's does (the CPU-side listings and plans see the rung)."""
     cp = cupy_or_none()
-    return cp is not None and str(cp.cuda.Device().compute_capability) == "90"
+    return cp is not None and str(cp.cuda.Device().compute_capability) != "90"
 
 
 def supports(shape: ConvShape) -> bool:
     plane = shape.B * shape.H * shape.W * ig.padded_channels(shape.C)
-    return ig.supports(shape) and plane < PLANE_LIMIT and has_wgmma()
-
-
-# --------------------------------------------------------------------------------------
-# prepare / run (CuPy from here on)
-# --------------------------------------------------------------------------------------
+    return ig.supports(shape) and plane < PLANE_LIMIT and not wgmma_ruled_out()
 
 
 def tf32_round(a: Any) -> Any:
@@ -131,6 +128,11 @@ def tf32_round(a: Any) -> Any:
     xp = xp_of(a)
     u = xp.ascontiguousarray(a, dtype=xp.float32).view(xp.uint32)
     return ((u + xp.uint32(0x1000)) & xp.uint32(0xFFFFE000)).view(xp.float32)
+
+
+# --------------------------------------------------------------------------------------
+# prepare / run (CuPy from here on)
+# --------------------------------------------------------------------------------------
 
 
 def operand_weights(w: Any, mode: str) -> Any:
@@ -197,5 +199,5 @@ for _mode in ("3xtf32", "tf32", "fp16", "bf16"):
         defaults=defaults(_mode), compile_variants=_variants(_mode),
         tolerance=TOLERANCE[_mode]))
 
-__all__ = ["has_wgmma", "operand_weights", "smem_bytes", "tf32_round", "warpgroup_n",
-           "wgmma_defines"]
+__all__ = ["operand_weights", "smem_bytes", "tf32_round", "warpgroup_n",
+           "wgmma_defines", "wgmma_ruled_out"]
