@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 
@@ -287,11 +288,18 @@ def test_main_flow_without_gpu(cache_file: Path, monkeypatch: pytest.MonkeyPatch
             tolerance=tol,
         )
 
-    impls = [fake_impl("exact", 1e-5), fake_impl("half", 1e-2)]
+    # "slow" is exact too, but its defaults run 10x slower than exact's: screened, not searched.
+    impls = [fake_impl("exact", 1e-5), fake_impl("half", 1e-2), fake_impl("slow", 1e-5)]
+    calls: dict[str, int] = {}
 
-    def fake_trial(impl, layer, shape, params, data, reps):  # noqa: ANN001, ANN202
-        speed = (1.0 if impl.name == "exact" else 0.5) + abs(params["T"] - 4) + params["U"]
-        return tune.Trial(layer, impl.name, tune.mode_of(impl.tolerance), params, True, 1e-7, speed)
+    def fake_trial(impl, layer, shape, params, data, reps, limit_ms=math.inf):  # noqa: ANN001, ANN202
+        calls[impl.name] = calls.get(impl.name, 0) + 1
+        speed = {"exact": 1.0, "half": 0.5, "slow": 50.0}[impl.name] + abs(params["T"] - 4) + \
+            params["U"]
+        mode = tune.mode_of(impl.tolerance)
+        if speed > limit_ms:  # the real trial stops after one run
+            return tune.Trial(layer, impl.name, mode, params, False, 1e-7, note="too slow")
+        return tune.Trial(layer, impl.name, mode, params, True, 1e-7, speed)
 
     fake_cp = types.SimpleNamespace(asarray=np.asarray, zeros=np.zeros)
     monkeypatch.setattr(backend, "require_cupy", lambda: fake_cp)
@@ -306,6 +314,9 @@ def test_main_flow_without_gpu(cache_file: Path, monkeypatch: pytest.MonkeyPatch
     assert best[(1, "fp32")] == ("exact", {"T": 4, "U": 1})
     assert best[(4, "fp16")] == ("half", {"T": 4, "U": 1})
     assert tune.load_cache() == found
+    layers = len(tune.model_conv_shapes("ece408", 2))
+    assert calls["slow"] == layers  # its defaults only, once per layer
+    assert calls["exact"] > layers and calls["half"] > layers  # searched
 
 
 def test_advanced_rung_defaults_are_valid_and_tree_split_adapts() -> None:
@@ -354,3 +365,35 @@ def test_tuner_takes_the_vgg_layer_set() -> None:
 
     for _, shape in got:  # every layer has the implicit-GEMM rungs to race
         assert ig.supports(shape)
+
+
+def test_search_order_ranks_every_layers_leaders_first() -> None:
+    """Rungs within SEARCH_WITHIN of the fastest defaults they compete with, by that ratio:
+    each layer's leaders (ratio 1) before anyone's runners-up; the slow and the failed never."""
+    def t(layer: str, name: str, tol: float, ms: float, ok: bool = True) -> tune.Trial:
+        return tune.Trial(layer, name, tune.mode_of(tol), {}, ok, 1e-7, ms)
+
+    screened = {
+        "a": {"x": t("a", "x", 1e-5, 2.0), "y": t("a", "y", 1e-5, 3.0),
+              "h": t("a", "h", 1e-2, 1.0), "slow": t("a", "slow", 1e-5, 10.0)},
+        "b": {"x": t("b", "x", 1e-5, 5.0), "bad": t("b", "bad", 1e-5, 1.0, ok=False)},
+    }
+    order = tune.search_order(screened)
+    assert order[:3] == [("a", "h"), ("a", "x"), ("b", "x")]  # ratio 1 each, then by name
+    assert order[3:] == [("a", "y")]  # 1.5x the fp32 leader
+    assert ("a", "slow") not in order and ("b", "bad") not in order
+
+
+def test_screen_starts_from_the_shape_models_tiles() -> None:
+    """The implicit GEMMs start where auto's model would run them (conv1_2's 64-row tiles,
+    conv5_x's wave-picked tiles), other rungs at their defaults."""
+    from convolab.bench.cases import vgg_cases
+    from convolab.gpu import implicit_gemm as ig
+    from convolab.registry import get_impl
+
+    conv1, conv5 = (c.shape for c in vgg_cases(64)[:2])
+    wg = get_impl("igemm-wg-tf32")
+    assert tune.start_params(wg, conv1) == wg.params_for(ig.WGMMA_NARROW["tf32"])
+    assert tune.start_params(wg, conv5) == wg.params_for(ig.wgmma_tiles(conv5, "tf32"))
+    basic = get_impl("basic")
+    assert tune.start_params(basic, conv1) == basic.params_for(None)

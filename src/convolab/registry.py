@@ -33,6 +33,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.fused",
     "convolab.gpu.fused_first",
     "convolab.gpu.implicit_gemm",
+    "convolab.gpu.implicit_gemm_wgmma",
     "convolab.gpu.auto",
 )
 

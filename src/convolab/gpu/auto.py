@@ -12,8 +12,9 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
-    SMs, tiles by M (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64
-    against every tile configuration (docs/vgg.md);
+    SMs, else the wgmma rung 39 on Hopper (rung 26 elsewhere), tiles by M
+    (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64 against every tile
+    configuration (docs/vgg.md);
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
     alone cannot fill the GPU, so the channel sum is spread over blocks;
   * C >= 16 otherwise: `channel-tree` — channel slices per block, reduced on chip;
@@ -58,8 +59,9 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     n_out = shape.B * shape.M * shape.H_out * shape.W_out
     wishes: list[Choice] = []
     if shape.C >= GEMM_C and shape.M >= GEMM_M:
-        name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode])
-        wishes.append(Choice(name, params))
+        for wgmma in (True, False):  # rung 39 is eligible only where the GPU has wgmma
+            name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode], wgmma=wgmma)
+            wishes.append(Choice(name, params))
     if shape.C >= LARGE_C and n_out < SMALL_OUTPUT:
         wishes.append(Choice("channel-atomic", {"CGROUP": 4}))
     if shape.C >= LARGE_C:

@@ -8,7 +8,9 @@ gives each parameter a default with #ifndef so it also compiles with no -D at al
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,18 @@ from typing import Any
 from convolab.backend import require_cupy
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+# Kernel files built for an architecture-specific target instead of the device's own: the
+# warpgroup MMA (wgmma) of rung 39 exists on sm_90a only, and such code runs on nothing else.
+ARCH_SPECIFIC: dict[str, str] = {"39_implicit_gemm_wgmma.cu": "sm_90a"}
+
+
+def nvcc_target(filename: str) -> tuple[str, ...]:
+    """nvcc's target flags for a kernel file (CI's compile check): sm_90, or the file's
+    architecture-specific target (`-arch=sm_90a` would also run a plain sm_90 pass)."""
+    arch = ARCH_SPECIFIC.get(filename)
+    if arch is None:
+        return ("-arch=sm_90",)
+    return (f"-gencode=arch=compute_{arch.removeprefix('sm_')},code={arch}",)
 
 
 def kernel_path(filename: str) -> Path:
@@ -45,9 +59,47 @@ def _module(filename: str, flags: tuple[str, ...], device_id: int) -> Any:
         *(f"-I{d}" for d in cuda_include_dirs()),
         *flags,
     )
+    arch = ARCH_SPECIFIC.get(filename)
+    if arch is not None:
+        return cp.RawModule(path=str(_arch_cubin(filename, source, options, arch)))
     module = cp.RawModule(code=source, options=options)
     module.compile()  # compile now so a broken kernel fails here, not at first launch
     return module
+
+
+def _arch_cubin(filename: str, source: str, options: tuple[str, ...], arch: str) -> Path:
+    """NVRTC-built cubin for `arch`, cached on disk by content. CuPy's own compile path adds
+    the device's `-arch=sm_90` itself, which cannot assemble sm_90a-only instructions."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    opts = (*options, f"--gpu-architecture={arch}")
+    headers = [p.read_text() for p in sorted(KERNEL_DIR.glob("*.cuh"))]
+    text = "\0".join((source, *headers, *opts, str(nvrtc.getVersion())))
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    folder = Path(tempfile.gettempdir()) / f"convolab-cubin-{os.getuid()}"
+    path = folder / f"{Path(filename).stem}-{key}.cubin"
+    if path.is_file():
+        return path
+    prog = nvrtc.createProgram(source, filename, (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except Exception:  # NVRTCError; its log says what is wrong
+            raise RuntimeError(f"NVRTC could not build {filename} for {arch}:\n"
+                               f"{nvrtc.getProgramLog(prog)}") from None
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(cubin)
+        os.replace(tmp, path)  # whole or absent: a concurrent build writes the same bytes
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def get_kernel(filename: str, name: str, defines: Mapping[str, Any] | None = None) -> Any:

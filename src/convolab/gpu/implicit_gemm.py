@@ -61,6 +61,42 @@ _TILES: dict[str, dict[str, tuple[int, int, int, int]]] = {
     "fp16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
     "bf16": {"wide": (128, 128, 64, 3), "narrow": (64, 128, 64, 4), "split": (128, 64, 64, 4)},
 }
+# Rung 39's tiles (kernels/39_implicit_gemm_wgmma.cu: BM 64/128/256, BN, STAGES, PIPE), from
+# its H100 tile sweeps (docs/vgg.md). M <= 64 ("narrow", conv1_2): one 64-row tile, 128
+# columns, few stages so that 2-4 blocks share an SM (conv1_2 B=16 fp16: 2 stages 0.435 ms,
+# 4 stages 0.516). M > 64: the candidates `wgmma_tiles` weighs, first wins a tie.
+WGMMA_NARROW: dict[str, dict[str, int]] = {
+    "3xtf32": {"BM": 64, "BN": 128, "STAGES": 2},
+    "tf32": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
+    "fp16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
+    "bf16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
+}
+_WG_16BIT = ({"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1},
+             {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1})
+WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
+    "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2}, {"BM": 128, "BN": 128, "STAGES": 3}),
+    "tf32": ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1}, *_WG_16BIT),
+    "fp16": _WG_16BIT,
+    "bf16": _WG_16BIT,
+}
+
+
+def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> dict[str, int]:
+    """Rung 39's tile for the shape: WGMMA_NARROW for M <= 64, else the WGMMA_WIDE candidate
+    with the least waves x (BM + BN). Its main loop streams both operands from L2, so a tile
+    costs about its BM + BN rows per k-step, and a partly filled last wave costs a full one
+    (conv5_x on 132 SMs: B=64 takes 128 x 192, 264 tiles in 2 waves, over 128 x 128's 392 in
+    3; B=16 keeps 128 x 128, 100 tiles in one wave)."""
+    M, N, _ = gemm_dims(shape)
+    if M <= 64:
+        return dict(WGMMA_NARROW[mode])
+
+    def cost(t: Mapping[str, int]) -> int:
+        return ceil_div(ceil_div(M, t["BM"]) * ceil_div(N, t["BN"]), sms) * (t["BM"] + t["BN"])
+
+    return dict(min(WGMMA_WIDE[mode], key=cost))
+
+
 # Split-K pays while the output has fewer 128 x 128 tiles than this fraction of the SMs:
 # on conv5_x (H100, 132 SMs) it wins at 52 tiles (B=8: 0.080 vs 0.112 ms fp16) and loses
 # from 76 (B=12: 0.124 vs 0.115 ms).
@@ -78,18 +114,23 @@ def defaults(mode: str, split: bool = False) -> dict[str, int]:
     return _tile_params(mode, "wide")
 
 
-def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> tuple[str, dict[str, int]]:
+def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
+         wgmma: bool = False) -> tuple[str, dict[str, int]]:
     """The rung and tiles the shape model picks (auto without a cache entry): split-K where
     the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its factor then
-    chosen by split_factor at prepare), else rung 26 with 64-row tiles for M <= 64."""
+    chosen by split_factor at prepare); else rung 39 (wgmma) where the GPU has it, else rung
+    26, each with 64-row tiles for M <= 64."""
     if mode not in _TILES:
         raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
     M, N, _ = gemm_dims(shape)
+    kind = "narrow" if M <= 64 else "wide"
     if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
         params = defaults(mode, split=True)
         params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
         return f"igemm-splitk-{mode}", params
-    return f"igemm-{mode}", _tile_params(mode, "narrow" if M <= 64 else "wide")
+    if wgmma:
+        return f"igemm-wg-{mode}", wgmma_tiles(shape, mode, sms)
+    return f"igemm-{mode}", _tile_params(mode, kind)
 
 
 def warps(bm: int, bn: int) -> tuple[int, int]:
@@ -246,7 +287,7 @@ def _layout_pass(shape: ConvShape, mode: str, defines: Mapping[str, int],
     return convert
 
 
-def _problem_args(shape: ConvShape) -> tuple[np.int32, ...]:
+def problem_args(shape: ConvShape) -> tuple[np.int32, ...]:
     M, N, Kd = gemm_dims(shape)
     s = shape
     return tuple(np.int32(v) for v in (N, M, Kd, padded_channels(s.C), s.H, s.W, s.K, s.S,
@@ -272,7 +313,7 @@ def _prepare(mode: str, split: bool) -> Callable[[ConvShape, Any, Any, Mapping[s
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         convert = _layout_pass(shape, mode, defines, file)
         M, N, Kd = gemm_dims(shape)
-        dims = _problem_args(shape)
+        dims = problem_args(shape)
         if not split:
             kernel = _gemm_kernel(file, "igemm_conv", defines, smem)
             grid = (ceil_div(N, bn), ceil_div(M, bm))
@@ -302,7 +343,7 @@ def _prepare(mode: str, split: bool) -> Callable[[ConvShape, Any, Any, Mapping[s
     return prepare
 
 
-_WHAT = {
+WHAT = {
     "3xtf32": "fp32-exact: operands split big+small TF32, 3 MMAs",
     "tf32": "TF32 operands",
     "fp16": "FP16 operands, FP32 accumulation",
@@ -313,13 +354,13 @@ for _mode in ("3xtf32", "tf32", "fp16", "bf16"):
     register(ConvImpl(
         name=f"igemm-{_mode}", rung=26, device="gpu", kernel_file=MMA_FILE,
         demonstrates=f"implicit GEMM, mma.sync + ldmatrix, cp.async ring, channels-last "
-                     f"operands ({_WHAT[_mode]})",
+                     f"operands ({WHAT[_mode]})",
         prepare=_prepare(_mode, split=False), supports=supports,
         space=space(_mode), defaults=defaults(_mode), compile_variants=_variants(_mode, False),
         tolerance=TOLERANCE[_mode]))
     register(ConvImpl(
         name=f"igemm-splitk-{_mode}", rung=27, device="gpu", kernel_file=SPLITK_FILE,
-        demonstrates=f"split-K implicit GEMM, slices summed in a fixed order ({_WHAT[_mode]})",
+        demonstrates=f"split-K implicit GEMM, slices summed in a fixed order ({WHAT[_mode]})",
         prepare=_prepare(_mode, split=True), supports=supports,
         space=space(_mode, split=True), defaults=defaults(_mode, split=True),
         compile_variants=_variants(_mode, True), tolerance=TOLERANCE[_mode]))

@@ -49,6 +49,11 @@ CACHE_FILE = "tune.json"
 NOT_TUNED: frozenset[str] = frozenset({"auto", "streams"})
 DEFAULT_MAX_CANDIDATES = 16
 CHECK_BATCH = 4
+# A rung whose start (`start_params`) runs slower than this many times the fastest start among
+# the rungs it competes with (those accurate enough for its own mode) is not searched, and a
+# candidate whose first run already is that slow is not timed further: on VGG's layers the
+# early rungs take 10-600 ms a run where the implicit GEMMs take 0.03-1.
+SEARCH_WITHIN = 2.0
 
 
 class CacheWarning(UserWarning):
@@ -399,7 +404,8 @@ def tunable_impls() -> list[Any]:
 
 
 def _trial(
-    impl: Any, layer: str, shape: ConvShape, params: dict[str, Any], data: dict[str, Any], reps: int
+    impl: Any, layer: str, shape: ConvShape, params: dict[str, Any], data: dict[str, Any],
+    reps: int, limit_ms: float = math.inf,
 ) -> Trial:
     import numpy as np
 
@@ -422,7 +428,11 @@ def _trial(
         run = impl.prepare(shape, data["w"], data["b"], full)
         y = cp.empty(impl.out_shape(shape), dtype=np.float32)
         poison(y)
-        stats = Stats.of(time_gpu(lambda: run(data["x"], y), reps=reps, warmup=2))
+        first_ms = time_gpu(lambda: run(data["x"], y), reps=1, warmup=1)[0]
+        if first_ms > limit_ms:
+            trial.note = f"{first_ms:.3g} ms a run, over {limit_ms:.3g}: not timed further"
+            return trial
+        stats = Stats.of(time_gpu(lambda: run(data["x"], y), reps=reps, warmup=1))
         n = data["x_small"].shape[0]
         err_full = rel_l2(y[:n], data["ref"])
         trial.rel_l2 = max(err_small, err_full)
@@ -515,6 +525,70 @@ def _layer_data(cp: Any, rng: Any, shape: ConvShape) -> dict[str, Any]:
     }
 
 
+def pool_best(done: Mapping[str, Trial], tolerance: float) -> float:
+    """The fastest checked time among trials of rungs accurate enough for a rung of
+    `tolerance` to compete with (they win its mode if faster)."""
+    times = [t.median_ms for t in done.values()
+             if t.ok and TOLERANCE[t.mode] <= TOLERANCE[mode_of(tolerance)]]
+    return min(times, default=math.inf)
+
+
+def start_params(impl: Any, shape: ConvShape) -> dict[str, Any]:
+    """Where a rung's screen and search start: the parameters `auto`'s shape model gives it
+    for this shape where the model would run it (the implicit GEMMs' tiles depend on M and
+    on the wave count: their fixed defaults are one shape's tiles), else its defaults."""
+    from convolab.gpu import auto
+
+    choice = auto.default_choice(shape, {impl.name}, mode_of(impl.tolerance))
+    return impl.params_for(choice.params if choice.impl == impl.name else None)
+
+
+def _screen(pairs: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
+            data: dict[str, Any], reps: int, progress: Any, task: Any) -> dict[str, Trial]:
+    """Every rung of one layer at its `start_params`; a run slower than SEARCH_WITHIN x the
+    fastest start it competes with so far is not timed further."""
+    screened: dict[str, Trial] = {}
+    for layer, shape, impl, _first in pairs:
+        progress.update(task, description=f"{layer} {impl.name:<20} start")
+        limit = SEARCH_WITHIN * pool_best(screened, impl.tolerance)
+        screened[impl.name] = _trial(impl, layer, shape, start_params(impl, shape), data, reps,
+                                     limit_ms=limit)
+        progress.advance(task)
+    return screened
+
+
+def _search(impl: Any, layer: str, shape: ConvShape, default: Trial, data: dict[str, Any],
+            cap: int, reps: int, progress: Any, task: Any) -> list[Trial]:
+    """Coordinate descent from the rung's (already measured) start."""
+    trials: list[Trial] = []
+
+    def measure(params: dict[str, Any]) -> float:
+        if _key(params) == _key(default.params):
+            return default.median_ms
+        trial = _trial(impl, layer, shape, params, data, reps,
+                       limit_ms=SEARCH_WITHIN * default.median_ms)
+        trials.append(trial)
+        progress.advance(task)
+        return trial.median_ms if trial.ok else math.inf
+
+    progress.update(task, description=f"{layer} {impl.name:<20}")
+    coordinate_descent(impl.space, default.params, measure, cap)
+    return trials
+
+
+def search_order(screened: Mapping[str, Mapping[str, Trial]]) -> list[tuple[str, str]]:
+    """(layer, rung) pairs worth a search, most promising first: checked, and at defaults
+    within SEARCH_WITHIN of the fastest defaults each competes with, ordered by that ratio
+    (so a budget spends itself on every layer's leaders before anyone's runners-up)."""
+    ranked = []
+    for layer, trials in screened.items():
+        for name, t in trials.items():
+            best = pool_best(trials, TOLERANCE[t.mode])
+            if t.ok and t.median_ms <= SEARCH_WITHIN * best:
+                ranked.append((t.median_ms / best, layer, name))
+    return [(layer, name) for _, layer, name in sorted(ranked)]
+
+
 def sweep(
     plan: Sequence[tuple[str, ConvShape, Any, list[dict[str, Any]]]],
     cap: int,
@@ -522,34 +596,32 @@ def sweep(
     budget_s: float,
     progress: Any,
 ) -> list[Trial]:
-    """Check and time each (layer, rung) pair's candidates (coordinate descent, at most `cap`
-    each); past `budget_s` seconds every remaining pair tries its defaults only."""
+    """Every layer's rungs at their start first (`_screen`, newest rung first: the newest
+    are usually the fastest, and a fast time known early lets slow rungs stop after one run),
+    then coordinate descents (at most `cap` candidates each) in `search_order`, until
+    `budget_s` seconds have passed since the start."""
     import numpy as np
 
     from convolab.backend import require_cupy
 
     cp = require_cupy()
     rng = np.random.default_rng()
-    trials: list[Trial] = []
     started = time.perf_counter()
-    data: dict[str, Any] = {}
     task = progress.add_task("tuning", total=len(plan) * cap)
-    for layer, shape, impl, _first in plan:
-        if data.get("layer") != layer:
-            data = {"layer": layer, **_layer_data(cp, rng, shape)}  # frees the previous layer
-        over_budget = time.perf_counter() - started > budget_s
-        progress.update(task, description=f"{layer} {impl.name:<20}")
-        before = len(trials)
-
-        def measure(params: dict[str, Any], impl: Any = impl, layer: str = layer,
-                    shape: ConvShape = shape, data: dict[str, Any] = data) -> float:
-            trial = _trial(impl, layer, shape, params, data, reps)
-            trials.append(trial)
-            progress.advance(task)
-            return trial.median_ms if trial.ok else math.inf
-
-        coordinate_descent(impl.space, impl.defaults, measure, 1 if over_budget else cap)
-        progress.advance(task, cap - (len(trials) - before))
+    data: dict[str, dict[str, Any]] = {}
+    screened: dict[str, dict[str, Trial]] = {}
+    for layer in dict.fromkeys(entry[0] for entry in plan):
+        pairs = [entry for entry in plan if entry[0] == layer]
+        data[layer] = {"layer": layer, **_layer_data(cp, rng, pairs[0][1])}
+        screened[layer] = _screen(pairs[::-1], data[layer], reps, progress, task)
+    trials = [t for layer_trials in screened.values() for t in layer_trials.values()]
+    pairs_by_key = {(layer, impl.name): (shape, impl) for layer, shape, impl, _ in plan}
+    for layer, name in search_order(screened):
+        if time.perf_counter() - started > budget_s:
+            break
+        shape, impl = pairs_by_key[(layer, name)]
+        trials += _search(impl, layer, shape, screened[layer][name], data[layer], cap, reps,
+                          progress, task)
     return trials
 
 
@@ -590,13 +662,16 @@ def main(
     ]
     console.print(
         f"tuning {model} at B={batch} on {gpu}: {len(plan)} (layer, rung) pairs, "
-        f"at most {cap} candidates each (whole space if it fits, else coordinate descent), "
+        f"each at its start (auto's tiles, else its defaults), then at most {cap} candidates "
+        f"for those within "
+        f"{SEARCH_WITHIN:g}x of the fastest (whole space if it fits, else coordinate descent), "
         f"{reps} reps each"
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        precompile(plan, progress)
+        precompile([(layer, shape, impl, [start_params(impl, shape)])
+                    for layer, shape, impl, _ in plan], progress)
         trials = sweep(plan, cap, reps, budget_s, progress)
     date = _dt.date.today().isoformat()
     found = winners(trials, gpu, dict(layers), date)

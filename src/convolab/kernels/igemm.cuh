@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include "common.cuh"
+#include "igemm_problem.cuh"
 
 #ifndef IG_MODE
 #define IG_MODE 1
@@ -72,26 +73,6 @@ static_assert(IG_THREADS % IG_CHUNKS == 0, "threads must cover whole rows");
 static_assert((BM * IG_CHUNKS) % IG_THREADS == 0 && (BN * IG_CHUNKS) % IG_THREADS == 0,
               "every thread copies the same number of pieces");
 static_assert(STAGES >= 2, "the pipeline needs at least two stages");
-
-// The problem, as the kernels receive it (passed by value).
-struct IgProblem {
-  int N;      // B * Ho * Wo
-  int M;
-  int Kd;     // K * K * Cp
-  int Cp;
-  int H, W, K, S, Ho, Wo;
-};
-// Kernel parameters as plain ints (what the host launcher passes), gathered into IgProblem.
-#define IG_PROBLEM_ARGS int N_, int M_, int Kd_, int Cp_, int H_, int W_, int K_, int S_, \
-                        int Ho_, int Wo_
-#define IG_PROBLEM (IgProblem{N_, M_, Kd_, Cp_, H_, W_, K_, S_, Ho_, Wo_})
-
-__device__ __forceinline__ void ig_cp16(unsigned saddr, const void* src, bool valid) {
-  // src-size 0 zero-fills the 16 bytes and reads nothing: tile edges need no branch.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
 
 __device__ __forceinline__ void ig_ldsm_x4(unsigned (&r)[4], unsigned saddr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

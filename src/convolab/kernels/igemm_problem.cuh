@@ -1,0 +1,24 @@
+// The implicit-GEMM problem as kernels 26, 27 and 39 receive it, and the 16-byte copy their
+// loaders issue: one tap's channels are contiguous in the channels-last input, so every
+// operand piece is one cp.async, zero-filled past the tile edges.
+#pragma once
+
+// The problem, as the kernels receive it (passed by value).
+struct IgProblem {
+  int N;      // B * Ho * Wo
+  int M;
+  int Kd;     // K * K * Cp
+  int Cp;
+  int H, W, K, S, Ho, Wo;
+};
+// Kernel parameters as plain ints (what the host launcher passes), gathered into IgProblem.
+#define IG_PROBLEM_ARGS int N_, int M_, int Kd_, int Cp_, int H_, int W_, int K_, int S_, \
+                        int Ho_, int Wo_
+#define IG_PROBLEM (IgProblem{N_, M_, Kd_, Cp_, H_, W_, K_, S_, Ho_, Wo_})
+
+__device__ __forceinline__ void ig_cp16(unsigned saddr, const void* src, bool valid) {
+  // src-size 0 zero-fills the 16 bytes and reads nothing: tile edges need no branch.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
