@@ -213,7 +213,7 @@ def test_plan_chains_the_blocks(model: str, mode: str, raw_first: str | None,
     net.model, net.mode, net._kernel_params = model, mode, {}
     net.channels_last = network._channels_last_pair(model, mode)
     net.params = zoo_params(model, 0)
-    monkeypatch.setattr(net, "_float_run", lambda i, block: ("float", i))
+    monkeypatch.setattr(net, "_float_run", lambda i, block, *_: ("float", i))
     monkeypatch.setattr(net, "_raw_first_block",
                         lambda block, hw: ("raw", 0) if raw_first == "fused" else None)
     blocks = conv_blocks(model, 5)

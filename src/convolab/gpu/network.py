@@ -238,12 +238,16 @@ class FusedLeNet:
             cl_map = self.channels_last and i == 0  # fp16 channels-last pooled C1 map
             out = (cp.empty((batch, hp, wp, b.M), cp.float16) if cl_map
                    else cp.empty((batch, b.M, hp, wp), cp.float32))
-            runs.append(first if i == 0 and first is not None else self._float_run(i, block))
+            source = buffers[-1]  # what this block reads: fp16 NCHW where rung 28 takes it
+            in_dtype = np.float32 if source is None else source.dtype
+            runs.append(first if i == 0 and first is not None else
+                        self._float_run(i, block, in_dtype))
             buffers.append(out)
         return runs, buffers
 
-    def _float_run(self, i: int, block: ConvBlock) -> Callable:
-        """Block i's run on float input (fp16 channels-last for ece408's fp16 pair)."""
+    def _float_run(self, i: int, block: ConvBlock, in_dtype: Any = np.float32) -> Callable:
+        """Block i's run on float input (fp16 channels-last for ece408's fp16 pair; rung 28
+        also reads fp16 NCHW, in_dtype)."""
         p, kp = self.params, self._kernel_params.get(block.name, {})
         w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
         if self.channels_last:
@@ -251,14 +255,25 @@ class FusedLeNet:
 
             prepare = fused_cl.prepare_conv1_cl if i == 0 else fused_cl.prepare_conv2_cl
             return prepare(block.shape, w, bias, kp)
+        from convolab.gpu import fused_wide
+
+        wide = fused_wide.network_precision(block.shape, block.pool, NETWORK_MODES[self.mode])
+        if wide is not None:
+            return fused_wide.prepare(block.shape, w, bias, kp, wide, in_dtype, pool=block.pool)
         return self._block_impl(block).prepare(block.shape, w, bias, kp)
 
     def _block_impl(self, block: ConvBlock) -> Any:
-        """The mode's fused rung for a block, or the exact one where the mode's kernels do not
-        take its shape."""
+        """The mode's fused rung for a block: rung 28 where it takes the block
+        (fused_wide.network_precision), else the mode's rung 13/17/18, or the exact one where
+        the mode's kernels do not take its shape."""
+        from convolab.gpu import fused_wide
         from convolab.gpu.fused import fused_conv_pool_impl
 
-        impl = fused_conv_pool_impl(block.pool, NETWORK_MODES[self.mode])
+        precision = NETWORK_MODES[self.mode]
+        wide = fused_wide.network_precision(block.shape, block.pool, precision)
+        if wide is not None:
+            return fused_wide.wide_impl(block.pool, wide)
+        impl = fused_conv_pool_impl(block.pool, precision)
         return impl if impl.supports(block.shape) else fused_conv_pool_impl(block.pool, "fp32")
 
     def _raw_first_block(self, block: ConvBlock, raw_hw: tuple[int, int]) -> Callable | None:

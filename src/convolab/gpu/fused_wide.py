@@ -1,0 +1,292 @@
+"""Host side of rung 28 (kernels/28_fused_conv_pool_wide.cu, `fcp_wide`): the fused
+conv + bias + ReLU + max-pool on tensor cores for wide layers (many output channels, a long
+C*K*K reduction: the wider zoo models' conv2), in fp16, tf32 or 3xTF32 (fp32-exact).
+
+`wide_plan` sizes the kernel (its defines mirror the kernel's FW_* arithmetic, and the CPU
+emulator test checks that they agree); `wide_fragments` packs the weights in the kernel's
+per-lane B-fragment order; `prepare(shape, weight, bias, kernel_params, precision, in_dtype)`
+returns run(x, out) for fp32 or fp16 NCHW input. The registry entries
+`fused-conv-pool{2,4}-wide-{tc,tf32,3xtf32}` wrap it for fp32 input. Nothing here imports
+CuPy at module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from convolab.errors import InputError
+from convolab.gpu.device import SMEM_DYNAMIC_TWO_BLOCKS
+from convolab.precision import TOLERANCE
+from convolab.registry import ConvImpl, Run, register
+from convolab.shapes import ConvShape, ceil_div
+
+KERNEL_FILE = "28_fused_conv_pool_wide.cu"
+KERNEL = "fcp_wide"
+PRECISIONS: dict[str, int] = {"fp16": 0, "tf32": 1, "3xtf32": 2}  # -> FW_PREC
+IN_DTYPES = ("float32", "float16")
+POOLS = (2, 4)
+MAX_M = 64  # n-tiles of accumulators a lane holds: 8 at most
+MAX_K = 11  # the shift loop is unrolled K + P - 1 deep
+MAX_C = 64
+_SUFFIX = {"fp16": "tc", "tf32": "tf32", "3xtf32": "3xtf32"}
+SPACE: dict[str, list[int]] = {
+    "warps": [2, 4, 5, 8],
+    "units": [1, 2, 3],  # units a warp computes together (sharing its weight registers)
+    "minb": [1, 2, 3, 4],  # blocks per SM the registers must allow (__launch_bounds__)
+    "bps": [0, 1, 2, 3, 4],  # persistent blocks per SM (0: as many as fit)
+}
+
+
+def elem_bytes(precision: str) -> int:
+    return 2 if precision == "fp16" else 4
+
+
+@dataclass(frozen=True)
+class WideGeometry:
+    """The kernel's FW_* sizes for one shape and precision."""
+
+    cs: int  # staged channels (C rounded up to a quad)
+    chunks: int  # 32-byte k-chunks per filter row (FW_J)
+    ntiles: int  # n-tiles of 8 output channels (FW_NT)
+    units: int  # 16-row units of one image (FW_NUNITS)
+    weight_bytes: int
+    image_bytes: int
+
+    @property
+    def smem(self) -> int:
+        return self.weight_bytes + self.image_bytes
+
+
+def run_layout(C: int, K: int, precision: str) -> tuple[int, int, int]:
+    """(staged channels FW_CS, elements a 32-byte k-chunk FW_CH, chunks a filter row FW_J):
+    one filter row's K x CS taps, padded to whole chunks."""
+    cs = ceil_div(C, 4) * 4
+    ch = 32 // elem_bytes(precision)
+    return cs, ch, ceil_div(K * cs, ch)
+
+
+def geometry(shape: ConvShape, pool: int, precision: str) -> WideGeometry:
+    cs, ch, chunks = run_layout(shape.C, shape.K, precision)
+    ntiles = ceil_div(shape.M, 8)
+    windows = (shape.H_out // pool) * (shape.W_out // pool)
+    image = ceil_div((shape.H * shape.W * cs + chunks * ch) * elem_bytes(precision), 16) * 16
+    return WideGeometry(cs, chunks, ntiles, ceil_div(windows, 16 // pool),
+                        chunks * shape.K * ntiles * 256, image)
+
+
+def why_not(shape: ConvShape, pool: int, precision: str) -> str | None:
+    """None where fcp_wide takes the layer, else the reason it does not."""
+    if precision not in PRECISIONS:
+        return f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}"
+    if pool not in POOLS:
+        return f"pool must be one of {POOLS}, got {pool}"
+    if shape.S != 1:
+        return f"stride {shape.S} (fcp_wide takes stride 1)"
+    if shape.H_out < pool or shape.W_out < pool:
+        return f"the {shape.H_out}x{shape.W_out} output holds no {pool}x{pool} window"
+    if shape.M > MAX_M or shape.K > MAX_K or shape.C > MAX_C:
+        return f"M <= {MAX_M}, K <= {MAX_K}, C <= {MAX_C} (got M={shape.M}, K={shape.K}, " \
+               f"C={shape.C})"
+    smem = geometry(shape, pool, precision).smem
+    if smem > SMEM_DYNAMIC_TWO_BLOCKS:
+        return f"the image and weights need {smem} bytes of shared memory " \
+               f"(> {SMEM_DYNAMIC_TWO_BLOCKS})"
+    return None
+
+
+def supports(shape: ConvShape, pool: int, precision: str) -> bool:
+    return why_not(shape, pool, precision) is None
+
+
+@dataclass(frozen=True)
+class WidePlan:
+    defines: dict[str, int]
+    smem: int  # dynamic shared memory bytes
+    warps: int
+    bps: int  # persistent blocks per SM (0: as many as fit)
+
+
+def default_units(precision: str) -> int:
+    """fp16/tf32: two units share a warp's weight registers (fewer weight loads per MMA);
+    3xtf32 runs three MMAs per loaded fragment and needs the registers for its split parts."""
+    return 1 if precision == "3xtf32" else 2
+
+
+def _in_dtype_name(in_dtype: Any) -> str:
+    name = np.dtype(in_dtype).name
+    if name not in IN_DTYPES:
+        raise InputError(f"fcp_wide: input dtype must be one of {IN_DTYPES}, got {name}")
+    return name
+
+
+def wide_plan(shape: ConvShape, pool: int, precision: str,
+              params: Mapping[str, Any] | None = None, in_dtype: Any = "float32") -> WidePlan:
+    """Defines and launch geometry; params may fix warps, units, minb, bps (0: default)."""
+    reason = why_not(shape, pool, precision)
+    if reason is not None:
+        raise InputError(f"fcp_wide does not take {shape} with pool {pool}: {reason}")
+    params = params or {}
+    for key, value in params.items():
+        if key in SPACE and (not isinstance(value, int | np.integer) or value < 0):
+            raise InputError(f"fcp_wide: {key} must be an int >= 0, got {value!r}")
+    warps = int(params.get("warps") or 4)
+    units = int(params.get("units") or default_units(precision))
+    defines = {
+        "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(_in_dtype_name(in_dtype) == "float16"),
+        "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_M": shape.M, "FW_K": shape.K,
+        "FW_P": pool, "FW_WARPS": warps, "FW_UNITS": units,
+        "FW_MINB": int(params.get("minb") or 1),
+    }
+    return WidePlan(defines, geometry(shape, pool, precision).smem, warps,
+                    int(params.get("bps") or 0))
+
+
+def wide_fragments(w: np.ndarray, precision: str) -> np.ndarray:
+    """Weights (M, C, K, K) as the kernel's B fragments: uint32 (J, K, NT, 32 lanes, 2).
+
+    k runs over one filter row's (q, c) taps, channels innermost and padded to a quad, the run
+    padded with zeros to whole 32-byte chunks; lane (g, t) of n-tile n holds channel 8n + g's
+    8 bytes at offset 8t of each chunk (two fp16 pairs, or two tf32 / fp32 values)."""
+    M, C, K, _ = w.shape
+    cs, ch, chunks = run_layout(C, K, precision)
+    nt = ceil_div(M, 8)
+    taps = np.zeros((nt * 8, K, K, cs), np.float32)  # (m, p, q, c)
+    taps[:M, :, :, :C] = np.asarray(w, np.float32).transpose(0, 2, 3, 1)
+    run = np.zeros((nt * 8, K, chunks * ch), np.float32)
+    run[:, :, :K * cs] = taps.reshape(nt * 8, K, K * cs)
+    # (n, g, p, j, t, piece) -> (j, p, n, g, t, piece): lane = 4g + t
+    lanes = run.reshape(nt, 8, K, chunks, 4, ch // 4).transpose(3, 2, 0, 1, 4, 5)
+    lanes = np.ascontiguousarray(lanes.reshape(chunks, K, nt, 32, ch // 4))
+    if precision == "fp16":
+        bits = lanes.astype(np.float16).view(np.uint32)  # two halves a word, low k first
+    elif precision == "tf32":
+        from convolab.gpu.fused_mma import tf32_bits
+
+        bits = tf32_bits(lanes)
+    else:
+        bits = lanes.view(np.uint32)  # split into big + small on the device
+    return np.ascontiguousarray(bits.reshape(chunks, K, nt, 32, 2))
+
+
+def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str, Any],
+            precision: str, in_dtype: Any = "float32", *, pool: int) -> Run:
+    """run(x, out): x (B, C, H, W) NCHW in `in_dtype` (float32 or float16), out
+    (B, M, Ho // pool, Wo // pool) float32, written with maxpool(relu(conv(x, weight) + bias)).
+    kernel_params may fix warps, units, minb, bps (SPACE; 0 or absent: the default)."""
+    return _prepare(shape, pool, precision, weight, bias, kernel_params, in_dtype)
+
+
+def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any,
+             params: Mapping[str, Any], in_dtype: Any) -> Run:
+    from convolab.backend import require_cupy, to_numpy
+    from convolab.gpu.compile import get_kernel
+    from convolab.gpu.device import occupancy, sm_count
+
+    plan = wide_plan(shape, pool, precision, params, in_dtype)
+    w_h = np.asarray(to_numpy(weight), np.float32)
+    if w_h.shape != shape.w_shape:
+        raise InputError(f"fcp_wide: weights have shape {w_h.shape}, {shape} needs "
+                         f"{shape.w_shape}")
+    cp = require_cupy()
+    frag = cp.asarray(wide_fragments(w_h, precision))
+    b_d = cp.ascontiguousarray(cp.asarray(bias, dtype=cp.float32))
+    if b_d.shape != (shape.M,):
+        raise InputError(f"fcp_wide: bias has shape {b_d.shape}, needs ({shape.M},)")
+    kernel = get_kernel(KERNEL_FILE, KERNEL, plan.defines)
+    kernel.max_dynamic_shared_size_bytes = plan.smem
+    threads = plan.warps * 32
+    per_sm = plan.bps or max(1, occupancy(kernel, threads, plan.smem))
+    grid = (max(1, min(shape.B, sm_count() * per_sm)),)
+    batch = np.int32(shape.B)
+
+    def run(x: Any, y: Any) -> None:
+        if shape.B:
+            kernel(grid, (threads,), (x, frag, b_d, y, batch), shared_mem=plan.smem)
+
+    run.grid = grid  # type: ignore[attr-defined]  # for tests and benchmarks
+    return run
+
+
+# ---- the fused network's choice ------------------------------------------------------------
+
+# Exact mode's precision on rung 28 (None: exact stays on the FFMA rung). 3xTF32 keeps fp32
+# accuracy; see docs/raw.md for its times against the FFMA rung on the wide models' conv2.
+EXACT_PRECISION: str | None = "3xtf32"
+
+
+def network_precision(shape: ConvShape, pool: int, precision: str) -> str | None:
+    """The precision FusedLeNet runs a block with on rung 28 in a mode of `precision`
+    (precision.NETWORK_MODES: 'fp32' for exact, 'tf32', 'fp16'), or None. Rung 28 takes the
+    blocks the narrow tensor-core rungs 17/18 leave to the FFMA rung (M > 16, C*K > 32)."""
+    from convolab.gpu.fused_mma import tc_kind
+
+    wide = EXACT_PRECISION if precision == "fp32" else precision
+    if wide is None or tc_kind(shape, pool) is not None or not supports(shape, pool, wide):
+        return None
+    return wide
+
+
+# ---- registry -------------------------------------------------------------------------------
+
+
+def zoo_wide_layers() -> list[tuple[ConvShape, int]]:
+    """(shape, pool) of every zoo conv block that the fused tensor-core rungs 17/18 leave to
+    this one (batch 1)."""
+    from convolab.gpu.fused_ffma import zoo_fused_layers
+    from convolab.gpu.fused_mma import tc_kind
+
+    return [(s, p) for s, p in zoo_fused_layers()
+            if tc_kind(s, p) is None and supports(s, p, "fp16")]
+
+
+def compile_variants(pool: int, precision: str) -> list[dict[str, int]]:
+    """The define sets the host compiles: each zoo layer's default plan, fp32 and fp16 input."""
+    out: list[dict[str, int]] = []
+    for shape, p in zoo_wide_layers():
+        if p != pool or not supports(shape, p, precision):
+            continue
+        for in_dtype in IN_DTYPES:
+            defines = wide_plan(shape, p, precision, {}, in_dtype).defines
+            if defines not in out:
+                out.append(defines)
+    return out
+
+
+@functools.cache
+def wide_impl(pool: int, precision: str) -> ConvImpl:
+    """The registry entry of rung 28 for one pool window and precision (fp32 input)."""
+    if pool not in POOLS or precision not in PRECISIONS:
+        raise ValueError(f"fcp_wide takes pool in {POOLS} and precision in "
+                         f"{tuple(PRECISIONS)}, got {pool}, {precision!r}")
+    what = {"fp16": "fp16 operands", "tf32": "TF32 operands",
+            "3xtf32": "3xTF32: operands split big + small, fp32-exact"}[precision]
+
+    def prepare_fp32(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        return _prepare(shape, pool, precision, w, b, params, "float32")
+
+    return ConvImpl(
+        name=f"fused-conv-pool{pool}-wide-{_SUFFIX[precision]}",
+        demonstrates=(f"fused conv + ReLU + max-pool {pool} on tensor cores for wide layers: "
+                      f"positions as A rows, channels as n-tiles, k over (p, q, c) from a "
+                      f"channels-last tile, one fragment load per filter-row shift ({what})"),
+        device="gpu",
+        prepare=prepare_fp32,
+        supports=lambda s: supports(s, pool, precision),
+        space=SPACE,
+        defaults={key: 0 for key in SPACE},
+        tolerance=TOLERANCE[precision],
+        rung=28,
+        kernel_file=KERNEL_FILE,
+        compile_variants=lambda: compile_variants(pool, precision),
+        pool=pool,
+    )
+
+
+for _pool in POOLS:
+    for _precision in PRECISIONS:
+        register(wide_impl(_pool, _precision))

@@ -1,0 +1,338 @@
+// Rung 28 — fused-conv-pool on tensor cores for wide layers: fcp_wide. Rung 18 (fcp_mma_wa)
+// with the roles of its operands swapped, for conv2-like layers with many output channels and
+// a long reduction (the wider zoo models' conv2: C = 12 -> M = 24, K = 5 or 7).
+//
+// Why rung 18 cannot take them: it keeps the weights as the 16-row A operand in registers
+// (M <= 16, C*K <= 32) and orders k as (c, p, q) with each filter row padded to 8 taps, which
+// wastes 3/8 of every MMA at K = 5. Here:
+//   * output positions are the 16 A rows and the output channels the n side: M = 24 is three
+//     n-tiles of 8, no padding (rung 18's mapping would need two 16-row tiles: 25% idle);
+//   * k is ordered (p, q, c), channels innermost, and the block's input is staged channels-last
+//     (HWC) in shared memory, so for one position and filter row p the K*C taps are one
+//     contiguous run: only the run's tail is padded to the MMA's k (60 -> 64 at K = 5 fp16);
+//   * within a 32-byte k-chunk, lane t's four (fp16) or two (tf32) k values are the 8 bytes at
+//     offset 8t, so each A fragment row is one 8-byte load and the B fragment (weights, packed
+//     on the host in the same order) is one 8-byte load per n-tile;
+//   * the P tiles of a unit are the P output rows of its pool windows: tile i at filter row p
+//     reads input row i + p, so one loaded fragment (shift s) serves tile i with p = s - i for
+//     every i: K + P - 1 fragment loads feed P*K MMA columns (instead of P*K loads);
+//   * a lane holds rows g and g+8 of each tile: the two left/right outputs of its window's row
+//     (pool 2; pool 4: half the window, and one shuffle), so pooling is a max over registers;
+//   * the whole image (staged once per image) and all weights (staged once per block: the
+//     grid is persistent) live in shared memory; a warp keeps one k-chunk's weights for all K
+//     filter rows in registers while it works through FW_UNITS units.
+// FW_PREC 0: fp16 operands (m16n8k16); 1: tf32 (m16n8k8, inputs rounded rna while staged);
+// 2: 3xTF32 (each operand split big + small, three MMAs, each k-chunk summed from zero and
+// added into a separate total: fp32 accuracy on the tensor cores). Accumulation is fp32.
+// FW_IN_HALF 1: the input is fp16 NCHW (a previous layer's fp16 output), else fp32 NCHW.
+// Only finite reads: the padded tail of a run reads the next pixel's channels (weight 0), so a
+// NaN input pixel may also spread to the horizontally adjacent window (tensor-core rungs'
+// NaN policy: a NaN window is NaN, other images are untouched).
+
+#include "common.cuh"
+
+#ifndef FW_PREC
+#define FW_PREC 0
+#endif
+#ifndef FW_IN_HALF
+#define FW_IN_HALF 0
+#endif
+#ifndef FW_C
+#define FW_C 12
+#endif
+#ifndef FW_H
+#define FW_H 33
+#endif
+#ifndef FW_W
+#define FW_W 33
+#endif
+#ifndef FW_M
+#define FW_M 24
+#endif
+#ifndef FW_K
+#define FW_K 5
+#endif
+#ifndef FW_P
+#define FW_P 2
+#endif
+#ifndef FW_WARPS
+#define FW_WARPS 4
+#endif
+#ifndef FW_UNITS
+#define FW_UNITS 2  // units a warp computes together (they share its weight registers)
+#endif
+#ifndef FW_MINB
+#define FW_MINB 1
+#endif
+#ifndef FW_STAGE_UNROLL
+#define FW_STAGE_UNROLL 4  // channel quads a thread loads before storing (4 loads each)
+#endif
+
+#if FW_PREC == 0
+typedef __half fw_t;
+#define FW_ESIZE 2
+#else
+typedef float fw_t;
+#define FW_ESIZE 4
+#endif
+#if FW_IN_HALF
+typedef __half fw_in_t;
+#else
+typedef float fw_in_t;
+#endif
+
+#define FW_THREADS (FW_WARPS * 32)
+#define FW_CS ((FW_C + 3) / 4 * 4)             // staged channels: quads (8/16-byte stores)
+#define FW_CH (32 / FW_ESIZE)                   // elements of one 32-byte k-chunk
+#define FW_LANE_ELEMS (FW_CH / 4)               // lane t's elements of a chunk (8 bytes)
+#define FW_RUN (FW_K * FW_CS)                   // one filter row's taps x channels
+#define FW_J ((FW_RUN + FW_CH - 1) / FW_CH)     // k-chunks per filter row
+#define FW_NT ((FW_M + 7) / 8)                  // n-tiles of output channels
+#define FW_HP ((FW_H - FW_K + 1) / FW_P)
+#define FW_WP ((FW_W - FW_K + 1) / FW_P)
+#define FW_WIN (FW_HP * FW_WP)
+#define FW_WPU (16 / FW_P)                      // pool windows of one unit
+#define FW_NUNITS ((FW_WIN + FW_WPU - 1) / FW_WPU)
+#define FW_NGROUPS ((FW_NUNITS + FW_UNITS - 1) / FW_UNITS)
+#define FW_SHIFTS (FW_K + FW_P - 1)
+#define FW_ROW (FW_W * FW_CS)                   // elements of one staged image row
+#define FW_WBYTES (FW_J * FW_K * FW_NT * 256)   // weight fragments: 8 bytes a lane
+// The image plus a chunk run of slack: the last row's padded run tail reads past its end.
+#define FW_IMG_BYTES (((FW_H * FW_ROW + FW_J * FW_CH) * FW_ESIZE + 15) / 16 * 16)
+#define FW_SMEM_BYTES (FW_WBYTES + FW_IMG_BYTES)
+
+static_assert(FW_P == 2 || FW_P == 4, "fcp_wide pools 2x2 or 4x4 windows");
+static_assert(FW_HP >= 1 && FW_WP >= 1, "fcp_wide: no pool window fits the output");
+
+#if FW_PREC == 0
+#define FW_MMA mma_f16_m16n8k16
+#else
+#define FW_MMA mma_tf32_m16n8k8
+#endif
+
+__device__ __forceinline__ float fw_in(const fw_in_t* p) {
+#if FW_IN_HALF
+  return __half2float(__ldg(p));
+#else
+  return __ldg(p);
+#endif
+}
+
+__device__ __forceinline__ unsigned fw_half2_bits(float lo, float hi) {
+  return (unsigned)__half_as_ushort(__float2half_rn(lo)) |
+         ((unsigned)__half_as_ushort(__float2half_rn(hi)) << 16);
+}
+
+// Four consecutive channels of one pixel into the staged image: one 8-byte (fp16) or 16-byte
+// (fp32) store; at a pixel pitch of 24 or 48 bytes a half-warp's (quarter-warp's) stores hit
+// distinct banks.
+__device__ __forceinline__ void fw_store4(fw_t* dst, const float (&v)[4]) {
+#if FW_PREC == 0
+  *reinterpret_cast<uint2*>(dst) = make_uint2(fw_half2_bits(v[0], v[1]),
+                                              fw_half2_bits(v[2], v[3]));
+#elif FW_PREC == 1
+  *reinterpret_cast<float4*>(dst) =
+      make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]), tf32_round(v[3]));
+#else
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+#endif
+}
+
+// Image b (NCHW) -> img (HWC, channels padded to FW_CS with zeros). Threads walk pixels
+// fastest, so each of a quad's four global loads is coalesced along the image rows.
+__device__ __forceinline__ void fw_stage_image(fw_t* img, const fw_in_t* __restrict__ xb) {
+  constexpr int PIX = FW_H * FW_W, ITEMS = PIX * (FW_CS / 4);
+  for (int base = threadIdx.x; base < ITEMS; base += FW_THREADS * FW_STAGE_UNROLL) {
+    float v[FW_STAGE_UNROLL][4];
+#pragma unroll
+    for (int u = 0; u < FW_STAGE_UNROLL; ++u) {
+      const int i = base + u * FW_THREADS;
+      const int quad = i / PIX, pix = i - quad * PIX;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 4 * quad + e;
+        v[u][e] = (i < ITEMS && c < FW_C) ? fw_in(xb + (size_t)c * PIX + pix) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < FW_STAGE_UNROLL; ++u) {
+      const int i = base + u * FW_THREADS;
+      const int quad = i / PIX, pix = i - quad * PIX;
+      if (i < ITEMS) fw_store4(img + pix * FW_CS + 4 * quad, v[u]);
+    }
+  }
+}
+
+// Where this lane's A rows of a unit start (elements of img, lane offset included): rows g and
+// g+8 are two outputs of the top row of the lane's pool window (tile 0). With fp16 the left
+// and right outputs alternate between the two rows with g, so a half-warp's four 8-byte row
+// loads start 0, 3, 4, 7 pixels apart (24-byte pixels): distinct banks.
+struct FwRows {
+  int lo, hi;
+  int win;  // the lane's pool window (unclamped: >= FW_WIN in a partial last unit)
+};
+
+__device__ __forceinline__ FwRows fw_rows(int unit, int g, int t) {
+  const int win = unit * FW_WPU + (FW_P == 2 ? g : g >> 1);
+  const int wc = min(win, FW_WIN - 1);  // a partial unit recomputes a real window, unstored
+  const int oy = (wc / FW_WP) * FW_P;
+  const int ox = (wc % FW_WP) * FW_P + (FW_P == 4 ? 2 * (g & 1) : 0);
+  const int swap = (FW_PREC == 0 && FW_P == 2) ? (g & 1) : 0;
+  const int lane_off = t * FW_LANE_ELEMS;
+  return FwRows{(oy * FW_W + ox + swap) * FW_CS + lane_off,
+                (oy * FW_W + ox + 1 - swap) * FW_CS + lane_off, win};
+}
+
+__device__ __forceinline__ uint2 fw_ld8(const fw_t* p) {
+  return *reinterpret_cast<const uint2*>(p);
+}
+
+#if FW_PREC == 2
+// uint2 of two fp32 values -> its tf32 big part (in place) and the tf32 small part.
+__device__ __forceinline__ uint2 fw_split(uint2& v) {
+  float x = __uint_as_float(v.x), y = __uint_as_float(v.y);
+  const float sx = tf32_split(x), sy = tf32_split(y);
+  v = make_uint2(__float_as_uint(x), __float_as_uint(y));
+  return make_uint2(__float_as_uint(sx), __float_as_uint(sy));
+}
+#endif
+
+// The units of one group: acc[u][i][n] is tile i (output row i of the windows) x n-tile n.
+__device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int group, int lane,
+                                         float (&total)[FW_UNITS][FW_P][FW_NT][4],
+                                         FwRows (&rows)[FW_UNITS], bool (&ok)[FW_UNITS]) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int u = 0; u < FW_UNITS; ++u) {
+    const int unit = group * FW_UNITS + u;
+    ok[u] = unit < FW_NUNITS;
+    rows[u] = fw_rows(unit, g, t);
+#pragma unroll
+    for (int i = 0; i < FW_P; ++i)
+#pragma unroll
+      for (int n = 0; n < FW_NT; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) total[u][i][n][r] = 0.f;
+  }
+#if FW_PREC == 2
+  float acc[FW_UNITS][FW_P][FW_NT][4];
+#else
+  float (&acc)[FW_UNITS][FW_P][FW_NT][4] = total;
+#endif
+#pragma unroll 1
+  for (int j = 0; j < FW_J; ++j) {
+    uint2 bw[FW_K][FW_NT];
+#if FW_PREC == 2
+    uint2 bs[FW_K][FW_NT];
+#endif
+#pragma unroll
+    for (int p = 0; p < FW_K; ++p)
+#pragma unroll
+      for (int n = 0; n < FW_NT; ++n) {
+        bw[p][n] = w_s[((j * FW_K + p) * FW_NT + n) * 32 + lane];
+#if FW_PREC == 2
+        bs[p][n] = fw_split(bw[p][n]);
+#endif
+      }
+#if FW_PREC == 2
+#pragma unroll
+    for (int u = 0; u < FW_UNITS; ++u)
+#pragma unroll
+      for (int i = 0; i < FW_P; ++i)
+#pragma unroll
+        for (int n = 0; n < FW_NT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[u][i][n][r] = 0.f;
+#endif
+#pragma unroll
+    for (int u = 0; u < FW_UNITS; ++u) {
+      if (!ok[u]) continue;  // warp-uniform
+      const fw_t* lo_p = img + rows[u].lo + j * FW_CH;
+      const fw_t* hi_p = img + rows[u].hi + j * FW_CH;
+#pragma unroll
+      for (int s = 0; s < FW_SHIFTS; ++s) {
+        uint2 lo = fw_ld8(lo_p + s * FW_ROW), hi = fw_ld8(hi_p + s * FW_ROW);
+#if FW_PREC == 2
+        const uint2 lo_s = fw_split(lo), hi_s = fw_split(hi);
+#endif
+#pragma unroll
+        for (int i = 0; i < FW_P; ++i) {
+          const int p = s - i;
+          if (p < 0 || p >= FW_K) continue;
+#pragma unroll
+          for (int n = 0; n < FW_NT; ++n) {
+#if FW_PREC == 2
+            FW_MMA(acc[u][i][n], lo_s.x, hi_s.x, lo_s.y, hi_s.y, bw[p][n].x, bw[p][n].y);
+            FW_MMA(acc[u][i][n], lo.x, hi.x, lo.y, hi.y, bs[p][n].x, bs[p][n].y);
+#endif
+            FW_MMA(acc[u][i][n], lo.x, hi.x, lo.y, hi.y, bw[p][n].x, bw[p][n].y);
+          }
+        }
+      }
+    }
+#if FW_PREC == 2
+#pragma unroll
+    for (int u = 0; u < FW_UNITS; ++u)
+#pragma unroll
+      for (int i = 0; i < FW_P; ++i)
+#pragma unroll
+        for (int n = 0; n < FW_NT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) total[u][i][n][r] += acc[u][i][n][r];
+#endif
+  }
+}
+
+// Pool, bias, ReLU and store one unit. c0/c1 of a tile are the lane's row g, channels 2t and
+// 2t+1 of the n-tile; c2/c3 the same channels of row g+8.
+__device__ __forceinline__ void fw_store(const float (&acc)[FW_P][FW_NT][4], FwRows rows,
+                                         int lane, const float* __restrict__ bias,
+                                         float* __restrict__ y, size_t b) {
+  const int g = lane >> 2, t = lane & 3;
+  const bool writer = FW_P == 2 || (g & 1) == 0;
+  const int wy = rows.win / FW_WP, wx = rows.win % FW_WP;
+#pragma unroll
+  for (int n = 0; n < FW_NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float v = CONVOLAB_NEG_INF;
+#pragma unroll
+      for (int i = 0; i < FW_P; ++i) v = fmax_nan(v, fmax_nan(acc[i][n][e], acc[i][n][2 + e]));
+#if FW_P == 4
+      v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 4));  // lane g^1: the other 2 columns
+#endif
+      const int m = n * 8 + 2 * t + e;
+      if (writer && rows.win < FW_WIN && m < FW_M)
+        y[((b * FW_M + m) * FW_HP + wy) * (size_t)FW_WP + wx] =
+            fmax_nan(v + __ldg(bias + m), 0.f);
+    }
+}
+
+// Persistent: each block stages the weight fragments once, then loops over images.
+extern "C" __global__ void __launch_bounds__(FW_THREADS, FW_MINB)
+fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
+         const float* __restrict__ bias, float* __restrict__ y, int batch) {
+  extern __shared__ __align__(16) unsigned char fw_smem[];
+  const uint2* w_s = reinterpret_cast<const uint2*>(fw_smem);
+  fw_t* img = reinterpret_cast<fw_t*>(fw_smem + FW_WBYTES);
+  for (int i = threadIdx.x; i < FW_WBYTES / 16; i += FW_THREADS)
+    reinterpret_cast<uint4*>(fw_smem)[i] = __ldg(wfrag + i);
+  // The slack past the image is read (times zero weights) but never staged: zero it once.
+  for (int i = FW_H * FW_ROW + threadIdx.x; i < FW_IMG_BYTES / FW_ESIZE; i += FW_THREADS)
+    img[i] = fw_t(0.f);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int b = blockIdx.x; b < batch; b += gridDim.x) {
+    __syncthreads();  // every warp is done with the previous image
+    fw_stage_image(img, x + (size_t)b * (FW_C * FW_H * FW_W));
+    __syncthreads();
+    for (int group = warp; group < FW_NGROUPS; group += FW_WARPS) {
+      float total[FW_UNITS][FW_P][FW_NT][4];
+      FwRows rows[FW_UNITS];
+      bool ok[FW_UNITS];
+      fw_group(img, w_s, group, lane, total, rows, ok);
+#pragma unroll
+      for (int u = 0; u < FW_UNITS; ++u)
+        if (ok[u]) fw_store(total[u], rows[u], lane, bias, y, (size_t)b);
+    }
+  }
+}
