@@ -42,17 +42,19 @@ def wide_blocks(batch: int = 1) -> list[tuple[ConvShape, int]]:
             if fused_mma.tc_kind(b.shape, b.pool) is None]
 
 
-def random_wide_shape(rng: np.random.Generator) -> tuple[ConvShape, int]:
-    """Around the zoo's conv2: C 8-16, M 17-40, K 3/5/7, pool 2 or 4, odd sizes, odd batch."""
-    pool = int(rng.choice([2, 4]))
-    K = int(rng.choice([3, 5, 7]))
-    side = K - 1 + pool * int(rng.integers(3, 12))
-    H = side + int(rng.integers(0, pool)) | 1
-    W = side + int(rng.integers(0, pool)) | 1
-    shape = ConvShape(int(rng.integers(0, 5)) * 2 + 1, int(rng.integers(8, 17)), H, W,
-                      int(rng.integers(17, 41)), K)
-    assert fused_wide.supports(shape, pool, "3xtf32"), shape
-    return shape, pool
+def random_wide_shape(rng: np.random.Generator, precision: str) -> tuple[ConvShape, int]:
+    """Around the zoo's conv2: C 8-16, M 17-40, K 3/5/7, pool 2 or 4, odd sizes, odd batch,
+    within what the rung takes in `precision` (3xtf32's fp32 weights fill shared memory first)."""
+    while True:
+        pool = int(rng.choice([2, 4]))
+        K = int(rng.choice([3, 5, 7]))
+        side = K - 1 + pool * int(rng.integers(3, 12))
+        H = side + int(rng.integers(0, pool)) | 1
+        W = side + int(rng.integers(0, pool)) | 1
+        shape = ConvShape(int(rng.integers(0, 5)) * 2 + 1, int(rng.integers(8, 17)), H, W,
+                          int(rng.integers(17, 41)), K)
+        if fused_wide.supports(shape, pool, precision):
+            return shape, pool
 
 
 def round_operand(a: np.ndarray, precision: str) -> np.ndarray:
@@ -116,6 +118,8 @@ def test_what_the_rung_refuses() -> None:
         fused_wide.wide_plan(s, 2, "fp16", {}, "float64")
     with pytest.raises(InputError, match="warps"):
         fused_wide.wide_plan(s, 2, "fp16", {"warps": -1})
+    with pytest.raises(InputError, match="unknown parameter"):
+        fused_wide.wide_plan(s, 2, "fp16", {"mt": 4})
     with pytest.raises(ValueError, match="precision"):
         fused_wide.wide_impl(2, "fp32")
     with pytest.raises(ValueError, match="unknown parameter"):
@@ -130,6 +134,28 @@ def test_plan_defines_follow_params_and_input_dtype() -> None:
     assert (plan.warps, plan.bps) == (8, 2)
     assert fused_wide.wide_plan(s, 2, "3xtf32").defines["FW_UNITS"] == 1
     assert fused_wide.wide_plan(s, 2, "fp16").defines["FW_IN_HALF"] == 0
+    # the prefetch buffer: where asked and it fits; never for an image of 4-byte-ragged size
+    geo = fused_wide.geometry(s, 2, "fp16", 1, "float32")
+    on = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": 1})
+    off = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": -1})
+    assert (on.defines["FW_PREFETCH"], on.smem) == (1, geo.smem_prefetch)
+    assert (off.defines["FW_PREFETCH"], off.smem) == (0, geo.smem)
+    ragged = ConvShape(1, 9, 13, 13, 24, 3)  # 9 * 13 * 13 fp16 values: 3042 bytes
+    assert fused_wide.wide_plan(ragged, 2, "fp16", {"prefetch": 1}, "float16").defines[
+        "FW_PREFETCH"] == 0
+    # a unit two pooled rows high only where the output has two
+    assert fused_wide.wide_plan(ConvShape(1, 12, 7, 9, 24, 5), 2, "fp16", {"rows": 2}).defines[
+        "FW_RP"] == 1
+
+
+def test_balanced_warps_split_the_groups_evenly() -> None:
+    assert fused_wide.balanced_warps(25) == 5  # mxnet's 25 one-unit groups: 5 each
+    assert fused_wide.balanced_warps(16) == 8
+    assert fused_wide.balanced_warps(13) == 7  # 14 slots for 13
+    for groups in range(1, 60):
+        w = fused_wide.balanced_warps(groups)
+        assert 4 <= w <= 8
+        assert all(-(-groups // w) * w <= -(-groups // v) * v for v in range(4, 9))
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -214,6 +240,11 @@ inline float tf32_split(float& v) {
   v = big;
   return small;
 }
+inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+inline void cp_async8(void* dst, const void* src, bool) { std::memcpy(dst, src, 8); }
+inline void cp_async4(void* dst, const void* src, bool) { std::memcpy(dst, src, 4); }
+inline void cp_async_commit() {}
+inline void cp_async_wait_all() {}
 std::barrier<>* block_bar;
 std::barrier<>* warp_bar[32];
 inline void __syncthreads() { block_bar->arrive_and_wait(); }
@@ -358,12 +389,14 @@ def emulate(tmp_path: Path, shape: ConvShape, pool: int, precision: str, in_dtyp
 
 
 EMULATED = [  # (precision, input, shape, pool, params, grid): small images, both pools
-    ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), 2, {}, 2),
+    ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), 2, {"prefetch": -1}, 2),
+    ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), 2, {"prefetch": 1}, 2),
     ("fp16", "float16", ConvShape(2, 9, 13, 13, 19, 3), 4, {"warps": 2}, 1),
+    ("fp16", "float16", ConvShape(3, 12, 14, 14, 24, 7), 2, {"rows": 2, "prefetch": 1}, 2),
     ("tf32", "float32", ConvShape(2, 12, 14, 14, 24, 7), 2, {"units": 3}, 1),  # reads the slack
-    ("tf32", "float16", ConvShape(1, 13, 16, 18, 33, 5), 4, {}, 1),
-    ("3xtf32", "float32", ConvShape(2, 12, 15, 15, 24, 5), 2, {"units": 2, "warps": 2}, 2),
-    ("3xtf32", "float16", ConvShape(1, 8, 15, 12, 17, 3), 4, {}, 1),
+    ("tf32", "float16", ConvShape(1, 13, 16, 18, 33, 5), 4, {"rows": 2}, 1),  # Hp 3: unit moved up
+    ("3xtf32", "float32", ConvShape(2, 12, 19, 15, 24, 5), 2, {"units": 2, "rows": 2}, 2),
+    ("3xtf32", "float16", ConvShape(1, 8, 15, 12, 17, 3), 4, {"prefetch": 1}, 1),
 ]
 
 
@@ -373,7 +406,7 @@ def test_kernel_emulated_on_cpu(case: int, tmp_path: Path, rng: np.random.Genera
     precision, in_dtype, shape, pool, params, grid = EMULATED[case]
     x, w, b = problem(rng, shape, in_dtype)
     y, smem = emulate(tmp_path, shape, pool, precision, in_dtype, x, w, b, params, grid)
-    assert smem == fused_wide.geometry(shape, pool, precision).smem
+    assert smem == fused_wide.wide_plan(shape, pool, precision, params, in_dtype).smem
     check_result(y, x, w, b, pool, precision)
     if precision == "3xtf32":  # the emulated MMA is exact: only fp32 accumulation is left
         assert rel_l2(y, reference_conv_relu_pool(x.astype(np.float32), w, b, 1, pool)) <= 1e-6
@@ -400,9 +433,11 @@ def run_gpu(shape: ConvShape, pool: int, precision: str, in_dtype: str, x: np.nd
 @pytest.mark.parametrize("case", range(3))
 def test_random_wide_shapes(case: int, precision: str, in_dtype: str,
                             rng: np.random.Generator) -> None:
-    shape, pool = random_wide_shape(rng)
+    shape, pool = random_wide_shape(rng, precision)
     x, w, b = problem(rng, shape, in_dtype)
-    check_result(run_gpu(shape, pool, precision, in_dtype, x, w, b), x, w, b, pool, precision)
+    params = {"rows": int(rng.integers(1, 3)), "prefetch": int(rng.choice([-1, 1]))}
+    check_result(run_gpu(shape, pool, precision, in_dtype, x, w, b, params), x, w, b, pool,
+                 precision)
 
 
 @pytest.mark.gpu
@@ -417,7 +452,9 @@ def test_zoo_wide_layers(precision: str, in_dtype: str, rng: np.random.Generator
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("params", [{"warps": 2, "units": 1}, {"warps": 5, "units": 3},
-                                    {"warps": 8, "minb": 2}, {"bps": 1}])
+                                    {"warps": 8, "minb": 2}, {"bps": 1}, {"rows": 2},
+                                    {"rows": 2, "units": 2, "prefetch": 1}, {"prefetch": -1},
+                                    {"prefetch": 1, "warps": 7}])
 def test_tunable_parameters_keep_the_result(params: dict[str, int],
                                             rng: np.random.Generator) -> None:
     shape, pool = wide_blocks(13)[int(rng.integers(2))]

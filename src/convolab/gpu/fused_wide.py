@@ -21,6 +21,7 @@ import numpy as np
 
 from convolab.errors import InputError
 from convolab.gpu.device import SMEM_DYNAMIC_TWO_BLOCKS
+from convolab.gpu.implicit_gemm import SMEM_LIMIT
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
@@ -35,8 +36,10 @@ MAX_K = 11  # the shift loop is unrolled K + P - 1 deep
 MAX_C = 64
 _SUFFIX = {"fp16": "tc", "tf32": "tf32", "3xtf32": "3xtf32"}
 SPACE: dict[str, list[int]] = {
-    "warps": [2, 4, 5, 8],
+    "warps": [2, 4, 5, 7, 8],  # 0: the count that splits the image's unit groups evenly
     "units": [1, 2, 3],  # units a warp computes together (sharing its weight registers)
+    "rows": [1, 2],  # pooled rows of one unit (FW_RP): more MMAs per loaded fragment
+    "prefetch": [-1, 1],  # 1: cp.async the next image while this one computes (0: choose)
     "minb": [1, 2, 3, 4],  # blocks per SM the registers must allow (__launch_bounds__)
     "bps": [0, 1, 2, 3, 4],  # persistent blocks per SM (0: as many as fit)
 }
@@ -48,18 +51,24 @@ def elem_bytes(precision: str) -> int:
 
 @dataclass(frozen=True)
 class WideGeometry:
-    """The kernel's FW_* sizes for one shape and precision."""
+    """The kernel's FW_* sizes for one shape, precision and unit height (FW_RP)."""
 
     cs: int  # staged channels (C rounded up to a quad)
     chunks: int  # 32-byte k-chunks per filter row (FW_J)
     ntiles: int  # n-tiles of 8 output channels (FW_NT)
-    units: int  # 16-row units of one image (FW_NUNITS)
+    units: int  # units of one image (FW_NUNITS)
     weight_bytes: int
     image_bytes: int
+    raw_bytes: int  # one input image in its own dtype (the prefetch buffer)
 
     @property
     def smem(self) -> int:
+        """Without the prefetch buffer."""
         return self.weight_bytes + self.image_bytes
+
+    @property
+    def smem_prefetch(self) -> int:
+        return self.smem + ceil_div(self.raw_bytes, 16) * 16
 
 
 def run_layout(C: int, K: int, precision: str) -> tuple[int, int, int]:
@@ -70,13 +79,16 @@ def run_layout(C: int, K: int, precision: str) -> tuple[int, int, int]:
     return cs, ch, ceil_div(K * cs, ch)
 
 
-def geometry(shape: ConvShape, pool: int, precision: str) -> WideGeometry:
+def geometry(shape: ConvShape, pool: int, precision: str, rows: int = 1,
+             in_dtype: Any = "float32") -> WideGeometry:
     cs, ch, chunks = run_layout(shape.C, shape.K, precision)
     ntiles = ceil_div(shape.M, 8)
-    windows = (shape.H_out // pool) * (shape.W_out // pool)
+    hp, wp = shape.H_out // pool, shape.W_out // pool
+    anchors = ceil_div(hp, rows) * wp
     image = ceil_div((shape.H * shape.W * cs + chunks * ch) * elem_bytes(precision), 16) * 16
-    return WideGeometry(cs, chunks, ntiles, ceil_div(windows, 16 // pool),
-                        chunks * shape.K * ntiles * 256, image)
+    raw = shape.C * shape.H * shape.W * np.dtype(in_dtype).itemsize
+    return WideGeometry(cs, chunks, ntiles, ceil_div(anchors, 16 // pool),
+                        chunks * shape.K * ntiles * 256, image, raw)
 
 
 def why_not(shape: ConvShape, pool: int, precision: str) -> str | None:
@@ -111,10 +123,17 @@ class WidePlan:
     bps: int  # persistent blocks per SM (0: as many as fit)
 
 
-def default_units(precision: str) -> int:
+def default_units(precision: str, rows: int) -> int:
     """fp16/tf32: two units share a warp's weight registers (fewer weight loads per MMA);
-    3xtf32 runs three MMAs per loaded fragment and needs the registers for its split parts."""
-    return 1 if precision == "3xtf32" else 2
+    3xtf32 needs the registers for its split parts, and taller units hold twice the
+    accumulators."""
+    return 1 if precision == "3xtf32" or rows > 1 else 2
+
+
+def balanced_warps(groups: int) -> int:
+    """Warps (4-8) that split an image's unit groups most evenly: every warp waits at the
+    image's barrier for the one with the most groups (ties: more warps)."""
+    return min(range(8, 3, -1), key=lambda w: ceil_div(groups, w) * w - groups)
 
 
 def _in_dtype_name(in_dtype: Any) -> str:
@@ -124,25 +143,47 @@ def _in_dtype_name(in_dtype: Any) -> str:
     return name
 
 
+def _check_params(params: Mapping[str, Any]) -> None:
+    unknown = sorted(set(params) - set(SPACE))
+    if unknown:
+        raise InputError(f"fcp_wide: unknown parameter(s) {unknown} (known: {list(SPACE)})")
+    for key, value in params.items():
+        if not isinstance(value, int | np.integer) or (value < 0 and key != "prefetch"):
+            raise InputError(f"fcp_wide: {key} must be an int >= 0, got {value!r}")
+
+
+def _prefetch(geo: WideGeometry, params: Mapping[str, Any]) -> bool:
+    """cp.async takes 4-byte pieces and the buffer must fit; chosen where two blocks still
+    share an SM."""
+    fits = geo.raw_bytes % 4 == 0 and geo.smem_prefetch <= SMEM_LIMIT
+    want = int(params.get("prefetch") or 0)
+    return fits and (want > 0 or (want == 0 and geo.smem_prefetch <= SMEM_DYNAMIC_TWO_BLOCKS))
+
+
 def wide_plan(shape: ConvShape, pool: int, precision: str,
               params: Mapping[str, Any] | None = None, in_dtype: Any = "float32") -> WidePlan:
-    """Defines and launch geometry; params may fix warps, units, minb, bps (0: default)."""
+    """Defines and launch geometry; params (SPACE) may fix warps, units, rows, prefetch, minb,
+    bps (0: chosen here)."""
     reason = why_not(shape, pool, precision)
     if reason is not None:
         raise InputError(f"fcp_wide does not take {shape} with pool {pool}: {reason}")
     params = params or {}
-    for key, value in params.items():
-        if key in SPACE and (not isinstance(value, int | np.integer) or value < 0):
-            raise InputError(f"fcp_wide: {key} must be an int >= 0, got {value!r}")
-    warps = int(params.get("warps") or 4)
-    units = int(params.get("units") or default_units(precision))
+    _check_params(params)
+    in_name = _in_dtype_name(in_dtype)
+    rows = int(params.get("rows") or 1)
+    if (shape.H_out // pool) < rows:
+        rows = 1  # the output is lower than one unit
+    geo = geometry(shape, pool, precision, rows, in_name)
+    units = int(params.get("units") or default_units(precision, rows))
+    warps = int(params.get("warps") or balanced_warps(ceil_div(geo.units, units)))
+    prefetch = _prefetch(geo, params)
     defines = {
-        "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(_in_dtype_name(in_dtype) == "float16"),
+        "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_name == "float16"),
         "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_M": shape.M, "FW_K": shape.K,
-        "FW_P": pool, "FW_WARPS": warps, "FW_UNITS": units,
-        "FW_MINB": int(params.get("minb") or 1),
+        "FW_P": pool, "FW_WARPS": warps, "FW_UNITS": units, "FW_RP": rows,
+        "FW_PREFETCH": int(prefetch), "FW_MINB": int(params.get("minb") or 1),
     }
-    return WidePlan(defines, geometry(shape, pool, precision).smem, warps,
+    return WidePlan(defines, geo.smem_prefetch if prefetch else geo.smem, warps,
                     int(params.get("bps") or 0))
 
 
@@ -177,7 +218,7 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
             precision: str, in_dtype: Any = "float32", *, pool: int) -> Run:
     """run(x, out): x (B, C, H, W) NCHW in `in_dtype` (float32 or float16), out
     (B, M, Ho // pool, Wo // pool) float32, written with maxpool(relu(conv(x, weight) + bias)).
-    kernel_params may fix warps, units, minb, bps (SPACE; 0 or absent: the default)."""
+    kernel_params may fix warps, units, rows, prefetch, minb, bps (SPACE; 0 or absent: chosen)."""
     return _prepare(shape, pool, precision, weight, bias, kernel_params, in_dtype)
 
 

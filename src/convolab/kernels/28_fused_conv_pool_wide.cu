@@ -61,11 +61,17 @@
 #ifndef FW_UNITS
 #define FW_UNITS 2  // units a warp computes together (they share its weight registers)
 #endif
+#ifndef FW_RP
+#define FW_RP 1  // pooled rows of one unit: its FW_P * FW_RP tiles share the shifted fragments
+#endif
+#ifndef FW_PREFETCH
+#define FW_PREFETCH 0  // 1: the next image's bytes arrive by cp.async while this one computes
+#endif
 #ifndef FW_MINB
 #define FW_MINB 1
 #endif
 #ifndef FW_STAGE_UNROLL
-#define FW_STAGE_UNROLL 4  // channel quads a thread loads before storing (4 loads each)
+#define FW_STAGE_UNROLL 8  // channel quads a thread loads before storing (4 loads each)
 #endif
 
 #if FW_PREC == 0
@@ -90,19 +96,26 @@ typedef float fw_in_t;
 #define FW_NT ((FW_M + 7) / 8)                  // n-tiles of output channels
 #define FW_HP ((FW_H - FW_K + 1) / FW_P)
 #define FW_WP ((FW_W - FW_K + 1) / FW_P)
-#define FW_WIN (FW_HP * FW_WP)
-#define FW_WPU (16 / FW_P)                      // pool windows of one unit
-#define FW_NUNITS ((FW_WIN + FW_WPU - 1) / FW_WPU)
+#define FW_T (FW_P * FW_RP)                    // tiles (output rows) of one unit
+#define FW_WPU (16 / FW_P)                      // pool-window columns of one unit
+#define FW_AROWS ((FW_HP + FW_RP - 1) / FW_RP)  // unit rows: FW_RP pooled rows each
+#define FW_ANCHORS (FW_AROWS * FW_WP)
+#define FW_NUNITS ((FW_ANCHORS + FW_WPU - 1) / FW_WPU)
 #define FW_NGROUPS ((FW_NUNITS + FW_UNITS - 1) / FW_UNITS)
-#define FW_SHIFTS (FW_K + FW_P - 1)
+#define FW_SHIFTS (FW_K + FW_T - 1)
 #define FW_ROW (FW_W * FW_CS)                   // elements of one staged image row
 #define FW_WBYTES (FW_J * FW_K * FW_NT * 256)   // weight fragments: 8 bytes a lane
 // The image plus a chunk run of slack: the last row's padded run tail reads past its end.
 #define FW_IMG_BYTES (((FW_H * FW_ROW + FW_J * FW_CH) * FW_ESIZE + 15) / 16 * 16)
-#define FW_SMEM_BYTES (FW_WBYTES + FW_IMG_BYTES)
+#define FW_IN_ESIZE (FW_IN_HALF ? 2 : 4)
+#define FW_RAW_BYTES (FW_C * FW_H * FW_W * FW_IN_ESIZE)
+#define FW_RAW_VEC (FW_RAW_BYTES % 16 == 0 ? 16 : FW_RAW_BYTES % 8 == 0 ? 8 : 4)
+#define FW_RAW_SMEM (FW_PREFETCH ? (FW_RAW_BYTES + 15) / 16 * 16 : 0)
+#define FW_SMEM_BYTES (FW_WBYTES + FW_IMG_BYTES + FW_RAW_SMEM)
 
 static_assert(FW_P == 2 || FW_P == 4, "fcp_wide pools 2x2 or 4x4 windows");
-static_assert(FW_HP >= 1 && FW_WP >= 1, "fcp_wide: no pool window fits the output");
+static_assert(FW_HP >= FW_RP && FW_WP >= 1, "fcp_wide: the output holds no unit of windows");
+static_assert(!FW_PREFETCH || FW_RAW_BYTES % 4 == 0, "fcp_wide: cp.async moves 4-byte pieces");
 
 #if FW_PREC == 0
 #define FW_MMA mma_f16_m16n8k16
@@ -110,11 +123,14 @@ static_assert(FW_HP >= 1 && FW_WP >= 1, "fcp_wide: no pool window fits the outpu
 #define FW_MMA mma_tf32_m16n8k8
 #endif
 
+// One input element as float: from global memory (read-only path) or from the prefetched
+// copy in shared memory.
+template <bool kShared>
 __device__ __forceinline__ float fw_in(const fw_in_t* p) {
 #if FW_IN_HALF
-  return __half2float(__ldg(p));
+  return __half2float(kShared ? *p : __ldg(p));
 #else
-  return __ldg(p);
+  return kShared ? *p : __ldg(p);
 #endif
 }
 
@@ -138,8 +154,10 @@ __device__ __forceinline__ void fw_store4(fw_t* dst, const float (&v)[4]) {
 #endif
 }
 
-// Image b (NCHW) -> img (HWC, channels padded to FW_CS with zeros). Threads walk pixels
-// fastest, so each of a quad's four global loads is coalesced along the image rows.
+// Image (NCHW, in global memory or its prefetched copy) -> img (HWC, channels padded to FW_CS
+// with zeros). Threads walk pixels fastest, so each of a quad's four loads is coalesced along
+// the image rows (and conflict-free in shared memory).
+template <bool kShared>
 __device__ __forceinline__ void fw_stage_image(fw_t* img, const fw_in_t* __restrict__ xb) {
   constexpr int PIX = FW_H * FW_W, ITEMS = PIX * (FW_CS / 4);
   for (int base = threadIdx.x; base < ITEMS; base += FW_THREADS * FW_STAGE_UNROLL) {
@@ -151,7 +169,7 @@ __device__ __forceinline__ void fw_stage_image(fw_t* img, const fw_in_t* __restr
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = 4 * quad + e;
-        v[u][e] = (i < ITEMS && c < FW_C) ? fw_in(xb + (size_t)c * PIX + pix) : 0.f;
+        v[u][e] = (i < ITEMS && c < FW_C) ? fw_in<kShared>(xb + (size_t)c * PIX + pix) : 0.f;
       }
     }
 #pragma unroll
@@ -163,24 +181,49 @@ __device__ __forceinline__ void fw_stage_image(fw_t* img, const fw_in_t* __restr
   }
 }
 
+// Image b's bytes -> raw (shared memory) by cp.async: no registers, in flight while the block
+// computes the image before it.
+__device__ __forceinline__ void fw_prefetch(unsigned char* raw, const fw_in_t* __restrict__ x,
+                                            int b) {
+  const unsigned char* src =
+      reinterpret_cast<const unsigned char*>(x + (size_t)b * (FW_C * FW_H * FW_W));
+  for (int i = threadIdx.x; i < FW_RAW_BYTES / FW_RAW_VEC; i += FW_THREADS) {
+#if FW_RAW_VEC == 16
+    cp_async16(raw + 16 * i, src + 16 * i);
+#elif FW_RAW_VEC == 8
+    cp_async8(raw + 8 * i, src + 8 * i, true);
+#else
+    cp_async4(raw + 4 * i, src + 4 * i, true);
+#endif
+  }
+  cp_async_commit();
+}
+
 // Where this lane's A rows of a unit start (elements of img, lane offset included): rows g and
-// g+8 are two outputs of the top row of the lane's pool window (tile 0). With fp16 the left
-// and right outputs alternate between the two rows with g, so a half-warp's four 8-byte row
-// loads start 0, 3, 4, 7 pixels apart (24-byte pixels): distinct banks.
+// g+8 are two outputs of the top row of the lane's pool window (tile 0; tile i is output row
+// i below). With fp16 the left and right outputs alternate between the two rows with g, so a
+// half-warp's four 8-byte row loads start 0, 3, 4, 7 pixels apart (24-byte pixels): distinct
+// banks. A unit is FW_WPU window columns x FW_RP pooled rows; its anchors (top windows) run
+// along the rows of anchors, FW_RP pooled rows apart, the last one moved up to fit.
 struct FwRows {
   int lo, hi;
-  int win;  // the lane's pool window (unclamped: >= FW_WIN in a partial last unit)
+  int wy, wx;  // the top window of the lane
+  int skip;    // leading window rows the anchor row above also computes (not stored again)
+  bool valid;  // false in a partial last unit: a real window recomputed, not stored
 };
 
 __device__ __forceinline__ FwRows fw_rows(int unit, int g, int t) {
-  const int win = unit * FW_WPU + (FW_P == 2 ? g : g >> 1);
-  const int wc = min(win, FW_WIN - 1);  // a partial unit recomputes a real window, unstored
-  const int oy = (wc / FW_WP) * FW_P;
-  const int ox = (wc % FW_WP) * FW_P + (FW_P == 4 ? 2 * (g & 1) : 0);
+  const int anchor = unit * FW_WPU + (FW_P == 2 ? g : g >> 1);
+  const int ac = min(anchor, FW_ANCHORS - 1);
+  const int arow = ac / FW_WP, wx = ac % FW_WP;
+  const int wy = min(arow * FW_RP, FW_HP - FW_RP);
+  const int oy = wy * FW_P;
+  const int ox = wx * FW_P + (FW_P == 4 ? 2 * (g & 1) : 0);
   const int swap = (FW_PREC == 0 && FW_P == 2) ? (g & 1) : 0;
   const int lane_off = t * FW_LANE_ELEMS;
   return FwRows{(oy * FW_W + ox + swap) * FW_CS + lane_off,
-                (oy * FW_W + ox + 1 - swap) * FW_CS + lane_off, win};
+                (oy * FW_W + ox + 1 - swap) * FW_CS + lane_off, wy, wx, arow * FW_RP - wy,
+                anchor < FW_ANCHORS};
 }
 
 __device__ __forceinline__ uint2 fw_ld8(const fw_t* p) {
@@ -197,27 +240,27 @@ __device__ __forceinline__ uint2 fw_split(uint2& v) {
 }
 #endif
 
-// The units of one group: acc[u][i][n] is tile i (output row i of the windows) x n-tile n.
+// The units of one group: total[u][i][n] is tile i (output row i of the unit) x n-tile n. A
+// partial last group recomputes real windows rather than branch, so the compiler interleaves
+// the units' loads and MMAs.
 __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int group, int lane,
-                                         float (&total)[FW_UNITS][FW_P][FW_NT][4],
-                                         FwRows (&rows)[FW_UNITS], bool (&ok)[FW_UNITS]) {
+                                         float (&total)[FW_UNITS][FW_T][FW_NT][4],
+                                         FwRows (&rows)[FW_UNITS]) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int u = 0; u < FW_UNITS; ++u) {
-    const int unit = group * FW_UNITS + u;
-    ok[u] = unit < FW_NUNITS;
-    rows[u] = fw_rows(unit, g, t);
+    rows[u] = fw_rows(group * FW_UNITS + u, g, t);
 #pragma unroll
-    for (int i = 0; i < FW_P; ++i)
+    for (int i = 0; i < FW_T; ++i)
 #pragma unroll
       for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
         for (int r = 0; r < 4; ++r) total[u][i][n][r] = 0.f;
   }
 #if FW_PREC == 2
-  float acc[FW_UNITS][FW_P][FW_NT][4];
+  float acc[FW_UNITS][FW_T][FW_NT][4];
 #else
-  float (&acc)[FW_UNITS][FW_P][FW_NT][4] = total;
+  float (&acc)[FW_UNITS][FW_T][FW_NT][4] = total;
 #endif
 #pragma unroll 1
   for (int j = 0; j < FW_J; ++j) {
@@ -238,7 +281,7 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
 #pragma unroll
     for (int u = 0; u < FW_UNITS; ++u)
 #pragma unroll
-      for (int i = 0; i < FW_P; ++i)
+      for (int i = 0; i < FW_T; ++i)
 #pragma unroll
         for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
@@ -246,7 +289,6 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
 #endif
 #pragma unroll
     for (int u = 0; u < FW_UNITS; ++u) {
-      if (!ok[u]) continue;  // warp-uniform
       const fw_t* lo_p = img + rows[u].lo + j * FW_CH;
       const fw_t* hi_p = img + rows[u].hi + j * FW_CH;
 #pragma unroll
@@ -256,7 +298,7 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
         const uint2 lo_s = fw_split(lo), hi_s = fw_split(hi);
 #endif
 #pragma unroll
-        for (int i = 0; i < FW_P; ++i) {
+        for (int i = 0; i < FW_T; ++i) {
           const int p = s - i;
           if (p < 0 || p >= FW_K) continue;
 #pragma unroll
@@ -274,7 +316,7 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
 #pragma unroll
     for (int u = 0; u < FW_UNITS; ++u)
 #pragma unroll
-      for (int i = 0; i < FW_P; ++i)
+      for (int i = 0; i < FW_T; ++i)
 #pragma unroll
         for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
@@ -285,30 +327,34 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
 
 // Pool, bias, ReLU and store one unit. c0/c1 of a tile are the lane's row g, channels 2t and
 // 2t+1 of the n-tile; c2/c3 the same channels of row g+8.
-__device__ __forceinline__ void fw_store(const float (&acc)[FW_P][FW_NT][4], FwRows rows,
+__device__ __forceinline__ void fw_store(const float (&acc)[FW_T][FW_NT][4], FwRows rows,
                                          int lane, const float* __restrict__ bias,
                                          float* __restrict__ y, size_t b) {
   const int g = lane >> 2, t = lane & 3;
-  const bool writer = FW_P == 2 || (g & 1) == 0;
-  const int wy = rows.win / FW_WP, wx = rows.win % FW_WP;
+  const bool writer = rows.valid && (FW_P == 2 || (g & 1) == 0);
 #pragma unroll
-  for (int n = 0; n < FW_NT; ++n)
+  for (int r = 0; r < FW_RP; ++r)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float v = CONVOLAB_NEG_INF;
+    for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
-      for (int i = 0; i < FW_P; ++i) v = fmax_nan(v, fmax_nan(acc[i][n][e], acc[i][n][2 + e]));
+      for (int e = 0; e < 2; ++e) {
+        float v = CONVOLAB_NEG_INF;
+#pragma unroll
+        for (int i = r * FW_P; i < (r + 1) * FW_P; ++i)
+          v = fmax_nan(v, fmax_nan(acc[i][n][e], acc[i][n][2 + e]));
 #if FW_P == 4
-      v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 4));  // lane g^1: the other 2 columns
+        v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, 4));  // lane g^1: the other 2 columns
 #endif
-      const int m = n * 8 + 2 * t + e;
-      if (writer && rows.win < FW_WIN && m < FW_M)
-        y[((b * FW_M + m) * FW_HP + wy) * (size_t)FW_WP + wx] =
-            fmax_nan(v + __ldg(bias + m), 0.f);
-    }
+        const int m = n * 8 + 2 * t + e;
+        if (writer && r >= rows.skip && m < FW_M)
+          y[((b * FW_M + m) * FW_HP + rows.wy + r) * (size_t)FW_WP + rows.wx] =
+              fmax_nan(v + __ldg(bias + m), 0.f);
+      }
 }
 
-// Persistent: each block stages the weight fragments once, then loops over images.
+// Persistent: each block stages the weight fragments once, then loops over images. With
+// FW_PREFETCH the next image's bytes land in shared memory while this one computes, and
+// staging is a shared-to-shared transpose.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, FW_MINB)
 fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
          const float* __restrict__ bias, float* __restrict__ y, int batch) {
@@ -320,19 +366,29 @@ fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
   // The slack past the image is read (times zero weights) but never staged: zero it once.
   for (int i = FW_H * FW_ROW + threadIdx.x; i < FW_IMG_BYTES / FW_ESIZE; i += FW_THREADS)
     img[i] = fw_t(0.f);
+#if FW_PREFETCH
+  unsigned char* raw = fw_smem + FW_WBYTES + FW_IMG_BYTES;
+  if ((int)blockIdx.x < batch) fw_prefetch(raw, x, blockIdx.x);
+#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {
+#if FW_PREFETCH
+    cp_async_wait_all();
+    __syncthreads();  // image b has landed; every warp is done with the previous image
+    fw_stage_image<true>(img, reinterpret_cast<const fw_in_t*>(raw));
+    __syncthreads();  // img is staged and raw is free
+    if (b + (int)gridDim.x < batch) fw_prefetch(raw, x, b + gridDim.x);
+#else
     __syncthreads();  // every warp is done with the previous image
-    fw_stage_image(img, x + (size_t)b * (FW_C * FW_H * FW_W));
+    fw_stage_image<false>(img, x + (size_t)b * (FW_C * FW_H * FW_W));
     __syncthreads();
+#endif
     for (int group = warp; group < FW_NGROUPS; group += FW_WARPS) {
-      float total[FW_UNITS][FW_P][FW_NT][4];
+      float total[FW_UNITS][FW_T][FW_NT][4];
       FwRows rows[FW_UNITS];
-      bool ok[FW_UNITS];
-      fw_group(img, w_s, group, lane, total, rows, ok);
+      fw_group(img, w_s, group, lane, total, rows);
 #pragma unroll
-      for (int u = 0; u < FW_UNITS; ++u)
-        if (ok[u]) fw_store(total[u], rows[u], lane, bias, y, (size_t)b);
+      for (int u = 0; u < FW_UNITS; ++u) fw_store(total[u], rows[u], lane, bias, y, (size_t)b);
     }
   }
 }
