@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from convolab.errors import InputError
-from convolab.gpu.device import SMEM_DYNAMIC_TWO_BLOCKS
+from convolab.gpu.device import SM_SMEM_BYTES, SMEM_DYNAMIC_TWO_BLOCKS
 from convolab.gpu.implicit_gemm import SMEM_LIMIT
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
@@ -40,6 +40,7 @@ SPACE: dict[str, list[int]] = {
     "units": [1, 2, 3],  # units a warp computes together (sharing its weight registers)
     "rows": [1, 2],  # pooled rows of one unit (FW_RP): more MMAs per loaded fragment
     "prefetch": [-1, 1],  # 1: cp.async the next image while this one computes (0: choose)
+    "split": [3, 2],  # 3xtf32: three tf32 MMAs a step, or tf32 + one bf16 for both cross terms
     "minb": [1, 2, 3, 4],  # blocks per SM the registers must allow (__launch_bounds__)
     "bps": [0, 1, 2, 3, 4],  # persistent blocks per SM (0: as many as fit)
 }
@@ -123,6 +124,11 @@ class WidePlan:
     bps: int  # persistent blocks per SM (0: as many as fit)
 
 
+# 3xtf32's MMAs a k-step: 3 (a_s*b_b + a_b*b_s + a_b*b_b in tf32) or 2 (a_b*b_b in tf32, the two
+# cross terms as one bf16 MMA whose k runs over both).
+DEFAULT_SPLIT = 3
+
+
 def default_units(precision: str, rows: int) -> int:
     """fp16/tf32: two units share a warp's weight registers (fewer weight loads per MMA);
     3xtf32 needs the registers for its split parts, and taller units hold twice the
@@ -130,10 +136,18 @@ def default_units(precision: str, rows: int) -> int:
     return 1 if precision == "3xtf32" or rows > 1 else 2
 
 
-def balanced_warps(groups: int) -> int:
-    """Warps (4-8) that split an image's unit groups most evenly: every warp waits at the
-    image's barrier for the one with the most groups (ties: more warps)."""
-    return min(range(8, 3, -1), key=lambda w: ceil_div(groups, w) * w - groups)
+def balanced_warps(groups: int, low: int = 4, high: int = 8) -> int:
+    """Warps (low..high) that split an image's unit groups most evenly: every warp waits at
+    the image's barrier for the one with the most groups (ties: more warps)."""
+    return min(range(high, low - 1, -1), key=lambda w: ceil_div(groups, w) * w - groups)
+
+
+def warp_range(smem: int) -> tuple[int, int]:
+    """Warps a block may have so that the blocks shared memory lets an SM hold bring ~12-16
+    warps (latency hiding; at ~128 registers a thread 16 is all the register file holds)."""
+    blocks = max(1, SM_SMEM_BYTES // (smem + 1024))
+    low = max(4, ceil_div(12, blocks))
+    return low, (16 if blocks == 1 else max(low, min(8, 16 // blocks)))
 
 
 def _in_dtype_name(in_dtype: Any) -> str:
@@ -160,6 +174,13 @@ def _prefetch(geo: WideGeometry, params: Mapping[str, Any]) -> bool:
     return fits and (want > 0 or (want == 0 and geo.smem_prefetch <= SMEM_DYNAMIC_TWO_BLOCKS))
 
 
+def _split(precision: str, params: Mapping[str, Any]) -> int:
+    split = int(params.get("split") or DEFAULT_SPLIT)
+    if split not in (2, 3):
+        raise InputError(f"fcp_wide: split must be 2 or 3, got {split}")
+    return split if precision == "3xtf32" else 3
+
+
 def wide_plan(shape: ConvShape, pool: int, precision: str,
               params: Mapping[str, Any] | None = None, in_dtype: Any = "float32") -> WidePlan:
     """Defines and launch geometry; params (SPACE) may fix warps, units, rows, prefetch, minb,
@@ -175,16 +196,18 @@ def wide_plan(shape: ConvShape, pool: int, precision: str,
         rows = 1  # the output is lower than one unit
     geo = geometry(shape, pool, precision, rows, in_name)
     units = int(params.get("units") or default_units(precision, rows))
-    warps = int(params.get("warps") or balanced_warps(ceil_div(geo.units, units)))
     prefetch = _prefetch(geo, params)
+    smem = geo.smem_prefetch if prefetch else geo.smem
+    warps = int(params.get("warps") or balanced_warps(ceil_div(geo.units, units),
+                                                      *warp_range(smem)))
     defines = {
         "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_name == "float16"),
         "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_M": shape.M, "FW_K": shape.K,
         "FW_P": pool, "FW_WARPS": warps, "FW_UNITS": units, "FW_RP": rows,
         "FW_PREFETCH": int(prefetch), "FW_MINB": int(params.get("minb") or 1),
+        "FW_SPLIT": _split(precision, params),
     }
-    return WidePlan(defines, geo.smem_prefetch if prefetch else geo.smem, warps,
-                    int(params.get("bps") or 0))
+    return WidePlan(defines, smem, warps, int(params.get("bps") or 0))
 
 
 def wide_fragments(w: np.ndarray, precision: str) -> np.ndarray:

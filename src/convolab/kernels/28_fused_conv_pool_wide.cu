@@ -70,6 +70,9 @@
 #ifndef FW_MINB
 #define FW_MINB 1
 #endif
+#ifndef FW_SPLIT
+#define FW_SPLIT 3  // FW_PREC 2: 3 tf32 MMAs, or 2 (big x big in tf32, both cross terms as bf16)
+#endif
 #ifndef FW_STAGE_UNROLL
 #define FW_STAGE_UNROLL 8  // channel quads a thread loads before storing (4 loads each)
 #endif
@@ -122,6 +125,10 @@ static_assert(!FW_PREFETCH || FW_RAW_BYTES % 4 == 0, "fcp_wide: cp.async moves 4
 #else
 #define FW_MMA mma_tf32_m16n8k8
 #endif
+#if FW_PREC == 2 && FW_SPLIT == 2
+#include <cuda_bf16.h>
+#endif
+static_assert(FW_SPLIT == 2 || FW_SPLIT == 3, "fcp_wide: 3xTF32 takes 3 or 2 MMAs a step");
 
 // One input element as float: from global memory (read-only path) or from the prefetched
 // copy in shared memory.
@@ -239,6 +246,25 @@ __device__ __forceinline__ uint2 fw_split(uint2& v) {
   return make_uint2(__float_as_uint(sx), __float_as_uint(sy));
 }
 #endif
+#if FW_PREC == 2 && FW_SPLIT == 2
+// The pair (x, y) of 32-bit floats as one bf16x2 register, x in the low half (lower k).
+__device__ __forceinline__ unsigned fw_bf16x2(uint2 v) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(v.x), __uint_as_float(v.y));
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// 2 MMAs a step instead of 3: big x big in tf32, and the cross terms small_a x big_b +
+// big_a x small_b as one bf16 m16n8k16 whose k runs over both: lane t's k 2t, 2t+1 carry
+// (small_a, big_b) and k 2t+8, 2t+9 (big_a, small_b) of its two elements. A cross term is
+// ~2^-11 of the product and bf16 keeps 8 bits of it: ~2^-20 relative, as 3xTF32's dropped
+// small x small. bx = {bf16x2(big_b), bf16x2(small_b)}.
+__device__ __forceinline__ void fw_mma_split2(float (&d)[4], uint2 lo, uint2 hi, uint2 lo_s,
+                                              uint2 hi_s, uint2 bw, uint2 bx) {
+  mma_bf16_m16n8k16(d, fw_bf16x2(lo_s), fw_bf16x2(hi_s), fw_bf16x2(lo), fw_bf16x2(hi), bx.x,
+                    bx.y);
+  mma_tf32_m16n8k8(d, lo.x, hi.x, lo.y, hi.y, bw.x, bw.y);
+}
+#endif
 
 // The units of one group: total[u][i][n] is tile i (output row i of the unit) x n-tile n. A
 // partial last group recomputes real windows rather than branch, so the compiler interleaves
@@ -275,6 +301,9 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
         bw[p][n] = w_s[((j * FW_K + p) * FW_NT + n) * 32 + lane];
 #if FW_PREC == 2
         bs[p][n] = fw_split(bw[p][n]);
+#if FW_SPLIT == 2
+        bs[p][n] = make_uint2(fw_bf16x2(bw[p][n]), fw_bf16x2(bs[p][n]));
+#endif
 #endif
       }
 #if FW_PREC == 2
@@ -303,11 +332,15 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
           if (p < 0 || p >= FW_K) continue;
 #pragma unroll
           for (int n = 0; n < FW_NT; ++n) {
+#if FW_PREC == 2 && FW_SPLIT == 2
+            fw_mma_split2(acc[u][i][n], lo, hi, lo_s, hi_s, bw[p][n], bs[p][n]);
+#else
 #if FW_PREC == 2
             FW_MMA(acc[u][i][n], lo_s.x, hi_s.x, lo_s.y, hi_s.y, bw[p][n].x, bw[p][n].y);
             FW_MMA(acc[u][i][n], lo.x, hi.x, lo.y, hi.y, bs[p][n].x, bs[p][n].y);
 #endif
             FW_MMA(acc[u][i][n], lo.x, hi.x, lo.y, hi.y, bw[p][n].x, bw[p][n].y);
+#endif
           }
         }
       }
