@@ -135,7 +135,7 @@ def test_plan_defines_follow_params_and_input_dtype() -> None:
     assert fused_wide.wide_plan(s, 2, "3xtf32").defines["FW_UNITS"] == 1
     assert fused_wide.wide_plan(s, 2, "fp16").defines["FW_IN_HALF"] == 0
     # the prefetch buffer: where asked and it fits; never for an image of 4-byte-ragged size
-    geo = fused_wide.geometry(s, 2, "fp16", 1, "float32")
+    geo = fused_wide.geometry(s, 2, "fp16", 1, "float32", fused_wide.row_pitch(s, 2, "fp16", 1))
     on = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": 1})
     off = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": -1})
     assert (on.defines["FW_PREFETCH"], on.smem) == (1, geo.smem_prefetch)
@@ -146,6 +146,31 @@ def test_plan_defines_follow_params_and_input_dtype() -> None:
     # a unit two pooled rows high only where the output has two
     assert fused_wide.wide_plan(ConvShape(1, 12, 7, 9, 24, 5), 2, "fp16", {"rows": 2}).defines[
         "FW_RP"] == 1
+
+
+def test_wavefront_count() -> None:
+    """The bank model of row_pitch: a half-warp's 16 lanes x 8 bytes in distinct banks take one
+    wavefront, the same word broadcasts, two words of one bank take two."""
+    lanes = np.arange(32)
+    spread = (8 * (lanes % 16) + 128 * (lanes // 16))[None, None, :]
+    assert fused_wide.wavefronts_per_load(spread, 1, 0) == 2.0
+    assert fused_wide.wavefronts_per_load(np.zeros((1, 1, 32), int), 1, 0) == 2.0
+    clash = np.where(lanes == 1, 128, 8 * (lanes % 16))[None, None, :]  # lane 1 on lane 0's banks
+    assert fused_wide.wavefronts_per_load(clash, 1, 0) == 3.0
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_row_pitch_makes_the_zoo_loads_conflict_free(precision: str) -> None:
+    for shape, pool in wide_blocks():
+        for rows in (1, 2):
+            pitch = fused_wide.row_pitch(shape, pool, precision, rows)
+            assert shape.W <= pitch <= shape.W + fused_wide.MAX_PITCH_PAD
+            cost = fused_wide.load_cost(shape, pool, precision, rows, pitch)
+            assert cost <= fused_wide.load_cost(shape, pool, precision, rows, shape.W)
+            if rows == 1:
+                assert cost <= 2.05  # one wavefront a half-warp, (almost) every load
+        plan = fused_wide.wide_plan(shape, pool, precision, {"pitch": shape.W + 3})
+        assert plan.defines["FW_WS"] == shape.W + 3
 
 
 def test_balanced_warps_split_the_groups_evenly() -> None:
@@ -417,10 +442,11 @@ EMULATED = [  # (precision, input, shape, pool, params, grid): small images, bot
     ("fp16", "float16", ConvShape(2, 9, 13, 13, 19, 3), 4, {"warps": 2}, 1),
     ("fp16", "float16", ConvShape(3, 12, 14, 14, 24, 7), 2, {"rows": 2, "prefetch": 1}, 2),
     ("tf32", "float32", ConvShape(2, 12, 14, 14, 24, 7), 2, {"units": 3}, 1),  # reads the slack
+    ("tf32", "float32", ConvShape(2, 12, 14, 14, 24, 7), 2, {"pitch": 17}, 1),  # and the pad
     ("tf32", "float16", ConvShape(1, 13, 16, 18, 33, 5), 4, {"rows": 2}, 1),  # Hp 3: unit moved up
     ("3xtf32", "float32", ConvShape(2, 12, 19, 15, 24, 5), 2, {"units": 2, "rows": 2}, 2),
     ("3xtf32", "float16", ConvShape(1, 8, 15, 12, 17, 3), 4, {"prefetch": 1}, 1),
-    ("3xtf32", "float32", ConvShape(2, 12, 15, 17, 24, 5), 2, {"split": 2}, 2),
+    ("3xtf32", "float32", ConvShape(2, 12, 15, 17, 24, 5), 2, {"split": 2, "pitch": 20}, 2),
     ("3xtf32", "float16", ConvShape(1, 11, 16, 18, 30, 3), 4, {"split": 2, "rows": 2}, 1),
 ]
 

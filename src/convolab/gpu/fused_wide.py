@@ -41,6 +41,7 @@ SPACE: dict[str, list[int]] = {
     "rows": [1, 2],  # pooled rows of one unit (FW_RP): more MMAs per loaded fragment
     "prefetch": [-1, 1],  # 1: cp.async the next image while this one computes (0: choose)
     "split": [3, 2],  # 3xtf32: three tf32 MMAs a step, or tf32 + one bf16 for both cross terms
+    "pitch": [0],  # staged row pitch in pixels (0: row_pitch, the fewest bank conflicts)
     "minb": [1, 2, 3, 4],  # blocks per SM the registers must allow (__launch_bounds__)
     "bps": [0, 1, 2, 3, 4],  # persistent blocks per SM (0: as many as fit)
 }
@@ -81,12 +82,14 @@ def run_layout(C: int, K: int, precision: str) -> tuple[int, int, int]:
 
 
 def geometry(shape: ConvShape, pool: int, precision: str, rows: int = 1,
-             in_dtype: Any = "float32") -> WideGeometry:
+             in_dtype: Any = "float32", pitch: int = 0) -> WideGeometry:
+    """pitch: the staged row in pixels (FW_WS; 0: the image width)."""
     cs, ch, chunks = run_layout(shape.C, shape.K, precision)
     ntiles = ceil_div(shape.M, 8)
     hp, wp = shape.H_out // pool, shape.W_out // pool
     anchors = ceil_div(hp, rows) * wp
-    image = ceil_div((shape.H * shape.W * cs + chunks * ch) * elem_bytes(precision), 16) * 16
+    pitch = max(pitch, shape.W)
+    image = ceil_div((shape.H * pitch * cs + chunks * ch) * elem_bytes(precision), 16) * 16
     raw = shape.C * shape.H * shape.W * np.dtype(in_dtype).itemsize
     return WideGeometry(cs, chunks, ntiles, ceil_div(anchors, 16 // pool),
                         chunks * shape.K * ntiles * 256, image, raw)
@@ -142,6 +145,68 @@ def balanced_warps(groups: int, low: int = 4, high: int = 8) -> int:
     return min(range(high, low - 1, -1), key=lambda w: ceil_div(groups, w) * w - groups)
 
 
+# Pixels a staged row may be padded by to keep the A-fragment loads conflict-free.
+MAX_PITCH_PAD = 8
+
+
+def a_row_offsets(shape: ConvShape, pool: int, precision: str, rows: int,
+                  pitch: int) -> np.ndarray:
+    """Byte offsets of every lane's 8-byte A-row loads, (units, 2 rows g / g+8, 32 lanes), for
+    shift 0 and chunk 0 (kernel fw_rows: the other shifts and chunks add the same offset to
+    the whole warp)."""
+    cs, _, _ = run_layout(shape.C, shape.K, precision)
+    hp, wp = shape.H_out // pool, shape.W_out // pool
+    anchors = ceil_div(hp, rows) * wp
+    units = ceil_div(anchors, 16 // pool)
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    # the window slot of each lane: fp16 every other window in a half-warp, tf32 consecutive
+    slot = g >> 1 if pool == 4 else 2 * (g & 3) + (g >> 2) if precision == "fp16" else g
+    anchor = np.minimum(np.arange(units)[:, None] * (16 // pool) + slot[None, :], anchors - 1)
+    wy = np.minimum((anchor // wp) * rows, hp - rows)
+    ox = (anchor % wp) * pool + (2 * (g & 1) if pool == 4 else 0)
+    e = elem_bytes(precision)
+    lo = ((wy * pool * pitch + ox) * cs + t * (8 // e)) * e
+    return np.stack([lo, lo + cs * e], axis=1)
+
+
+def wavefronts_per_load(offsets: np.ndarray, shifts: int, row_bytes: int) -> float:
+    """Mean shared-memory wavefronts of the warp's 8-byte loads (two half-warp phases; in
+    each, a bank serves one distinct 4-byte word a wavefront) over every shift."""
+    words = (offsets[..., None, :, None] + np.arange(shifts)[None, None, :, None, None]
+             * row_bytes + np.array([0, 4])) // 4  # (units, 2, shifts, 32, 2)
+    phases = words.reshape(*words.shape[:3], 2, 32)  # 16 lanes x 2 words a phase
+    total = 0
+    for bank in range(32):
+        hit = np.where(phases % 32 == bank, phases, -1)
+        hit.sort(axis=-1)
+        distinct = (np.diff(hit, axis=-1) != 0) & (hit[..., 1:] >= 0)
+        count = distinct.sum(axis=-1) + (hit[..., :1] >= 0)[..., 0]
+        total = np.maximum(total, count)
+    return float(total.sum(axis=-1).mean())
+
+
+def row_pitch(shape: ConvShape, pool: int, precision: str, rows: int) -> int:
+    """The staged row pitch (FW_WS, pixels) in W..W+MAX_PITCH_PAD whose A-fragment loads
+    take the fewest wavefronts (ties: the narrowest)."""
+    return _row_pitch(ConvShape(1, shape.C, shape.H, shape.W, shape.M, shape.K), pool,
+                      precision, rows)
+
+
+def load_cost(shape: ConvShape, pool: int, precision: str, rows: int, pitch: int) -> float:
+    """Mean wavefronts of the kernel's A-row loads at a staged row pitch (2: no conflicts)."""
+    cs, _, _ = run_layout(shape.C, shape.K, precision)
+    offsets = a_row_offsets(shape, pool, precision, rows, pitch)
+    return wavefronts_per_load(offsets, shape.K + pool * rows - 1,
+                               pitch * cs * elem_bytes(precision))
+
+
+@functools.cache
+def _row_pitch(shape: ConvShape, pool: int, precision: str, rows: int) -> int:
+    return min(range(shape.W, shape.W + MAX_PITCH_PAD + 1),
+               key=lambda p: (load_cost(shape, pool, precision, rows, p), p))
+
+
 def warp_range(smem: int) -> tuple[int, int]:
     """Warps a block may have so that the blocks shared memory lets an SM hold bring ~12-16
     warps (latency hiding; at ~128 registers a thread 16 is all the register file holds)."""
@@ -194,7 +259,8 @@ def wide_plan(shape: ConvShape, pool: int, precision: str,
     rows = int(params.get("rows") or 1)
     if (shape.H_out // pool) < rows:
         rows = 1  # the output is lower than one unit
-    geo = geometry(shape, pool, precision, rows, in_name)
+    pitch = max(shape.W, int(params.get("pitch") or row_pitch(shape, pool, precision, rows)))
+    geo = geometry(shape, pool, precision, rows, in_name, pitch)
     units = int(params.get("units") or default_units(precision, rows))
     prefetch = _prefetch(geo, params)
     smem = geo.smem_prefetch if prefetch else geo.smem
@@ -202,7 +268,8 @@ def wide_plan(shape: ConvShape, pool: int, precision: str,
                                                       *warp_range(smem)))
     defines = {
         "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_name == "float16"),
-        "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_M": shape.M, "FW_K": shape.K,
+        "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_WS": pitch,
+        "FW_M": shape.M, "FW_K": shape.K,
         "FW_P": pool, "FW_WARPS": warps, "FW_UNITS": units, "FW_RP": rows,
         "FW_PREFETCH": int(prefetch), "FW_MINB": int(params.get("minb") or 1),
         "FW_SPLIT": _split(precision, params),
@@ -263,6 +330,9 @@ def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any
         raise InputError(f"fcp_wide: bias has shape {b_d.shape}, needs ({shape.M},)")
     kernel = get_kernel(KERNEL_FILE, KERNEL, plan.defines)
     kernel.max_dynamic_shared_size_bytes = plan.smem
+    # All of L1 as shared memory: left to the driver, the carveout (and the occupancy it
+    # answers) fit one block an SM (ncu, H100: 7 warps an SM, grid 132).
+    kernel.preferred_shared_memory_carveout = 100
     threads = plan.warps * 32
     per_sm = plan.bps or max(1, occupancy(kernel, threads, plan.smem))
     grid = (max(1, min(shape.B, sm_count() * per_sm)),)

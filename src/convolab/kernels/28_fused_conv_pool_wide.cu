@@ -46,6 +46,9 @@
 #ifndef FW_W
 #define FW_W 33
 #endif
+#ifndef FW_WS
+#define FW_WS FW_W  // staged row pitch in pixels (>= FW_W): the host pads it against conflicts
+#endif
 #ifndef FW_M
 #define FW_M 24
 #endif
@@ -106,7 +109,7 @@ typedef float fw_in_t;
 #define FW_NUNITS ((FW_ANCHORS + FW_WPU - 1) / FW_WPU)
 #define FW_NGROUPS ((FW_NUNITS + FW_UNITS - 1) / FW_UNITS)
 #define FW_SHIFTS (FW_K + FW_T - 1)
-#define FW_ROW (FW_W * FW_CS)                   // elements of one staged image row
+#define FW_ROW (FW_WS * FW_CS)                  // elements of one staged image row
 #define FW_WBYTES (FW_J * FW_K * FW_NT * 256)   // weight fragments: 8 bytes a lane
 // The image plus a chunk run of slack: the last row's padded run tail reads past its end.
 #define FW_IMG_BYTES (((FW_H * FW_ROW + FW_J * FW_CH) * FW_ESIZE + 15) / 16 * 16)
@@ -118,6 +121,7 @@ typedef float fw_in_t;
 
 static_assert(FW_P == 2 || FW_P == 4, "fcp_wide pools 2x2 or 4x4 windows");
 static_assert(FW_HP >= FW_RP && FW_WP >= 1, "fcp_wide: the output holds no unit of windows");
+static_assert(FW_WS >= FW_W, "fcp_wide: the staged row pitch holds a whole image row");
 static_assert(!FW_PREFETCH || FW_RAW_BYTES % 4 == 0, "fcp_wide: cp.async moves 4-byte pieces");
 
 #if FW_PREC == 0
@@ -183,7 +187,8 @@ __device__ __forceinline__ void fw_stage_image(fw_t* img, const fw_in_t* __restr
     for (int u = 0; u < FW_STAGE_UNROLL; ++u) {
       const int i = base + u * FW_THREADS;
       const int quad = i / PIX, pix = i - quad * PIX;
-      if (i < ITEMS) fw_store4(img + pix * FW_CS + 4 * quad, v[u]);
+      const int row_pad = (pix / FW_W) * (FW_WS - FW_W);
+      if (i < ITEMS) fw_store4(img + (pix + row_pad) * FW_CS + 4 * quad, v[u]);
     }
   }
 }
@@ -207,11 +212,14 @@ __device__ __forceinline__ void fw_prefetch(unsigned char* raw, const fw_in_t* _
 }
 
 // Where this lane's A rows of a unit start (elements of img, lane offset included): rows g and
-// g+8 are two outputs of the top row of the lane's pool window (tile 0; tile i is output row
-// i below). With fp16 the left and right outputs alternate between the two rows with g, so a
-// half-warp's four 8-byte row loads start 0, 3, 4, 7 pixels apart (24-byte pixels): distinct
-// banks. A unit is FW_WPU window columns x FW_RP pooled rows; its anchors (top windows) run
-// along the rows of anchors, FW_RP pooled rows apart, the last one moved up to fit.
+// g+8 are the left and right outputs of the top row of the lane's pool window (tile 0; tile i
+// is output row i below). A half-warp's four lanes read 8 bytes each from four windows' rows;
+// fp16 gives them every other window (pixels 4 x 24 bytes apart), tf32 consecutive ones (2 x
+// 48 bytes): distinct banks within an image row, and the host pads the staged row pitch
+// (FW_WS) so that units wrapping to the next row stay conflict-free too
+// (gpu/fused_wide.row_pitch counts the conflicts). A unit is FW_WPU window columns x FW_RP
+// pooled rows; its anchors (top windows) run along the rows of anchors, FW_RP pooled rows
+// apart, the last one moved up to fit.
 struct FwRows {
   int lo, hi;
   int wy, wx;  // the top window of the lane
@@ -220,17 +228,15 @@ struct FwRows {
 };
 
 __device__ __forceinline__ FwRows fw_rows(int unit, int g, int t) {
-  const int anchor = unit * FW_WPU + (FW_P == 2 ? g : g >> 1);
+  const int slot = FW_P == 4 ? g >> 1 : FW_PREC == 0 ? 2 * (g & 3) + (g >> 2) : g;
+  const int anchor = unit * FW_WPU + slot;
   const int ac = min(anchor, FW_ANCHORS - 1);
   const int arow = ac / FW_WP, wx = ac % FW_WP;
   const int wy = min(arow * FW_RP, FW_HP - FW_RP);
   const int oy = wy * FW_P;
   const int ox = wx * FW_P + (FW_P == 4 ? 2 * (g & 1) : 0);
-  const int swap = (FW_PREC == 0 && FW_P == 2) ? (g & 1) : 0;
-  const int lane_off = t * FW_LANE_ELEMS;
-  return FwRows{(oy * FW_W + ox + swap) * FW_CS + lane_off,
-                (oy * FW_W + ox + 1 - swap) * FW_CS + lane_off, wy, wx, arow * FW_RP - wy,
-                anchor < FW_ANCHORS};
+  const int lo = (oy * FW_WS + ox) * FW_CS + t * FW_LANE_ELEMS;
+  return FwRows{lo, lo + FW_CS, wy, wx, arow * FW_RP - wy, anchor < FW_ANCHORS};
 }
 
 __device__ __forceinline__ uint2 fw_ld8(const fw_t* p) {
@@ -396,7 +402,11 @@ fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
   fw_t* img = reinterpret_cast<fw_t*>(fw_smem + FW_WBYTES);
   for (int i = threadIdx.x; i < FW_WBYTES / 16; i += FW_THREADS)
     reinterpret_cast<uint4*>(fw_smem)[i] = __ldg(wfrag + i);
-  // The slack past the image is read (times zero weights) but never staged: zero it once.
+  // The row padding and the slack past the image are read (times zero weights) but never
+  // staged: zero them once.
+  constexpr int PAD = (FW_WS - FW_W) * FW_CS, PAD1 = PAD > 0 ? PAD : 1;
+  for (int i = threadIdx.x; i < FW_H * PAD; i += FW_THREADS)
+    img[(i / PAD1) * FW_ROW + FW_W * FW_CS + i % PAD1] = fw_t(0.f);
   for (int i = FW_H * FW_ROW + threadIdx.x; i < FW_IMG_BYTES / FW_ESIZE; i += FW_THREADS)
     img[i] = fw_t(0.f);
 #if FW_PREFETCH
