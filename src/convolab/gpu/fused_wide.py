@@ -38,8 +38,8 @@ _SUFFIX = {"fp16": "tc", "tf32": "tf32", "3xtf32": "3xtf32"}
 SPACE: dict[str, list[int]] = {
     "warps": [2, 4, 5, 7, 8],  # 0: the count that splits the image's unit groups evenly
     "units": [1, 2, 3],  # units a warp computes together (sharing its weight registers)
-    "rows": [1, 2],  # pooled rows of one unit (FW_RP): more MMAs per loaded fragment
-    "prefetch": [-1, 1],  # 1: cp.async the next image while this one computes (0: choose)
+    "rows": [1, 2],  # pooled rows of one unit (FW_RP): more MMAs per loaded fragment (0: 1)
+    "prefetch": [-1, 1],  # 1: cp.async the next image while this one computes (0: off)
     "split": [3, 2],  # 3xtf32: three tf32 MMAs a step, or tf32 + one bf16 for both cross terms
     "pitch": [0],  # staged row pitch in pixels (0: row_pitch, the fewest bank conflicts)
     "minb": [1, 2, 3, 4],  # blocks per SM the registers must allow (__launch_bounds__)
@@ -128,7 +128,9 @@ class WidePlan:
 
 
 # 3xtf32's MMAs a k-step: 3 (a_s*b_b + a_b*b_s + a_b*b_b in tf32) or 2 (a_b*b_b in tf32, the two
-# cross terms as one bf16 MMA whose k runs over both).
+# cross terms as one bf16 MMA whose k runs over both). 2 measured 3-14% faster on the zoo's
+# conv2 at 4.7e-7 relative error against 2.0e-7 (H100, docs/raw.md); 3 is the default because
+# exact mode's every-test-image prediction check ran with it.
 DEFAULT_SPLIT = 3
 
 
@@ -232,11 +234,11 @@ def _check_params(params: Mapping[str, Any]) -> None:
 
 
 def _prefetch(geo: WideGeometry, params: Mapping[str, Any]) -> bool:
-    """cp.async takes 4-byte pieces and the buffer must fit; chosen where two blocks still
-    share an SM."""
+    """Only where asked (prefetch=1), cp.async takes 4-byte pieces and the buffer fits. Off by
+    default: on the zoo's conv2 (H100) the fp16 rung took 0.58 ms with it against 0.47-0.51
+    without (its buffer halves the blocks an SM holds), tf32 and 3xtf32 within +-5%."""
     fits = geo.raw_bytes % 4 == 0 and geo.smem_prefetch <= SMEM_LIMIT
-    want = int(params.get("prefetch") or 0)
-    return fits and (want > 0 or (want == 0 and geo.smem_prefetch <= SMEM_DYNAMIC_TWO_BLOCKS))
+    return fits and int(params.get("prefetch") or 0) > 0
 
 
 def _split(precision: str, params: Mapping[str, Any]) -> int:

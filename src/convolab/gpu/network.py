@@ -8,6 +8,9 @@ For ece408:
     C3 conv 4->16 K7 + ReLU + pool 4   15 fp32, 18 tf32; 19 in mode 'fp16')
     F5 + ReLU, F6, softmax            kernel 20, kernels/20_lenet_head.cu: 10 floats out
 
+and rung 28 (gpu/fused_wide.py) for the blocks rungs 17/18 do not take (the wider models'
+conv2), in every mode (3xTF32 in 'exact').
+
 and kernel 30 (gpu/dense_head.py) is the head of the other models. The only full-size
 intermediates are the pooled maps between blocks (ece408: 25.6 KB an image in fp32 NCHW; in
 mode 'fp16' ece408's pair passes it as fp16 channels-last, 12.8 KB: gpu/fused_cl.py).
@@ -153,9 +156,9 @@ class FusedLeNet:
     (B, C, S, S) or raw uint8 images (B, h, w), which the first conv kernel resizes on chip.
 
     model: a zoo model (models.MODELS); its conv+ReLU+pool blocks and linear head come from
-    the model's layer list. mode: 'exact' (fp32 FFMA, matches an fp64 forward to ~1e-6),
-    'tf32' or 'fp16' (tensor cores where a block's shape takes them, fp32 accumulate; the head
-    stays fp32). For ece408, mode 'fp16' hands the pooled C1 map to conv2 as fp16
+    the model's layer list. mode: 'exact' (fp32 FFMA, or 3xTF32 on rung 28 for the wide
+    layers: matches an fp64 forward to ~1e-6), 'tf32' or 'fp16' (tensor cores where a block's
+    shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the pooled C1 map to conv2 as fp16
     channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
     head: kernel 20's imgs, or kernel 30's imgs and kc) for benchmarks; what is left out is each
