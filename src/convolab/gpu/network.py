@@ -158,8 +158,8 @@ class FusedLeNet:
     model: a zoo model (models.MODELS); its conv+ReLU+pool blocks and linear head come from
     the model's layer list. mode: 'exact' (fp32 FFMA, or 3xTF32 on rung 28 for the wide
     layers: matches an fp64 forward to ~1e-6), 'tf32' or 'fp16' (tensor cores where a block's
-    shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the pooled C1 map to conv2 as fp16
-    channels-last (gpu/fused_cl.py).
+    shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the
+    pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
     head: kernel 20's imgs, or kernel 30's imgs and kc) for benchmarks; what is left out is each
     kernel's measured default.
