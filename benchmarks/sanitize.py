@@ -4,16 +4,20 @@ kernel and also proves each launch computed the right numbers.
 
     python3 benchmarks/sanitize.py --list            what it would launch (no CuPy needed)
     python3 benchmarks/sanitize.py [--seed N]        launch and check everything (GPU)
+    python3 benchmarks/sanitize.py --only REGEX      only the launches whose name matches
     python3 benchmarks/sanitize.py --summarize DIR   the tools' logs -> DIR/sanitize_summary.txt
     compute-sanitizer --tool racecheck python3 benchmarks/sanitize.py
 
 Covered: every registered GPU implementation (registry.all_impls("gpu"): each rung, the fused
 conv+pool rungs, tensor-core variants, auto) on the first small shape it supports, FusedLeNet in
 every network mode from float images and from raw bytes (every zoo model: the dense head of
-kernel 30), rung 25's resize, the LeNet head in each tile variant, and the training kernels of
-gpu/backward.py (the fused training rungs 31-36: benchmarks/sanitize_trainer.py). Nothing here
-imports Numba (broken on the device image): the fp64 references
-are NumPy. Exit status 1 when any launch misses its tolerance.
+kernel 30), rung 25's resize, the LeNet head in each tile variant, the training kernels of
+gpu/backward.py, and the fused trainer (kernels 31-38) in every mode: its forward against fp64,
+and a gradient step at an odd batch (partial slices and head chunks) against the fp64 backward
+routed through the device's argmax bytes, followed by a captured epoch (Adam with mirroring and
+label smoothing, or SGD) and an evaluation with a partial batch. Nothing here imports Numba
+(broken on the device image): the fp64 references are NumPy. Exit status 1 when any launch
+misses its tolerance.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ import numpy as np
 from convolab.conv_cpu import reference_conv_relu_pool, reference_forward
 from convolab.data import IMAGE_SIDE
 from convolab.gpu.lenet_head import HEAD_IMGS_CHOICES
+from convolab.gpu.trainer import GRADIENT_TOLERANCE
 from convolab.models import MODELS
-from convolab.precision import NETWORK_MODES, TOLERANCE
+from convolab.precision import NETWORK_MODES, TOLERANCE, TRAIN_MODES
 from convolab.registry import ConvImpl, all_impls
 from convolab.shapes import ConvShape
 
@@ -45,8 +50,11 @@ CANDIDATE_SHAPES: tuple[ConvShape, ...] = (
     ConvShape(B=3, C=3, H=13, W=11, M=5, K=3, S=2),
     ConvShape(B=2, C=2, H=20, W=20, M=8, K=5, S=1),
     ConvShape(B=2, C=4, H=24, W=24, M=16, K=7, S=1),
+    ConvShape(B=3, C=1, H=19, W=17, M=12, K=5, S=1),  # a first block (rung 29: C = 1)
 )
 NETWORK_BATCH = 19  # not a multiple of any head tile: the last tile is partial
+TRAIN_BATCH = 13  # the trainer's step: partial batch slices and head chunks
+TRAIN_IMAGES = 70  # its training set; the evaluation takes the first 9 (a partial batch)
 BACKWARD_TOLERANCE = TOLERANCE["fp32"]
 SUMMARY_FILE = "sanitize_summary.txt"
 
@@ -275,6 +283,73 @@ def _pool_launch(k: int, s: int) -> Launch:
                   BACKWARD_TOLERANCE, check)
 
 
+def _trainer(rng: Rng, mode: str, optimizer: str) -> tuple[Any, np.ndarray, np.ndarray]:
+    """A fused trainer on random raw bytes (a black band in some, as real backgrounds)."""
+    from convolab.gpu.trainer import Recipe, Trainer
+
+    raw = rng.integers(0, 256, (TRAIN_IMAGES, IMAGE_SIDE, IMAGE_SIDE), dtype=np.uint8)
+    raw[: TRAIN_IMAGES // 4, : IMAGE_SIDE // 4] = 0
+    labels = rng.integers(0, 10, TRAIN_IMAGES).astype(np.uint8)
+    adam = optimizer == "adam"
+    recipe = Recipe(batch=TRAIN_BATCH, epochs=1, optimizer=optimizer, lr=3e-3 if adam else 0.01,
+                    mirror=adam, smoothing=0.1 if adam else 0.0)
+    return Trainer(raw, labels, recipe, seed=int(rng.integers(1 << 16)), mode=mode), raw, labels
+
+
+def _trainer_state(t: Any) -> dict[str, np.ndarray]:
+    return {k: getattr(t, k)[:TRAIN_BATCH].get() for k in ("pool1", "arg1", "feat", "arg2")}
+
+
+def _trainer_forward_launch(mode: str) -> Launch:
+    """Kernels 31/32 (37/38 in tf32 and bf16), each on its own input, against float64 on the
+    same operands rounded to the mode's precision (the kernels' arithmetic: fp32 tolerance)."""
+    def check(rng: Rng) -> float:
+        from convolab.models import conv_blocks
+        from convolab.train_reference import conv_block, input_images
+
+        t, raw, _ = _trainer(rng, mode, "adam")
+        t.pool1.fill(np.nan)
+        t.feat.fill(np.nan)
+        index = rng.choice(TRAIN_IMAGES, TRAIN_BATCH, replace=False)
+        t.gradients(index)
+        got, p = _trainer_state(t), t.state_dict()
+        c1, c2 = conv_blocks("ece408", 1)
+        x = input_images(raw, index, int(t.salt.get()[0]))
+        want1 = conv_block(x, p["c1.weight"], p["c1.bias"], c1.pool, TRAIN_MODES[mode])
+        pool1 = got["pool1"].reshape(want1["pool"].shape)
+        want2 = conv_block(pool1, p["c3.weight"], p["c3.bias"], c2.pool, TRAIN_MODES[mode])
+        return max(rel_l2(pool1, want1["pool"]),
+                   rel_l2(got["feat"], want2["pool"].reshape(TRAIN_BATCH, -1)))
+
+    return Launch(f"trainer:{mode}:forward",
+                  f"fused trainer {mode}: conv forwards from raw bytes (mirrored), batch "
+                  f"{TRAIN_BATCH}, vs fp64 on {TRAIN_MODES[mode]}-rounded operands",
+                  TOLERANCE["fp32"], check)
+
+
+def _trainer_step_launch(mode: str, optimizer: str) -> Launch:
+    def check(rng: Rng) -> float:
+        from convolab.train_reference import input_images, routed_gradients
+
+        t, raw, labels = _trainer(rng, mode, optimizer)
+        index = rng.choice(TRAIN_IMAGES, TRAIN_BATCH, replace=False)
+        _, grads = t.gradients(index)
+        got = _trainer_state(t)
+        x = input_images(raw, index, int(t.salt.get()[0]))
+        _, want = routed_gradients(t.state_dict(), x, labels[index], got["pool1"], got["feat"],
+                                   got["arg1"], got["arg2"], t.recipe.smoothing)
+        err = max(rel_l2(grads[k], v) for k, v in want.items())
+        t.run_epoch()  # the captured epoch: every kernel of the step, the optimizer's update
+        stats = t.epoch_stats()
+        held = t.upload(raw[:9], labels[:9])
+        finite = np.isfinite([stats.loss, t.evaluate(*held).loss]).all()
+        return err if finite else float("inf")
+
+    return Launch(f"trainer:{mode}:{optimizer}",
+                  f"fused trainer {mode}: gradient step vs routed fp64, batch {TRAIN_BATCH}; "
+                  f"an epoch ({optimizer}); an evaluation of 9", GRADIENT_TOLERANCE, check)
+
+
 def launches() -> list[Launch]:
     """Everything the script launches, in order; built without CuPy."""
     out: list[Launch] = []
@@ -285,7 +360,8 @@ def launches() -> list[Launch]:
                              "CANDIDATE_SHAPES")
         out.append(_conv_launch(impl, shape))
     out += [_network_launch(mode, raw=raw) for mode in NETWORK_MODES for raw in (False, True)]
-    out += [_network_launch("exact", model, raw=True) for model in MODELS if model != "ece408"]
+    out += [_network_launch(mode, model, raw=True)
+            for model in MODELS if model != "ece408" for mode in NETWORK_MODES]
     out.append(_resize_launch())
     out += [_head_launch(imgs) for imgs in HEAD_IMGS_CHOICES]
     out += [_conv_backward_launch(stride, method, taps, need_dx)
@@ -293,20 +369,34 @@ def launches() -> list[Launch]:
             for method, taps in (("gemm", 9), ("direct", 9), ("direct", 0))
             for need_dx in (True, False)]
     out += [_pool_launch(k, s) for k, s in ((2, 2), (4, 4), (3, 2), (2, 1))]
+    out += [launch for mode in TRAIN_MODES for launch in (
+        _trainer_forward_launch(mode), _trainer_step_launch(mode, "adam"),
+        _trainer_step_launch(mode, "sgd"))]
     return out
 
 
-def run_all(seed: int) -> int:
-    """Runs every launch; prints one line each; returns how many missed their tolerance."""
+def selected(only: str | None) -> list[Launch]:
+    """The launches whose name matches the regular expression `only` (all without it)."""
+    pattern = re.compile(only) if only else None
+    chosen = [launch for launch in launches() if pattern is None or pattern.search(launch.name)]
+    if not chosen:
+        raise ValueError(f"sanitize: no launch name matches {only!r} (see --list)")
+    return chosen
+
+
+def run_all(seed: int, only: str | None = None) -> int:
+    """Runs every selected launch; prints one line each; returns how many missed their
+    tolerance."""
     rng = np.random.default_rng(seed)
     failed = 0
-    for launch in launches():
+    chosen = selected(only)
+    for launch in chosen:
         err = launch.check(rng)
         ok = bool(np.isfinite(err)) and err <= launch.tolerance
         failed += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {launch.name:45s} rel_l2 {err:.2e} "
               f"(tol {launch.tolerance:.0e})  {launch.what}", flush=True)
-    print(f"sanitize: {len(launches())} launches, {failed} failed (seed {seed})")
+    print(f"sanitize: {len(chosen)} launches, {failed} failed (seed {seed})")
     return failed
 
 
@@ -354,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", "--dry-run", action="store_true", dest="list_only",
                         help="print what would be launched; needs no GPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", metavar="REGEX",
+                        help="launch only those whose name matches, e.g. 'network|resize'")
     parser.add_argument("--summarize", type=Path, metavar="DIR",
                         help=f"write DIR/{SUMMARY_FILE} from DIR/sanitize_<tool>.txt")
     args = parser.parse_args(argv)
@@ -361,10 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         print(write_summary(args.summarize).read_text(), end="")
         return 0
     if args.list_only:
-        for launch in launches():
+        for launch in selected(args.only):
             print(f"{launch.name:45s} {launch.what}")
         return 0
-    return 1 if run_all(args.seed) else 0
+    return 1 if run_all(args.seed, args.only) else 0
 
 
 if __name__ == "__main__":

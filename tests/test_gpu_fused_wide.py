@@ -23,7 +23,7 @@ from convolab.conv_cpu import reference_conv_relu_pool
 from convolab.errors import InputError
 from convolab.gpu import fused_mma, fused_wide
 from convolab.gpu.compile import KERNEL_DIR, define_flags
-from convolab.models import MODELS, conv_blocks
+from convolab.models import MODELS, conv_blocks, param_shapes
 from convolab.precision import NETWORK_MODES, TOLERANCE
 from convolab.registry import get_impl
 from convolab.shapes import ConvShape
@@ -221,10 +221,27 @@ def test_fragments_hold_every_weight_once(precision: str, rng: np.random.Generat
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("mode", NETWORK_MODES)
-def test_network_sends_the_wide_blocks_to_rung_28(model: str, mode: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_network_sends_the_wide_blocks_to_rung_28(model: str, mode: str) -> None:
     """FusedLeNet runs rung 28 exactly for the blocks rungs 17/18 do not take (the wide
-    models' conv2; in exact mode as 3xTF32), and hands each run its input's dtype."""
+    models' conv2; in exact mode as 3xTF32)."""
+    from convolab.gpu import network
+
+    net = object.__new__(network.FusedLeNet)
+    net.model, net.mode = model, mode
+    on = mode != "exact" or fused_wide.EXACT_PRECISION is not None
+    blocks = conv_blocks(model, 3)
+    for block in blocks:
+        wide = model in WIDE_MODELS and fused_mma.tc_kind(block.shape, block.pool) is None
+        assert (net._block_impl(block).rung == 28) == (wide and on), block
+    assert any(net._block_impl(b).rung == 28 for b in blocks) == (model in WIDE_MODELS and on)
+
+
+@pytest.mark.parametrize("model", WIDE_MODELS)
+@pytest.mark.parametrize("mode", NETWORK_MODES)
+def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan asks rung 28 for fp16 input in mode 'fp16' (fp32 elsewhere), and the block
+    before it is asked to write what rung 28 declares it reads (run.in_dtype)."""
     from types import SimpleNamespace
 
     from convolab.gpu import network
@@ -232,18 +249,26 @@ def test_network_sends_the_wide_blocks_to_rung_28(model: str, mode: str,
     net = object.__new__(network.FusedLeNet)
     net._cp = SimpleNamespace(empty=np.empty, float16=np.float16, float32=np.float32)
     net.model, net.mode, net._kernel_params = model, mode, {}
-    net.channels_last = network._channels_last_pair(model, mode)
-    seen: list[tuple[int, object]] = []
-    monkeypatch.setattr(net, "_float_run", lambda i, block, in_dtype: seen.append((i, in_dtype)))
+    net.channels_last = False
+    net.params = {k: np.zeros(v, np.float32) for k, v in param_shapes(model).items()}
+    asked: dict[str, object] = {}
+
+    def prepare(shape, w, b, kp, precision, in_dtype, *, pool):  # noqa: ANN001, ANN202
+        asked.update(precision=precision, in_dtype=in_dtype, pool=pool)
+        return SimpleNamespace(in_dtype=in_dtype)
+
+    def first_run(block, hw, out_dtype):  # noqa: ANN001, ANN202
+        asked["first_writes"] = out_dtype
+        return SimpleNamespace(out_dtype=out_dtype)
+
+    monkeypatch.setattr(fused_wide, "prepare", prepare)
+    monkeypatch.setattr(net, "_first_run", first_run)
     blocks = conv_blocks(model, 3)
     _, buffers = net._new_plan(3, None)
-    assert seen == [(0, np.float32)] + [(i, buffers[i].dtype) for i in range(1, len(blocks))]
-    for block in blocks:
-        wide = (model in WIDE_MODELS and fused_mma.tc_kind(block.shape, block.pool) is None
-                and (mode != "exact" or fused_wide.EXACT_PRECISION is not None))
-        assert (net._block_impl(block).rung == 28) == wide, block
-    assert any(net._block_impl(b).rung == 28 for b in blocks) == (
-        model in WIDE_MODELS and (mode != "exact" or fused_wide.EXACT_PRECISION is not None))
+    want = "float16" if mode == "fp16" else "float32"
+    assert asked["in_dtype"] == asked["first_writes"] == want
+    assert asked["precision"] == {"exact": "3xtf32"}.get(mode, NETWORK_MODES[mode])
+    assert asked["pool"] == blocks[1].pool and buffers[1].dtype == np.dtype(want)
 
 
 # ---- CPU: the kernel source under g++, mma.sync emulated -------------------------------------

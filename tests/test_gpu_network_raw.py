@@ -14,6 +14,7 @@ import pytest
 from convolab import data
 from convolab.check import rel_l2
 from convolab.conv_cpu import reference_forward
+from convolab.errors import InputError
 from convolab.models import MODELS, build, spec
 from convolab.precision import TOLERANCE
 
@@ -135,16 +136,17 @@ def test_streaming_raw_host_equals_device_forward(pinned: bool,
     np.testing.assert_array_equal(probs, single)
     labels = net.forward_chunks(raw, chunk=chunk, streams=2, labels=True)
     np.testing.assert_array_equal(labels, single.argmax(1))
-    got, rate = net.throughput(raw, chunk=chunk, labels=True)
+    got, rate = net.throughput(raw, chunk=chunk, labels=True, repeats=3)
     np.testing.assert_array_equal(got, labels)
     assert rate > 0
+    with pytest.raises(InputError, match="repeats"):
+        net.throughput(raw, chunk=chunk, repeats=0)
 
 
 @pytest.mark.gpu
 def test_raw_input_is_checked() -> None:
     import cupy as cp
 
-    from convolab.errors import InputError
     from convolab.gpu.network import FusedLeNet
 
     net = FusedLeNet(zoo_params("ece408", 0))
@@ -213,7 +215,8 @@ def test_plan_chains_the_blocks(model: str, mode: str, raw_first: str | None,
     net.model, net.mode, net._kernel_params = model, mode, {}
     net.channels_last = network._channels_last_pair(model, mode)
     net.params = zoo_params(model, 0)
-    monkeypatch.setattr(net, "_float_run", lambda i, block, *_: ("float", i))
+    monkeypatch.setattr(net, "_float_run", lambda i, block: ("float", i))
+    monkeypatch.setattr(net, "_first_run", lambda block, hw, out_dtype: None)
     monkeypatch.setattr(net, "_raw_first_block",
                         lambda block, hw: ("raw", 0) if raw_first == "fused" else None)
     blocks = conv_blocks(model, 5)
@@ -231,3 +234,86 @@ def test_plan_chains_the_blocks(model: str, mode: str, raw_first: str | None,
         cl = net.channels_last and block is blocks[0]
         assert out.shape == ((5, hp, wp, s.M) if cl else (5, s.M, hp, wp))
         assert out.dtype == (np.float16 if cl else np.float32)
+
+
+class _FakeRun:
+    """A prepared run as the plan sees it: what it reads and writes, and who it is."""
+
+    def __init__(self, tag: tuple[str, int], in_dtype: str | None = None,
+                 out_dtype: str | None = None) -> None:
+        self.tag = tag
+        if in_dtype:
+            self.in_dtype = in_dtype
+        if out_dtype:
+            self.out_dtype = out_dtype
+
+    def __call__(self, x: object, out: object) -> None:
+        raise AssertionError("not run in the plan test")
+
+
+def _fake_net(model: str, mode: str) -> object:
+    from types import SimpleNamespace
+
+    from convolab.gpu import network
+
+    net = object.__new__(network.FusedLeNet)
+    net._cp = SimpleNamespace(empty=np.empty, float16=np.float16, float32=np.float32)
+    net.model, net.mode, net._kernel_params = model, mode, {}
+    net.channels_last = network._channels_last_pair(model, mode)
+    net.params = zoo_params(model, 0)
+    return net
+
+
+@pytest.mark.parametrize("model", ZOO)
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("next_reads", ["float32", "float16"])
+@pytest.mark.parametrize("first_writes", ["asked", "float32"])
+def test_plan_buffer_dtype_follows_the_next_run(model: str, raw: bool, next_reads: str,
+                                                first_writes: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rung 29 as the first run (raw or float input): the buffer after it has the dtype the
+    next run declares it reads (`in_dtype`), which the first run is asked to write; a first run
+    that writes fp32 anyway gets a cast run and an fp16 buffer after it."""
+    from convolab.gpu import network
+    from convolab.models import conv_blocks
+
+    net = _fake_net(model, "fp16")
+    if net.channels_last:
+        pytest.skip("ece408's fp16 pair has its own channels-last buffer")
+    asked: list[str] = []
+
+    def first_run(block: object, hw: object, out_dtype: str) -> _FakeRun:
+        asked.append(out_dtype)
+        assert hw == (RAW_HW if raw else None)
+        return _FakeRun(("first", 0), out_dtype=out_dtype if first_writes == "asked"
+                        else "float32")
+
+    monkeypatch.setattr(net, "_first_run", first_run)
+    monkeypatch.setattr(net, "_float_run", lambda i, block: _FakeRun(
+        ("float", i), in_dtype=next_reads if i == 1 else None))
+    monkeypatch.setattr(net, "_raw_first_block", lambda block, hw: pytest.fail("not asked"))
+    blocks = conv_blocks(model, 7)
+    runs, buffers = net._new_plan(7, RAW_HW if raw else None)
+    assert asked == [next_reads]
+    cast = first_writes == "float32" and next_reads == "float16"
+    assert [getattr(r, "tag", r) for r in runs] == (
+        [("first", 0)] + ([network.cast_into] if cast else [])
+        + [("float", i) for i in range(1, len(blocks))])
+    assert len(buffers) == len(runs) + 1 and buffers[0] is None
+    s, pool = blocks[0].shape, blocks[0].pool
+    pooled = (7, s.M, s.H_out // pool, s.W_out // pool)
+    assert buffers[1].shape == pooled
+    assert buffers[1].dtype == (np.float16 if next_reads == "float16" and not cast
+                                else np.float32)
+    if cast:
+        assert buffers[2].shape == pooled and buffers[2].dtype == np.float16
+    assert all(b.dtype == np.float32 for b in buffers[2 + cast:])
+
+
+def test_cast_into_rounds_to_nearest_even(rng: np.random.Generator) -> None:
+    from convolab.gpu.network import cast_into
+
+    src = rng.standard_normal((3, 5, 7)).astype(np.float32) * 1e3
+    out = np.empty(src.shape, np.float16)
+    cast_into(src, out)
+    assert np.array_equal(out.view(np.uint16), src.astype(np.float16).view(np.uint16))

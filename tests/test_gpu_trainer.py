@@ -16,8 +16,7 @@ from convolab.gpu import trainer as tr
 from convolab.network import CrossEntropyLoss
 from convolab.optim import SGD, Adam
 
-# Through four layers in fp32 (sums over up to 1024 terms and a whole batch) against float64.
-GRAD_TOL = 1e-4
+GRAD_TOL = tr.GRADIENT_TOLERANCE
 
 
 # ------------------------------------------------------------------ host plan (CPU)
@@ -139,27 +138,41 @@ def test_fused_step_matches_cpu_layers(rng, smoothing: float) -> None:
         assert rel_l2(grads[name], ref) < GRAD_TOL, name
 
 
+def fd_errors(t: tr.Trainer, raw: np.ndarray, labels: np.ndarray, grads: dict, names: list[str],
+              rng: np.random.Generator, directions: int = 5) -> list[float]:
+    """|numeric - analytic| / |analytic| of the directional derivative of the device's own
+    loss (evaluate: the same images, no smoothing) along `directions` random directions over
+    the parameters `names`, by central differences of step 1e-2 (parameter-space norm)."""
+    params = t.state_dict()
+    dev = t.upload(raw, labels)
+    errors = []
+    for _ in range(directions):
+        direction = {k: rng.standard_normal(params[k].shape) for k in names}
+        h = 1e-2 / math.sqrt(sum(float((d**2).sum()) for d in direction.values()))
+
+        def loss_at(sign: float, direction: dict = direction, h: float = h) -> float:
+            t.load_params({k: (v + sign * h * direction[k]).astype(np.float32)
+                           if k in direction else v for k, v in params.items()})
+            return t.evaluate(*dev).loss
+
+        numeric = (loss_at(1.0) - loss_at(-1.0)) / (2 * h)
+        analytic = sum(float((grads[k].astype(np.float64) * direction[k]).sum()) for k in names)
+        errors.append(abs(numeric - analytic) / max(abs(analytic), 1e-2))
+    t.load_params(params)
+    return errors
+
+
 @pytest.mark.gpu
 def test_fused_gradient_matches_finite_differences(rng) -> None:
-    """The directional derivative of the device's own loss along a random direction."""
-    t, raw, labels = _trainer(rng, 16, 16)
-    index = np.arange(16)
-    loss, grads = t.gradients(index)
-    params = t.state_dict()
-    direction = {k: rng.standard_normal(v.shape) for k, v in params.items()}
-    norm = math.sqrt(sum(float((d**2).sum()) for d in direction.values()))
-    h = 1e-2 / norm
+    """The directional derivative of the device's own loss along random directions. The loss
+    is only piecewise smooth (max-pool argmax, ReLU): a direction that crosses a few kinks
+    misses by a few percent (4 % seen once on the H100; in float64 on the CPU 0.1-1 % typical,
+    outliers to 4 %), so the median of five directions must be within 3 %."""
+    t, raw, labels = _trainer(rng, 16, 16, smoothing=0.0)
+    loss, grads = t.gradients(np.arange(16))
+    errors = fd_errors(t, raw, labels, grads, list(grads), rng)
+    assert float(np.median(errors)) <= 3e-2, errors
     raw_dev, labels_dev = t.upload(raw, labels)
-
-    def loss_at(sign: float) -> float:
-        t.load_params({k: (v + sign * h * direction[k]).astype(np.float32)
-                       for k, v in params.items()})
-        return t.evaluate(raw_dev, labels_dev).loss
-
-    numeric = (loss_at(1.0) - loss_at(-1.0)) / (2 * h)
-    analytic = sum(float((grads[k].astype(np.float64) * direction[k]).sum()) for k in grads)
-    assert numeric == pytest.approx(analytic, rel=3e-2, abs=1e-3)
-    t.load_params(params)
     assert t.evaluate(raw_dev, labels_dev).loss == pytest.approx(loss, rel=1e-5)
 
 
@@ -197,7 +210,7 @@ def test_epochs_are_bit_reproducible_and_learn() -> None:
         raw, labels = data.load_split("train", limit=3000)
     except Exception as err:  # noqa: BLE001 - any missing dataset skips
         pytest.skip(f"Fashion-MNIST not available: {err}")
-    recipe = tr.Recipe(epochs=3, batch=64, lr=3e-3, mirror=True)
+    recipe = tr.Recipe(epochs=3, batch=64, lr=3e-3, mirror=True, smoothing=0.0)
     runs = []
     for graph in (True, False):  # the captured epoch and the same launches from Python
         t = tr.Trainer(raw[:2500], labels[:2500], recipe, seed=3, graph=graph)

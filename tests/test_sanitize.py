@@ -48,11 +48,24 @@ def test_list_names_every_gpu_impl_without_cupy_or_numba() -> None:
     from convolab.precision import NETWORK_MODES
 
     required = {f"network:ece408:{mode}{raw}" for mode in NETWORK_MODES for raw in ("", ":raw")}
-    required |= {f"network:{model}:exact:raw" for model in MODELS}
+    required |= {f"network:{model}:{mode}:raw" for model in MODELS for mode in NETWORK_MODES}
     required |= {"head:imgs16", "resize_u8"}
+    from convolab.precision import TRAIN_MODES
+
+    required |= {f"trainer:{mode}:{what}" for mode in TRAIN_MODES
+                 for what in ("forward", "adam", "sgd")}
     assert required <= names, required - names
     assert any(n.startswith("backward:conv") for n in names)
     assert any(n.startswith("backward:pool") for n in names)
+
+
+def test_only_selects_launches_by_name(sanitize) -> None:
+    chosen = sanitize.selected("^network:|resize")
+    assert chosen and all(c.name.startswith("network:") or "resize" in c.name for c in chosen)
+    assert len(sanitize.selected(None)) > len(chosen)
+    assert all(c.name.startswith("trainer") for c in sanitize.selected("^trainer"))
+    with pytest.raises(ValueError, match="no launch name matches"):
+        sanitize.selected("no-launch-is-called-this")
 
 
 def test_every_gpu_impl_gets_a_shape_it_supports(sanitize) -> None:

@@ -12,7 +12,7 @@ import typer
 
 from convolab.data import SPLIT_SIZES
 from convolab.errors import ConvolabError
-from convolab.precision import MODE_ALIASES
+from convolab.precision import MODE_ALIASES, TRAIN_MODES
 
 app = typer.Typer(
     name="convolab",
@@ -231,7 +231,7 @@ def info(data_dir: DataDirOpt = None) -> None:
 def train(
     model: ModelOpt = "ece408",
     epochs: Annotated[int | None, typer.Option(
-        help="passes over the 60,000 training images (default 3; the fused engine's recipe: 10)"
+        help="passes over the 60,000 training images (default 3; the fused engine's recipe: 8)"
     )] = None,
     batch: Annotated[
         int | None, typer.Option("--batch", "-b", help="mini-batch: images per optimizer step "
@@ -252,8 +252,15 @@ def train(
     speedrun: Annotated[bool, typer.Option(
         "--speedrun", help="fused engine: evaluate the test set once, at the end, and print "
                            "the time to 0.91 test accuracy")] = False,
+    seeds: Annotated[int, typer.Option(
+        help="--speedrun: train seeds SEED..SEED+N-1 and print the mean, min and max of time "
+             "and accuracy (N > 1 writes no weights)")] = 1,
+    json_out: JsonOpt = None,
+    mode: Annotated[str | None, typer.Option(
+        "--mode", help=f"fused engine: {', '.join(TRAIN_MODES)} (the conv forwards on tensor "
+                       "cores for tf32/bf16; fp32 master weights; default exact)")] = None,
     smoothing: Annotated[float | None, typer.Option(
-        help="fused engine: label smoothing of the cross-entropy, in [0, 1) (recipe: 0)")] = None,
+        help="fused engine: label smoothing of the cross-entropy, in [0, 1) (recipe: 0.1)")] = None,
     mirror: Annotated[bool | None, typer.Option(
         "--mirror/--no-mirror", help="fused engine: flip a random half of each batch left to "
                                      "right (recipe: off)")] = None,
@@ -278,9 +285,11 @@ def train(
     dev = resolve_device(device)
     chosen = run.pick_engine(engine, dev, model)
     run.check_options(*run.resolve_options(chosen, epochs, batch, lr), optimizer, seed, limit)
-    run.check_recipe_options(chosen, smoothing, mirror)
-    out_path = out if out is not None else run.default_out(model)
-    run.plan_files(out_path, force)
+    run.check_recipe_options(chosen, smoothing, mirror, mode)
+    run.check_speedrun_options(chosen, speedrun, seeds, json_out, out if seeds > 1 else None)
+    out_path = out if out is not None else (None if seeds > 1 else run.default_out(model))
+    if out_path is not None:
+        run.plan_files(out_path, force)
     run.main(
         model=model,
         epochs=epochs,
@@ -297,6 +306,9 @@ def train(
         speedrun=speedrun,
         smoothing=smoothing,
         mirror=mirror,
+        mode=mode,
+        seeds=seeds,
+        json_out=json_out,
     )
 
 
@@ -325,12 +337,17 @@ def bench(
         bool, typer.Option("--network", help="whole-network forward instead of per layer")
     ] = False,
     train: Annotated[
-        bool, typer.Option("--train", help="training-step throughput of the fused GPU trainer "
-                           "against PyTorch eager and torch.compile (batch 256 and 4096)")
+        bool, typer.Option("--train", help="training-step throughput of the GPU training "
+                           "engines against PyTorch eager and torch.compile (batch 256 and 4096)")
     ] = False,
+    engine: Annotated[
+        list[str] | None,
+        typer.Option("--engine", help="--train: fused or framework, repeatable (default both)"),
+    ] = None,
     variant: Annotated[
         list[str] | None,
-        typer.Option("--variant", help="--network: MODE[:layer.key=value,...], repeatable"),
+        typer.Option("--variant", help="--network: MODE[:layer.key=value,...]; --train: a "
+                     "trainer mode (exact, tf32, bf16); repeatable"),
     ] = None,
     shapes: Annotated[
         str | None, typer.Option(help="model, seeds, vgg or all (default: model)")
@@ -363,12 +380,17 @@ def bench(
 
         if plan is not None or network:
             fail("--train times training steps: it takes no --plan or --network")
+        modes, engines = variant or tuple(TRAIN_MODES), engine or train_bench.ENGINES
+        train_bench.check_choices(modes, engines)
         resolve_device("gpu")
         if batch is not None:
             check_batch(batch, limit=4096)
         train_bench.main((batch,) if batch is not None else train_bench.BATCHES,
-                         reps if reps is not None else BENCH_REPS, out)
+                         reps if reps is not None else BENCH_REPS, out, modes=tuple(modes),
+                         engines=tuple(engines))
         return
+    if engine:
+        fail("--engine picks the training engines of --train")
     if plan is not None:
         given = [flag for flag, value in (("--impl", impl), ("--shape", shape),
                                           ("--variant", variant), ("--shapes", shapes),

@@ -29,6 +29,12 @@ NETWORK_MODES: dict[str, str] = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"
 # rungs join fp16).
 TUNE_MODES: tuple[str, ...] = ("fp32", "tf32", "fp16")
 
+# Modes of the fused trainer (`convolab train --mode`, `Trainer(mode=...)`): 'exact' is fp32
+# FFMA throughout; 'tf32' and 'bf16' run both convolution forwards on tensor cores with operands
+# rounded to that precision (fp32 accumulate). The head, the backward kernels and the optimizer
+# stay fp32, and the master weights are fp32 in every mode (docs/training.md says why).
+TRAIN_MODES: dict[str, str] = {"exact": "fp32", "tf32": "tf32", "bf16": "bf16"}
+
 # What `--mode` accepts on the command line: the network modes plus one friendly alias.
 MODE_ALIASES: dict[str, str] = {**{m: m for m in NETWORK_MODES}, "tensor-core": "fp16"}
 
@@ -48,3 +54,10 @@ def network_mode(name: str) -> str:
         return MODE_ALIASES[name]
     except KeyError:
         raise ValueError(f"mode must be one of {', '.join(MODE_ALIASES)}, not {name!r}") from None
+
+
+def train_mode(name: str) -> str:
+    """A trainer `--mode` -> the same name, checked (raises ValueError naming the options)."""
+    if name not in TRAIN_MODES:
+        raise ValueError(f"mode must be one of {', '.join(TRAIN_MODES)}, not {name!r}")
+    return name

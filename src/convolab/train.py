@@ -10,6 +10,7 @@ import datetime as dt
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ ENGINES = ("fused", "framework")
 # (gpu/trainer.py RECIPE, chosen on a validation split: docs/training.md).
 FRAMEWORK_DEFAULTS = {"epochs": 3, "batch": 64, "lr": 1e-3}
 SPEEDRUN_TARGET = 0.91
+SPEEDRUN_FLOOR = 0.905  # what every seed of a multi-seed speedrun must reach (the issue's bar)
 
 
 def sidecar_path(out: Path) -> Path:
@@ -209,13 +211,58 @@ def resolve_options(engine: str, epochs: int | None, batch: int | None, lr: floa
             defaults["lr"] if lr is None else lr)
 
 
-def check_recipe_options(engine: str, smoothing: float | None, mirror: bool | None) -> None:
-    """Label smoothing and mirroring exist in the fused engine's recipe only."""
-    if engine != "fused" and (smoothing is not None or mirror is not None):
-        raise ConvolabError("--smoothing/--mirror are options of the fused engine (ece408 on "
-                            "the GPU); the framework engine has neither")
+def check_recipe_options(engine: str, smoothing: float | None, mirror: bool | None,
+                         mode: str | None = None) -> None:
+    """Label smoothing, mirroring and the precision mode exist in the fused engine only."""
+    from convolab.precision import train_mode
+
+    if engine != "fused" and (smoothing is not None or mirror is not None or mode is not None):
+        raise ConvolabError("--smoothing/--mirror/--mode are options of the fused engine "
+                            "(ece408 on the GPU); the framework engine has none of them")
     if smoothing is not None and not (math.isfinite(smoothing) and 0.0 <= smoothing < 1.0):
         raise ConvolabError(f"--smoothing must be in [0, 1), got {smoothing}")
+    if mode is not None:
+        try:
+            train_mode(mode)
+        except ValueError as err:
+            raise ConvolabError(f"--{err}") from None
+
+
+def check_speedrun_options(engine: str, speedrun: bool, seeds: int, json_out: Path | None,
+                           out: Path | str | None) -> Path | None:
+    """--seeds and --json belong to --speedrun; several seeds measure and write no weights.
+    Returns the checked --json path."""
+    if speedrun and engine != "fused":
+        raise ConvolabError("--speedrun needs the fused engine (--device gpu, model ece408)")
+    if (seeds != 1 or json_out is not None) and not speedrun:
+        raise ConvolabError("--seeds and --json report a speedrun: add --speedrun")
+    if seeds < 1:
+        raise ConvolabError(f"--seeds must be 1 or more, got {seeds}")
+    if seeds > 1 and out is not None:
+        raise ConvolabError("--seeds N measures N runs and writes no weights: --out does not "
+                            "apply (the runs go to --json)")
+    return outputs.check_file(json_out, "--json") if json_out is not None else None
+
+
+def speedrun_summary(accuracy: Sequence[float], seconds: Sequence[float]) -> dict[str, Any]:
+    """Mean, min and max of the runs' test accuracy and time, and how many reached the target
+    (SPEEDRUN_TARGET) and the floor every seed must clear (SPEEDRUN_FLOOR)."""
+    acc, sec = np.asarray(accuracy, np.float64), np.asarray(seconds, np.float64)
+    if acc.size == 0 or acc.shape != sec.shape:
+        raise ValueError("speedrun_summary needs one time per accuracy, at least one run")
+    return {"runs": int(acc.size), "accuracy_mean": float(acc.mean()),
+            "accuracy_min": float(acc.min()), "accuracy_max": float(acc.max()),
+            "seconds_mean": float(sec.mean()), "seconds_min": float(sec.min()),
+            "seconds_max": float(sec.max()), "reached": int((acc >= SPEEDRUN_TARGET).sum()),
+            "above_floor": int((acc >= SPEEDRUN_FLOOR).sum())}
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    s = summary
+    return (f"test accuracy mean {s['accuracy_mean']:.4f} (min {s['accuracy_min']:.4f}, max "
+            f"{s['accuracy_max']:.4f}; {s['reached']}/{s['runs']} >= {SPEEDRUN_TARGET}, "
+            f"{s['above_floor']}/{s['runs']} >= {SPEEDRUN_FLOOR}), seconds mean "
+            f"{s['seconds_mean']:.2f} (min {s['seconds_min']:.2f}, max {s['seconds_max']:.2f})")
 
 
 def main(model: str = "ece408", epochs: int | None = None, batch: int | None = None,
@@ -224,7 +271,8 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
          data_dir: Path | str | None = None, quiet: bool = False,
          test_limit: int | None = None, force: bool = False, engine: str | None = None,
          speedrun: bool = False, smoothing: float | None = None,
-         mirror: bool | None = None) -> dict[str, Any]:
+         mirror: bool | None = None, mode: str | None = None, seeds: int = 1,
+         json_out: Path | None = None) -> dict[str, Any]:
     """Train, evaluate on the 10k test images after each epoch, write weights + JSON sidecar.
 
     `out` defaults to ./<model>.safetensors; the shipped weights are replaced only with
@@ -232,34 +280,47 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
     prints nothing. Options and output paths are checked before anything is loaded. On the
     GPU, ece408 trains through the fused kernels (`engine` 'fused', gpu/trainer.py) unless
     `engine` is 'framework'; `speedrun` (fused only) evaluates the test set once, at the end,
-    and reports the time to SPEEDRUN_TARGET."""
-    spec = models.spec(model)
+    and reports the time to SPEEDRUN_TARGET; with `seeds` > 1 it trains seeds seed, seed + 1,
+    ... and reports their mean, min and max (`speedrun_runs`), writing no weights. `mode`
+    (fused only, precision.TRAIN_MODES) picks the conv forwards' arithmetic."""
+    models.spec(model)
     engine = pick_engine(engine, device, model)
     epochs, batch, lr = resolve_options(engine, epochs, batch, lr)
     check_options(epochs, batch, lr, optimizer, seed, limit)
-    check_recipe_options(engine, smoothing, mirror)
-    if speedrun and engine != "fused":
-        raise ConvolabError("--speedrun needs the fused engine (--device gpu, model ece408)")
+    check_recipe_options(engine, smoothing, mirror, mode)
+    json_out = check_speedrun_options(engine, speedrun, seeds, json_out,
+                                      out if seeds > 1 else None)
+    if engine == "fused":
+        recipe = fused_recipe(epochs, batch, lr, optimizer, smoothing, mirror)
+        if seeds > 1:
+            return speedrun_runs(recipe, seed, seeds, mode or "exact", limit, data_dir,
+                                 test_limit, quiet, json_out)
     out, sidecar = plan_files(out if out is not None else default_out(model), force)
     command = command_line(model, epochs, batch, lr, optimizer, seed, device, limit, out, engine)
     if engine == "fused":
-        from convolab.gpu.trainer import RECIPE
-        recipe = dataclasses.replace(RECIPE, epochs=epochs, batch=batch, lr=lr,
-                                     optimizer=optimizer)
-        if smoothing is not None:
-            recipe = dataclasses.replace(recipe, smoothing=float(smoothing))
-        if mirror is not None:
-            recipe = dataclasses.replace(recipe, mirror=bool(mirror))
-        command += "".join([f" --smoothing {recipe.smoothing:g}" if recipe.smoothing else "",
-                            " --mirror" if recipe.mirror else ""])
+        command += recipe_flags(recipe, mode)
         result, state = _main_fused(model, recipe, seed, limit, data_dir, test_limit, quiet,
-                                    speedrun)
+                                    speedrun, mode or "exact")
         result.update({"command": command, "device": device, "engine": engine})
+        if json_out is not None:
+            outputs.write_json(json_out, _speedrun_report([result], recipe, mode or "exact"))
         network = models.build(model, seed)
         for name, value in state.items():
             network.set_param(name, value)
         return _finish(network, out, sidecar, result, command, quiet)
 
+    network, result = _main_framework(model, epochs, batch, lr, optimizer, seed, device, limit,
+                                      data_dir, test_limit, quiet)
+    result.update({"command": command, "engine": engine})
+    return _finish(network, out, sidecar, result, command, quiet)
+
+
+def _main_framework(model: str, epochs: int, batch: int, lr: float, optimizer: str, seed: int,
+                    device: str, limit: int | None, data_dir: Path | str | None,
+                    test_limit: int | None, quiet: bool) -> tuple[Network, dict[str, Any]]:
+    """The framework engine (the layers on NumPy or CuPy arrays): (the trained network, the
+    sidecar's record without its command)."""
+    spec = models.spec(model)
     x_train, y_train = data.load_images("train", n=limit, size=spec.input_size, data_dir=data_dir)
     x_test, y_test = data.load_images("test", n=test_limit, size=spec.input_size,
                                       data_dir=data_dir)
@@ -290,17 +351,71 @@ def main(model: str = "ece408", epochs: int | None = None, batch: int | None = N
         if not quiet:
             console.print(f"epoch {epoch}: loss {loss:.4f}, train acc {acc:.4f}, test acc "
                           f"{test_acc:.4f} ({len(x_test)} images), {seconds:.1f} s")
-
-    result = {
-        "model": model, "command": command, "seed": seed, "epochs": epochs, "batch": batch,
+    return network, {
+        "model": model, "seed": seed, "epochs": epochs, "batch": batch,
         "lr": lr, "optimizer": optimizer, "schedule": "cosine", "device": device,
-        "engine": engine,
         "train_images": n, "test_images": len(x_test),
         "test_accuracy": history[-1]["test_accuracy"], "history": history,
         "date": dt.date.today().isoformat(), "convolab_version": __version__,
         "cpu_threads": os.cpu_count(),
     }
-    return _finish(network, out, sidecar, result, command, quiet)
+
+
+def fused_recipe(epochs: int, batch: int, lr: float, optimizer: str, smoothing: float | None,
+                 mirror: bool | None) -> Any:
+    """gpu/trainer.py's RECIPE with the options given on the command line."""
+    from convolab.gpu.trainer import RECIPE
+
+    recipe = dataclasses.replace(RECIPE, epochs=epochs, batch=batch, lr=lr, optimizer=optimizer)
+    if smoothing is not None:
+        recipe = dataclasses.replace(recipe, smoothing=float(smoothing))
+    if mirror is not None:
+        recipe = dataclasses.replace(recipe, mirror=bool(mirror))
+    return recipe
+
+
+def recipe_flags(recipe: Any, mode: str | None) -> str:
+    """The fused engine's flags of the canonical command line: smoothing and mirroring always
+    (so that the command reproduces the run whatever the defaults become), the mode unless
+    exact."""
+    return "".join([f" --smoothing {recipe.smoothing:g}",
+                    " --mirror" if recipe.mirror else " --no-mirror",
+                    f" --mode {mode}" if mode not in (None, "exact") else ""])
+
+
+def _speedrun_report(runs: list[dict[str, Any]], recipe: Any, mode: str) -> dict[str, Any]:
+    from convolab.gpu.device import gpu_name
+
+    return {"what": "speedrun", "device": gpu_name(), "date": dt.date.today().isoformat(),
+            "convolab_version": __version__, "mode": mode, "recipe": recipe.as_dict(),
+            "target": SPEEDRUN_TARGET, "floor": SPEEDRUN_FLOOR,
+            "summary": speedrun_summary([r["test_accuracy"] for r in runs],
+                                        [r["speedrun_seconds"] for r in runs]),
+            "runs": runs}
+
+
+def speedrun_runs(recipe: Any, first_seed: int, seeds: int, mode: str, limit: int | None,
+                  data_dir: Path | str | None, test_limit: int | None, quiet: bool,
+                  json_out: Path | None) -> dict[str, Any]:
+    """`seeds` speedruns of one recipe (seeds first_seed, first_seed + 1, ...): each run's line,
+    then the summary; the report (runs and summary) to `json_out` if given."""
+    from convolab.gpu.trainer import MODEL
+
+    runs = []
+    for seed in range(first_seed, first_seed + seeds):
+        result, _ = _main_fused(MODEL, recipe, seed, limit, data_dir, test_limit, True,
+                                True, mode)
+        runs.append(result)
+        if not quiet:
+            console.print(f"seed {seed}: test accuracy {result['test_accuracy']:.4f} in "
+                          f"{result['speedrun_seconds']:.2f} s")
+    report = _speedrun_report(runs, recipe, mode)
+    if not quiet:
+        console.print(f"speedrun, {seeds} seeds ({first_seed}-{first_seed + seeds - 1}), mode "
+                      f"{mode}: {summary_line(report['summary'])}")
+    if json_out is not None:
+        outputs.write_json(json_out, report)
+    return report
 
 
 def _finish(network: Network, out: Path, sidecar: Path, result: dict[str, Any], command: str,
@@ -313,16 +428,17 @@ def _finish(network: Network, out: Path, sidecar: Path, result: dict[str, Any], 
 
 def _main_fused(model: str, recipe: Any, seed: int, limit: int | None,
                 data_dir: Path | str | None, test_limit: int | None, quiet: bool,
-                speedrun: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+                speedrun: bool, mode: str = "exact"
+                ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The fused GPU engine: (the sidecar's record, the trained parameters)."""
     from convolab.gpu.trainer import Trainer
 
     raw, labels = data.load_split("train", data_dir=data_dir, limit=limit)
     raw_test, labels_test = data.load_split("test", data_dir=data_dir, limit=test_limit)
-    trainer = Trainer(raw, labels, recipe, seed, model)
+    trainer = Trainer(raw, labels, recipe, seed, model, mode=mode)
     test = trainer.upload(raw_test, labels_test)
     if not quiet:
-        console.print(f"training {model} on {len(raw)} images (fused GPU kernels, "
+        console.print(f"training {model} on {len(raw)} images (fused GPU kernels, mode {mode}, "
                       f"{trainer.steps} steps an epoch), {recipe.epochs} epochs, batch "
                       f"{recipe.batch}, {recipe.optimizer} lr {recipe.lr:g} ({recipe.schedule}, "
                       f"warm-up {recipe.warmup:g}), seed {seed}")
@@ -350,7 +466,8 @@ def _main_fused(model: str, recipe: Any, seed: int, limit: int | None,
     result = {
         "model": model, "seed": seed, "epochs": recipe.epochs, "batch": recipe.batch,
         "lr": recipe.lr, "optimizer": recipe.optimizer, "schedule": recipe.schedule,
-        "recipe": recipe.as_dict(), "train_images": len(raw), "test_images": len(raw_test),
+        "recipe": recipe.as_dict(), "mode": mode, "train_images": len(raw),
+        "test_images": len(raw_test),
         "test_accuracy": final["test_accuracy"], "history": history,
         "train_seconds": train_seconds,
         "date": dt.date.today().isoformat(), "convolab_version": __version__,

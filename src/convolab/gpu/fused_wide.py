@@ -321,6 +321,7 @@ def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any
     from convolab.gpu.device import occupancy, sm_count
 
     plan = wide_plan(shape, pool, precision, params, in_dtype)
+    in_name = _in_dtype_name(in_dtype)
     w_h = np.asarray(to_numpy(weight), np.float32)
     if w_h.shape != shape.w_shape:
         raise InputError(f"fcp_wide: weights have shape {w_h.shape}, {shape} needs "
@@ -345,6 +346,7 @@ def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any
             kernel(grid, (threads,), (x, frag, b_d, y, batch), shared_mem=plan.smem)
 
     run.grid = grid  # type: ignore[attr-defined]  # for tests and benchmarks
+    run.in_dtype = in_name  # type: ignore[attr-defined]  # FusedLeNet's plan reads it
     return run
 
 
@@ -353,6 +355,12 @@ def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any
 # Exact mode's precision on rung 28 (None: exact stays on the FFMA rung). 3xTF32 keeps fp32
 # accuracy; see docs/raw.md for its times against the FFMA rung on the wide models' conv2.
 EXACT_PRECISION: str | None = "3xtf32"
+
+
+def network_in_dtype(precision: str) -> str:
+    """What rung 28 reads in the fused network: fp16 where its operands are fp16 anyway (the
+    block before writes fp16, or a cast follows it: the same rounding, half the bytes)."""
+    return "float16" if precision == "fp16" else "float32"
 
 
 def network_precision(shape: ConvShape, pool: int, precision: str) -> str | None:

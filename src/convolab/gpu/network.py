@@ -8,12 +8,15 @@ For ece408:
     C3 conv 4->16 K7 + ReLU + pool 4   15 fp32, 18 tf32; 19 in mode 'fp16')
     F5 + ReLU, F6, softmax            kernel 20, kernels/20_lenet_head.cu: 10 floats out
 
-and rung 28 (gpu/fused_wide.py) for the blocks rungs 17/18 do not take (the wider models'
-conv2), in every mode (3xTF32 in 'exact').
-
-and kernel 30 (gpu/dense_head.py) is the head of the other models. The only full-size
-intermediates are the pooled maps between blocks (ece408: 25.6 KB an image in fp32 NCHW; in
-mode 'fp16' ece408's pair passes it as fp16 channels-last, 12.8 KB: gpu/fused_cl.py).
+and kernel 30 (gpu/dense_head.py) is the head of the other models. The wider models' first
+block (one input channel, 12 output channels) runs rung 29 (gpu/fused_first.py: FFMA, or fp16
+tensor cores in mode 'fp16'). The only full-size intermediates are the pooled maps between
+blocks (ece408: 25.6 KB an image in fp32 NCHW; in mode 'fp16' ece408's pair passes it as fp16
+channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
+(`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
+writes directly (elsewhere a cast follows the block that writes it).
+Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
+in every mode (3xTF32 in 'exact'), reading the map before it in fp16 in mode 'fp16'.
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
@@ -41,6 +44,7 @@ from convolab.errors import ConvolabError, InputError
 from convolab.gpu.lenet_head import HEAD_DEFAULT_IMGS, head_defines, prepare_head
 from convolab.models import MODELS, ConvBlock, conv_blocks, head_layers, param_shapes, spec
 from convolab.precision import NETWORK_MODES
+from convolab.shapes import positive_int
 
 MODEL = "ece408"  # the default model (the course network)
 # Share of the free device memory one forward's buffers may take: the rest is left for the
@@ -223,34 +227,64 @@ class FusedLeNet:
     def _new_plan(self, batch: int,
                   raw_hw: tuple[int, int] | None) -> tuple[list[Callable], list[Any]]:
         """Prepared conv runs and the buffers between them, for one batch size: runs[i] reads
-        buffers[i] (buffers[0] is the input, given per call) and writes buffers[i + 1]."""
+        buffers[i] (buffers[0] is the input, given per call) and writes buffers[i + 1].
+
+        The later blocks are prepared first: what each reads (`in_dtype`, fp32 unless its run
+        declares fp16) is what the block before it writes, where that block can (rung 29);
+        where it cannot, a cast follows it."""
         cp = self._cp
         blocks = conv_blocks(self.model, batch)
+        later = [self._float_run(i, block) for i, block in enumerate(blocks) if i > 0]
+        reads = [_in_dtype(run) for run in later] + ["float32"]  # the head reads fp32
         runs: list[Callable] = []
         buffers: list[Any] = [None]
-        first = self._raw_first_block(blocks[0], raw_hw) if raw_hw is not None else None
-        if raw_hw is not None and first is None:  # no on-chip resize there: rung 25 first
-            from convolab.gpu.resize import resize_u8
+        first = self._first_run(blocks[0], raw_hw, reads[0])
+        if first is None and raw_hw is not None:
+            first = self._raw_first_block(blocks[0], raw_hw)
+            if first is None:  # no on-chip resize there: rung 25 first
+                from convolab.gpu.resize import resize_u8
 
-            size = blocks[0].shape.H
-            runs.append(lambda raw, out: resize_u8(raw, size, out=out))
-            buffers.append(cp.empty(blocks[0].shape.x_shape, cp.float32))
-        for i, block in enumerate(blocks):
+                size = blocks[0].shape.H
+                runs.append(lambda raw, out: resize_u8(raw, size, out=out))
+                buffers.append(cp.empty(blocks[0].shape.x_shape, cp.float32))
+        if first is None:
+            first = self._float_run(0, blocks[0])
+        for i, (block, run) in enumerate(zip(blocks, [first, *later], strict=True)):
             b = block.shape
             hp, wp = b.H_out // block.pool, b.W_out // block.pool
-            cl_map = self.channels_last and i == 0  # fp16 channels-last pooled C1 map
-            out = (cp.empty((batch, hp, wp, b.M), cp.float16) if cl_map
-                   else cp.empty((batch, b.M, hp, wp), cp.float32))
-            source = buffers[-1]  # what this block reads: fp16 NCHW where rung 28 takes it
-            in_dtype = np.float32 if source is None else source.dtype
-            runs.append(first if i == 0 and first is not None else
-                        self._float_run(i, block, in_dtype))
-            buffers.append(out)
+            runs.append(run)
+            if self.channels_last and i == 0:  # fp16 channels-last pooled C1 map
+                buffers.append(cp.empty((batch, hp, wp, b.M), cp.float16))
+                continue
+            writes = str(getattr(run, "out_dtype", "float32"))
+            buffers.append(cp.empty((batch, b.M, hp, wp), writes))
+            if writes != reads[i]:
+                runs.append(cast_into)
+                buffers.append(cp.empty((batch, b.M, hp, wp), reads[i]))
         return runs, buffers
 
-    def _float_run(self, i: int, block: ConvBlock, in_dtype: Any = np.float32) -> Callable:
+    def _first_run(self, block: ConvBlock, raw_hw: tuple[int, int] | None,
+                   out_dtype: str) -> Callable | None:
+        """Rung 29 for the first block, from raw bytes or floats, writing `out_dtype` (fp16
+        tensor cores in mode 'fp16', FFMA otherwise): where it takes the shape and measured
+        faster than the block's other kernels (or the block's kernel parameters ask for it:
+        first = 1; first = -1 turns it off); None elsewhere."""
+        from convolab.gpu import fused_first
+
+        kp = self._kernel_params.get(block.name, {})
+        choice = int(kp.get("first") or 0)
+        if (self.channels_last or choice < 0
+                or not fused_first.supports(block.shape, block.pool, raw_hw)
+                or (choice == 0 and not fused_first.preferred(block.shape, block.pool))):
+            return None
+        p = self.params
+        precision = "fp16" if NETWORK_MODES[self.mode] == "fp16" else "fp32"  # tf32: FFMA
+        return fused_first.prepare(block.shape, block.pool, p[f"{block.name}.weight"],
+                                   p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision)
+
+    def _float_run(self, i: int, block: ConvBlock) -> Callable:
         """Block i's run on float input (fp16 channels-last for ece408's fp16 pair; rung 28
-        also reads fp16 NCHW, in_dtype)."""
+        declares the input it reads, fp16 in mode 'fp16')."""
         p, kp = self.params, self._kernel_params.get(block.name, {})
         w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
         if self.channels_last:
@@ -262,7 +296,8 @@ class FusedLeNet:
 
         wide = fused_wide.network_precision(block.shape, block.pool, NETWORK_MODES[self.mode])
         if wide is not None:
-            return fused_wide.prepare(block.shape, w, bias, kp, wide, in_dtype, pool=block.pool)
+            return fused_wide.prepare(block.shape, w, bias, kp, wide,
+                                      fused_wide.network_in_dtype(wide), pool=block.pool)
         return self._block_impl(block).prepare(block.shape, w, bias, kp)
 
     def _block_impl(self, block: ConvBlock) -> Any:
@@ -400,18 +435,23 @@ class FusedLeNet:
                 self.mode, True, self.model, raw_hw)) from None
 
     def throughput(self, x_host: np.ndarray, chunk: int = STREAM_CHUNK,
-                   streams: int = STREAM_SLOTS,
-                   labels: bool = False) -> tuple[np.ndarray, float]:
+                   streams: int = STREAM_SLOTS, labels: bool = False,
+                   repeats: int = 1) -> tuple[np.ndarray, float]:
         """(probabilities or labels, images per second) for a host batch, host to host, wall
-        clock; compiling and first allocations happen before the clock starts."""
+        clock, the median over `repeats` passes; compiling and first allocations happen
+        before the clock starts."""
+        positive_int(repeats, "repeats")
         # Warm every slot (its plan, device and pinned buffers), not just the first.
         warm = x_host[: min(len(x_host), chunk * streams)]
         self.forward_chunks(warm, chunk=chunk, streams=streams, labels=labels)
         self._cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        result = self.forward_chunks(x_host, chunk=chunk, streams=streams, labels=labels)
-        seconds = time.perf_counter() - t0
-        return result, len(x_host) / seconds if seconds > 0 else float("inf")
+        seconds = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            result = self.forward_chunks(x_host, chunk=chunk, streams=streams, labels=labels)
+            seconds.append(time.perf_counter() - t0)
+        median = float(np.median(seconds))
+        return result, len(x_host) / median if median > 0 else float("inf")
 
 
 class _Streamer:
@@ -491,6 +531,18 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
     for job in jobs:
         job.result()
+
+
+def _in_dtype(run: Callable) -> str:
+    """What a prepared conv run reads: the dtype it declares (`run.in_dtype`, e.g. a kernel
+    that reads fp16 activations), else float32."""
+    return str(getattr(run, "in_dtype", "float32"))
+
+
+def cast_into(src: Any, out: Any) -> None:
+    """out[...] = src in out's dtype: between a block that writes fp32 and one that reads
+    fp16 (rounded to nearest even, what the reading kernel would do itself)."""
+    out[...] = src
 
 
 def _raw_hw(x: Any) -> tuple[int, int] | None:

@@ -10,6 +10,9 @@ preallocated buffers:
     35 conv1 backward (dW1) through its pool and ReLU, input re-resized from raw bytes
     36 Adam / SGD over the flat parameter buffer, summing the slices' gradient partials
 
+In the tf32 and bf16 modes 37 and 38 replace 31 and 32: the same outputs, the convolutions on
+tensor cores with operands in that precision (fp32 accumulate, fp32 master weights).
+
 A whole epoch (every step, then a counter update) is captured once as a CUDA graph and
 replayed; the learning rate and Adam's bias corrections come from a per-step table on the
 device, so nothing crosses to the host inside an epoch. The loss and correct count are
@@ -29,6 +32,7 @@ import numpy as np
 
 from convolab import models
 from convolab.errors import ConvolabError
+from convolab.precision import TRAIN_MODES, train_mode
 from convolab.shapes import ceil_div
 
 Array = Any  # cupy.ndarray
@@ -44,13 +48,24 @@ KERNELS = {
     "advance": ("36_train_optim.cu", "train_advance"),
     "clear": ("36_train_optim.cu", "train_clear"),
 }
+# The tensor-core forwards of the tf32 and bf16 modes: 31 and 32's arguments and outputs.
+MMA_FORWARD = {
+    "conv1_fwd": ("37_train_conv1_fwd_mma.cu", "train_conv1_fwd_mma"),
+    "conv2_fwd": ("38_train_conv2_fwd_mma.cu", "train_conv2_fwd_mma"),
+}
+MMA_PREC = {"tf32": 1, "bf16": 2}  # kernels 37 and 38's TRAIN_PREC
 # Threads per block of each kernel, as the .cu files fix them for ece408's shapes.
 THREADS = {"conv1_fwd": 256, "conv2_fwd": 256, "head": 256, "conv2_bwd": 448,
            "conv1_bwd": 256, "optim": 256}
+MMA_THREADS = {"conv1_fwd": 128, "conv2_fwd": 256}
 HEAD_CHUNK = 8  # images per pass of the head kernel (one warp each)
 MODES = {"adam": 0, "sgd": 1, "grad": 2}  # train_optim's `mode`
 SCHEDULES = ("onecycle", "cosine")
 EVAL_BATCH = 1000
+# The backward kernels and the optimizer are fp32 in every mode: each gradient against a float64
+# backward (routed through the same pool argmax bytes) within this rel. L2, through four layers
+# and sums over up to 1024 terms and a whole batch.
+GRADIENT_TOLERANCE = 1e-4
 RAW_SIDE = 28
 
 
@@ -60,13 +75,13 @@ class Recipe:
     docs/training.md). lr is the peak; `warmup` the fraction of steps it ramps up linearly;
     then 'onecycle' decays linearly to 0 and 'cosine' along a half cosine."""
 
-    epochs: int = 10
+    epochs: int = 8
     batch: int = 256
     lr: float = 8e-3
     optimizer: str = "adam"
     schedule: str = "onecycle"
     warmup: float = 0.2
-    smoothing: float = 0.0
+    smoothing: float = 0.1  # label smoothing of the cross-entropy
     weight_decay: float = 0.0
     mirror: bool = False  # random left-right mirroring of training images
     betas: tuple[float, float] = (0.9, 0.999)
@@ -202,10 +217,36 @@ def kernel_defines(model: str = MODEL) -> dict[str, int]:
             "RAW_H": RAW_SIDE, "RAW_W": RAW_SIDE}
 
 
+def check_mode(mode: str) -> str:
+    try:
+        return train_mode(mode)
+    except ValueError as err:
+        raise ConvolabError(str(err)) from None
+
+
+def kernel_files(mode: str) -> dict[str, tuple[str, str]]:
+    """Each launch's (kernel file, entry point) in `mode` (precision.TRAIN_MODES)."""
+    return KERNELS if check_mode(mode) == "exact" else {**KERNELS, **MMA_FORWARD}
+
+
+def mode_defines(mode: str) -> dict[str, int]:
+    """The -D defines of `mode`'s tensor-core forwards (with kernel_defines)."""
+    return {"TRAIN_PREC": MMA_PREC[mode]} if check_mode(mode) != "exact" else {}
+
+
+def threads(key: str, mode: str) -> int:
+    """Threads per block of launch `key` in `mode`."""
+    return MMA_THREADS[key] if check_mode(mode) != "exact" and key in MMA_THREADS else THREADS[key]
+
+
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
     """Every compile this module launches (tests/test_nvcc_compile.py's hook)."""
     files = sorted({f for f, _ in KERNELS.values()})
-    return {f"trainer:{f}": [(f, kernel_defines())] for f in files}
+    jobs = {f"trainer:{f}": [(f, kernel_defines())] for f in files}
+    for f, _ in MMA_FORWARD.values():
+        jobs[f"trainer:{f}"] = [(f, {**kernel_defines(), **mode_defines(m)})
+                                for m in TRAIN_MODES if m != "exact"]
+    return jobs
 
 
 @dataclass
@@ -225,17 +266,18 @@ def _pool_side(model: str) -> tuple[int, int]:
 
 class Trainer:
     """The fused training loop on the current GPU. `raw` (N, 28, 28) uint8 and `labels` are
-    uploaded once; `run_epoch` replays the captured epoch graph."""
+    uploaded once; `run_epoch` replays the captured epoch graph. `mode` (precision.TRAIN_MODES)
+    picks the conv forwards' arithmetic; the weights stay fp32 masters in every mode."""
 
     def __init__(self, raw: np.ndarray, labels: np.ndarray, recipe: Recipe, seed: int = 0,
-                 model: str = MODEL, graph: bool = True) -> None:
+                 model: str = MODEL, graph: bool = True, mode: str = "exact") -> None:
         from convolab.backend import require_cupy
         from convolab.gpu.device import sm_count
         from convolab.gpu.resize import check_raw, device_taps
 
         cp = require_cupy()
         check_raw(raw, "training images")
-        self.recipe, self.model = recipe.check(), model
+        self.recipe, self.model, self.mode = recipe.check(), model, check_mode(mode)
         if recipe.batch > len(raw):
             raise ConvolabError(f"batch {recipe.batch} is larger than the {len(raw)} "
                                 "training images")
@@ -260,7 +302,9 @@ class Trainer:
         from convolab.gpu.compile import get_kernel
 
         defines = kernel_defines(self.model)
-        return {key: get_kernel(f, name, defines) for key, (f, name) in KERNELS.items()}
+        mma = mode_defines(self.mode)
+        return {key: get_kernel(f, name, {**defines, **(mma if key in MMA_FORWARD else {})})
+                for key, (f, name) in kernel_files(self.mode).items()}
 
     def _allocate(self, rows: int) -> None:
         import cupy as cp
@@ -320,11 +364,11 @@ class Trainer:
     def _forward(self, raw: Array, index: Array | None, rows: int, salt: Array | None) -> None:
         null = np.uint64(0)
         k = self.kernels
-        k["conv1_fwd"]((rows,), (THREADS["conv1_fwd"],),
+        k["conv1_fwd"]((rows,), (threads("conv1_fwd", self.mode),),
                        (raw, index if index is not None else null, self.taps,
                         salt if salt is not None else null, self._view("c1.weight"),
                         self._view("c1.bias"), self.pool1, self.arg1))
-        k["conv2_fwd"]((rows,), (THREADS["conv2_fwd"],),
+        k["conv2_fwd"]((rows,), (threads("conv2_fwd", self.mode),),
                        (self.pool1, self._view("c3.weight"), self._view("c3.bias"), self.feat,
                         self.arg2))
 
@@ -378,7 +422,8 @@ class Trainer:
     def stages(self, index: Array) -> dict[str, Any]:
         """The step's launches in groups, each a callable (timed alone by bench --train)."""
         b = self.recipe.batch
-        return {"31+32 conv forwards": lambda: self._forward(self.raw, index, b, self.salt),
+        forward = "+".join(kernel_files(self.mode)[k][0][:2] for k in ("conv1_fwd", "conv2_fwd"))
+        return {f"{forward} conv forwards": lambda: self._forward(self.raw, index, b, self.salt),
                 "33 head fwd+loss+bwd": lambda: self._head(self.labels, index, b, True, 0),
                 "34+35 conv backwards": lambda: self._backward(index),
                 "36 optimizer": lambda: self._update(0, "grad")}

@@ -1,4 +1,4 @@
-// Shapes and helpers of the fused training kernels (31-36) for the ece408 LeNet: conv1 K7 on
+// Shapes and helpers of the fused training kernels (31-38) for the ece408 LeNet: conv1 K7 on
 // the resized input + ReLU + max-pool, conv2 K7 + ReLU + max-pool (floor), f5 + ReLU, f6.
 // The host passes every shape as a -D define taken from models.conv_blocks / param_shapes
 // (gpu/trainer.py); the defaults here are ece408's, so each file also compiles standalone.
@@ -80,11 +80,10 @@ __device__ __forceinline__ float pool_relu(const float (&acc)[P][P], float bias,
   return best > 0.f ? best : 0.f;
 }
 
-// The input image of one training example, resized on chip from its raw bytes into `img`
-// (IN_S x IN_S floats) through `unit` (RAW_H x RAW_W floats), optionally mirrored left-right
-// (an augmentation: the raw columns are read backwards). All threads take part; ends synced.
-__device__ __forceinline__ void stage_input(float* img, float* unit, const unsigned char* raw,
-                                            const ResizeTap* taps, bool mirror) {
+// One training example's raw bytes into `unit` (RAW_H x RAW_W floats in [0, 1]), optionally
+// mirrored left-right (an augmentation: the raw columns are read backwards). All threads take
+// part; ends synced.
+__device__ __forceinline__ void stage_raw(float* unit, const unsigned char* raw, bool mirror) {
   const int tid = threadIdx.x, threads = blockDim.x;
   if (mirror) {
     for (int i = tid; i < RAW_H * RAW_W; i += threads) {
@@ -95,7 +94,14 @@ __device__ __forceinline__ void stage_input(float* img, float* unit, const unsig
     stage_unit_image(unit, raw, RAW_H * RAW_W, tid, threads);
   }
   __syncthreads();
-  for (int i = tid; i < IN_S * IN_S; i += threads) {
+}
+
+// The input image of one training example, resized on chip from its raw bytes into `img`
+// (IN_S x IN_S floats) through `unit` (stage_raw). All threads take part; ends synced.
+__device__ __forceinline__ void stage_input(float* img, float* unit, const unsigned char* raw,
+                                            const ResizeTap* taps, bool mirror) {
+  stage_raw(unit, raw, mirror);
+  for (int i = threadIdx.x; i < IN_S * IN_S; i += blockDim.x) {
     const int y = i / IN_S, x = i - y * IN_S;
     img[i] = resized_pixel(unit, RAW_W, taps[y], taps[IN_S + x]);
   }

@@ -1,0 +1,351 @@
+"""Rung 29: a model's first block (one input channel, many output channels) as one kernel,
+conv + bias + ReLU + max-pool, from raw uint8 images resized on chip or from float images,
+writing the pooled map in fp32 or fp16 (kernels/29_fused_first_conv_pool.cu):
+
+    ff_conv_pool_raw / _f32   FFMA (precision fp32: modes 'exact' and 'tf32')
+    ff_toe_raw / _f32         fp16 tensor cores, Toeplitz mapping in channel groups ('fp16')
+
+`first_plan` picks the family, its defines and its launch geometry; `prepare(...)` returns
+run(x, out), reading raw images (n, h, w) uint8 when prepared with `raw_hw`, else float images
+(n, 1, H, W). A prepared run says what it reads and writes (`run.in_dtype`, `run.out_dtype`):
+the fused network sizes its buffers from them. Nothing here imports CuPy at module import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from convolab.errors import InputError
+from convolab.gpu.device import SM_REGISTERS, SMEM_STATIC_LIMIT
+from convolab.gpu.fused_ffma import ACC_BUDGET, pooled_hw, zoo_fused_layers
+from convolab.precision import TOLERANCE
+from convolab.registry import ConvImpl, Run, register
+from convolab.shapes import ConvShape, ceil_div
+
+KERNEL_FILE = "29_fused_first_conv_pool.cu"
+OUT_DTYPES = ("float32", "float16")
+PRECISIONS = ("fp32", "fp16")  # FFMA, or fp16 tensor cores
+# FFMA block sizes the planner chooses from: pool windows (one per thread) of a block.
+THREAD_CHOICES = tuple(range(128, 513, 32))
+# FFMA registers a thread needs, fitted to what ptxas used without spills (mxnet 88, eecs498
+# 90 at 12 channels): the P*P*MT accumulators, a group's weights for one filter row, addresses.
+REG_OVERHEAD = 40
+FLOAT_BYTES = 4
+# Tensor cores: the Toeplitz B operand gives 8 outputs from 16 input columns (K <= 9); a block
+# stages at most TC_ROWS pooled rows, runs TC_WARPS warps, and holds one channel group's
+# fragments (K x group x 2 registers): 6 channels up to K = 5 (124 registers), else 4 (114).
+TC_MAX_K = 9
+TC_ROWS = 16
+TC_WARPS = 4
+HALF_BYTES = 2
+
+
+def _round4(n: int) -> int:
+    return ceil_div(n, 4) * 4
+
+
+# ---- FFMA -------------------------------------------------------------------------------------
+
+
+def ffma_channels(shape: ConvShape, pool: int, params: Mapping[str, Any]) -> int:
+    """Output channels of an FFMA channel group: mt * pool^2 accumulators within the register
+    budget; the groups as even as they can be."""
+    cap = max(1, ACC_BUDGET // (pool * pool))
+    if params.get("mt"):
+        return max(1, min(int(params["mt"]), cap, shape.M))
+    return ceil_div(shape.M, ceil_div(shape.M, cap))
+
+
+def default_threads(windows: int) -> int:
+    """The block size (a multiple of 32) whose blocks cover an image's pool windows with the
+    fewest idle threads; ties go to the larger block (fewer blocks stage the same rows)."""
+    return min(THREAD_CHOICES, key=lambda t: (ceil_div(windows, t) * t, -t))
+
+
+def band_rows(shape: ConvShape, pool: int, threads: int) -> int:
+    """Input rows an FFMA block stages: its windows span at most ceil((threads-1)/Wp) + 1
+    pooled rows (the kernel's FF_ROWS)."""
+    _, wp = pooled_hw(shape, pool)
+    return min(ceil_div(threads - 1, wp) * pool + pool - 1 + shape.K, shape.H)
+
+
+def ffma_smem_bytes(shape: ConvShape, pool: int, threads: int, mt: int,
+                    raw_hw: tuple[int, int] | None = None) -> int:
+    """Static shared memory of an FFMA block: the band's rows (an even row stride), every
+    group's weights and bias and, reading raw bytes, the raw image as floats (in the band's
+    space) and the band's row pass."""
+    rows = band_rows(shape, pool, threads)
+    band = rows * (shape.W + shape.W % 2) + 2
+    weights = ceil_div(shape.M, mt) * (shape.K * shape.K + 1) * _round4(mt)
+    if raw_hw is None:
+        return FLOAT_BYTES * (band + weights)
+    return FLOAT_BYTES * (max(band, raw_hw[0] * raw_hw[1]) + rows * raw_hw[1] + weights)
+
+
+# ---- tensor cores -----------------------------------------------------------------------------
+
+
+def tc_group(shape: ConvShape) -> int:
+    return 6 if shape.K <= 5 else 4
+
+
+def tc_rows(shape: ConvShape, pool: int) -> int:
+    """Pooled rows of a block: the image's in as few even tiles of at most TC_ROWS as cover it."""
+    hp, _ = pooled_hw(shape, pool)
+    return ceil_div(hp, ceil_div(hp, TC_ROWS))
+
+
+def tc_smem_bytes(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None) -> int:
+    """Static shared memory of a tensor-core block (fused_mma.cuh's TOE_IR x TOE_RS fp16 tile,
+    and the raw image and row pass)."""
+    _, wp = pooled_hw(shape, pool)
+    in_rows = 2 * tc_rows(shape, pool) - 1 + shape.K
+    tile = HALF_BYTES * in_rows * (ceil_div(2 * wp, 8) * 8 + 8)
+    return tile + (FLOAT_BYTES * (raw_hw[0] * raw_hw[1] + in_rows * raw_hw[1]) if raw_hw else 0)
+
+
+def tc_supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None) -> bool:
+    return (shape.C == 1 and shape.S == 1 and pool == 2 and shape.K <= TC_MAX_K
+            and min(pooled_hw(shape, pool)) >= 1
+            and tc_smem_bytes(shape, pool, raw_hw) <= SMEM_STATIC_LIMIT)
+
+
+# ---- either -----------------------------------------------------------------------------------
+
+
+def supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None) -> bool:
+    """The FFMA family: one input channel, stride 1, a pooled output, and a block's rows,
+    weights (and raw image) in static shared memory at the smallest block."""
+    if shape.C != 1 or shape.S != 1 or pool < 1 or pool * pool > ACC_BUDGET:
+        return False
+    if min(pooled_hw(shape, pool)) < 1:
+        return False
+    mt = ffma_channels(shape, pool, {})
+    return ffma_smem_bytes(shape, pool, min(THREAD_CHOICES), mt, raw_hw) <= SMEM_STATIC_LIMIT
+
+
+def preferred(shape: ConvShape, pool: int) -> bool:
+    """Whether the fused network runs a first block on rung 29 without being asked: where it
+    takes the shape and fcp_exact_cw (rung 16: all channels in one thread's multi-window tile,
+    weights as constant-bank operands) does not — ece408's conv1 (M = 4) stays on 16 (0.558
+    vs 0.774 ms on H100) and its tensor-core / channels-last variants (17: 0.259 vs 0.299)."""
+    from convolab.gpu.fused_ffma import cw_fits
+
+    return supports(shape, pool) and not cw_fits(shape, 4 if shape.M >= 3 else shape.M)
+
+
+@dataclass(frozen=True)
+class FirstPlan:
+    """Compile-time defines and launch geometry of one rung-29 kernel."""
+
+    kernel: str  # ff_conv_pool_{raw,f32} or ff_toe_{raw,f32}
+    defines: dict[str, int]
+    threads: int
+    blocks_per_image: int
+    channels: int  # output channels of a group (FF_MT or FF_GC)
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self.kernel.startswith("ff_toe")
+
+
+def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = None,
+               raw_hw: tuple[int, int] | None = None, out_dtype: str = "float32",
+               precision: str = "fp32") -> FirstPlan:
+    """precision 'fp16' runs the tensor-core family where it takes the shape (params tc = -1
+    keeps FFMA); 'fp32' FFMA. FFMA params may fix threads (pool windows per block), minb
+    (blocks per SM the registers must allow) and mt (channels per group); tensor-core params
+    warps and minb; 0 or absent means choose."""
+    params = params or {}
+    if out_dtype not in OUT_DTYPES or precision not in PRECISIONS:
+        raise ValueError(f"rung 29: out_dtype must be one of {OUT_DTYPES} and precision one of "
+                         f"{PRECISIONS}, got {out_dtype!r}, {precision!r}")
+    entry = "raw" if raw_hw is not None else "f32"
+    base = {"FF_K": shape.K, "FF_P": pool, "FF_H": shape.H, "FF_W": shape.W,
+            "FF_HALF": int(out_dtype == "float16")}
+    if raw_hw is not None:
+        base |= {"RAW_H": raw_hw[0], "RAW_W": raw_hw[1]}
+    if precision == "fp16" and int(params.get("tc") or 0) >= 0 and tc_supports(shape, pool,
+                                                                                 raw_hw):
+        warps = int(params.get("warps") or TC_WARPS)
+        tph = tc_rows(shape, pool)
+        defines = {**base, "FF_TC": 1, "FF_GC": tc_group(shape), "FF_TPH": tph,
+                   "FF_WARPS": warps, "FF_MINB": int(params.get("minb") or 1)}
+        return FirstPlan(f"ff_toe_{entry}", defines, 32 * warps,
+                         ceil_div(pooled_hw(shape, pool)[0], tph), tc_group(shape))
+    if not supports(shape, pool, raw_hw):
+        raise ValueError(f"rung 29 (fused first block) does not support {shape} with pool "
+                         f"{pool}" + (f" from raw {raw_hw[0]}x{raw_hw[1]} images" if raw_hw
+                                      else ""))
+    return _ffma_plan(shape, pool, params, base, entry)
+
+
+def _ffma_plan(shape: ConvShape, pool: int, params: Mapping[str, Any], base: dict[str, int],
+               entry: str) -> FirstPlan:
+    hp, wp = pooled_hw(shape, pool)
+    mt = ffma_channels(shape, pool, params)
+    threads = int(params.get("threads") or default_threads(hp * wp))
+    raw_hw = (base["RAW_H"], base["RAW_W"]) if "RAW_H" in base else None
+    if threads % 32 or not 32 <= threads <= 1024:
+        raise ValueError(f"rung 29: threads must be a multiple of 32 in 32..1024, got {threads}")
+    if ffma_smem_bytes(shape, pool, threads, mt, raw_hw) > SMEM_STATIC_LIMIT:
+        raise ValueError(f"rung 29: {threads} threads' rows of {shape} exceed the static "
+                         f"shared memory ({SMEM_STATIC_LIMIT} bytes)")
+    need = mt * pool * pool + REG_OVERHEAD
+    minb = int(params.get("minb") or max(1, SM_REGISTERS // (threads * need)))
+    defines = {**base, "FF_TC": 0, "FF_MT": mt, "FF_G": ceil_div(shape.M, mt),
+               "FF_THREADS": threads, "FF_MINB": minb}
+    return FirstPlan(f"ff_conv_pool_{entry}", defines, threads, ceil_div(hp * wp, threads), mt)
+
+
+def ffma_weights(w: np.ndarray, b: np.ndarray, mt: int) -> np.ndarray:
+    """Weights and bias as the FFMA kernel stages them: every group's [K*K][mt4] block, then
+    every group's bias [mt4] (mt4: mt rounded up to whole float4s), zero-padded."""
+    M, K = w.shape[0], w.shape[-1]
+    groups, mt4 = ceil_div(M, mt), _round4(mt)
+    blocks = np.zeros((groups, K * K, mt4), np.float32)
+    biases = np.zeros((groups, mt4), np.float32)
+    taps = np.asarray(w, np.float32).reshape(M, K * K)
+    for m in range(M):
+        g, j = divmod(m, mt)
+        blocks[g, :, j] = taps[m]
+        biases[g, j] = b[m]
+    return np.concatenate([blocks.ravel(), biases.ravel()])
+
+
+def toe_weights(w: np.ndarray, group: int) -> tuple[np.ndarray, int]:
+    """kernel 17's fp16 Toeplitz fragments of the channels zero-padded to whole groups, and that
+    padded channel count."""
+    from convolab.gpu.fused_mma import toeplitz_fragments
+
+    M = w.shape[0]
+    m_pad = ceil_div(M, group) * group
+    wpad = np.zeros((m_pad, *w.shape[1:]), np.float32)
+    wpad[:M] = w
+    return toeplitz_fragments(wpad, "fp16"), m_pad
+
+
+def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
+            kernel_params: Mapping[str, Any] | None = None,
+            raw_hw: tuple[int, int] | None = None, out_dtype: str = "float32",
+            precision: str = "fp32") -> Run:
+    """run(x, out): x raw uint8 images (n, *raw_hw) when raw_hw is given (resized on chip to
+    shape.H x shape.W, the rule of data.resize_bilinear), else float32 images (n, 1, H, W);
+    out (n, M, Hp, Wp) in out_dtype. n may be any batch size. precision 'fp16' runs fp16
+    tensor cores where they take the shape, 'fp32' FFMA (first_plan)."""
+    from convolab.backend import require_cupy, to_numpy
+    from convolab.gpu.compile import get_kernel
+    from convolab.gpu.resize import device_taps
+
+    plan = first_plan(shape, pool, kernel_params, raw_hw, out_dtype, precision)
+    w, b = np.asarray(to_numpy(weight), np.float32), np.asarray(to_numpy(bias), np.float32)
+    if w.shape != shape.w_shape or b.shape != (shape.M,):
+        raise InputError(f"rung 29: weight {w.shape} and bias {b.shape} do not fit {shape} "
+                         f"(want {shape.w_shape} and ({shape.M},))")
+    cp = require_cupy()
+    kernel = get_kernel(KERNEL_FILE, plan.kernel, plan.defines)
+    i32 = np.int32
+    if plan.tensor_cores:
+        frag, m_pad = toe_weights(w, plan.channels)
+        args: tuple[Any, ...] = (cp.asarray(frag), cp.asarray(b))
+        tail: tuple[Any, ...] = (i32(shape.M), i32(m_pad), i32(plan.blocks_per_image))
+    else:
+        args, tail = (cp.asarray(ffma_weights(w, b, plan.channels)),), (i32(shape.M),)
+    if raw_hw is not None:
+        args = (device_taps(raw_hw[0], raw_hw[1], shape.H, shape.W), *args)
+    return _checked_run(kernel, plan, args, tail, shape, pool, raw_hw, out_dtype)
+
+
+def _checked_run(kernel: Any, plan: FirstPlan, args: tuple[Any, ...], tail: tuple[Any, ...],
+                 shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None,
+                 out_dtype: str) -> Run:
+    in_tail = tuple(raw_hw) if raw_hw is not None else (1, shape.H, shape.W)
+    out_tail = (shape.M, *pooled_hw(shape, pool))
+    in_dtype = np.dtype(np.uint8 if raw_hw is not None else np.float32)
+
+    def run(x: Any, out: Any) -> None:
+        n = int(x.shape[0])
+        if x.dtype != in_dtype or tuple(x.shape[1:]) != in_tail or not x.flags.c_contiguous:
+            raise InputError(f"rung 29: input must be contiguous {in_dtype} "
+                             f"(n, {', '.join(map(str, in_tail))}), got {x.dtype} "
+                             f"{tuple(x.shape)}")
+        if out.dtype != out_dtype or tuple(out.shape) != (n, *out_tail):
+            raise InputError(f"rung 29: out must be {out_dtype} {(n, *out_tail)}, got "
+                             f"{out.dtype} {tuple(out.shape)}")
+        if n:
+            kernel((n * plan.blocks_per_image,), (plan.threads,), (x, *args, out, *tail))
+
+    run.in_dtype = in_dtype.name  # type: ignore[attr-defined]
+    run.out_dtype = out_dtype  # type: ignore[attr-defined]
+    run.plan = plan  # type: ignore[attr-defined]  # for tests and benchmarks
+    return run
+
+
+# ---- registry entries: float input, fp32 output -----------------------------------------------
+
+
+def first_layers() -> list[tuple[ConvShape, int]]:
+    """(shape, pool) of every zoo conv layer rung 29 takes (batch 1)."""
+    return [(s, p) for s, p in zoo_fused_layers() if supports(s, p)]
+
+
+def compile_variants(precision: str) -> list[dict[str, int]]:
+    """Every define set the host compiles for the zoo's first layers in one precision: fp32
+    and fp16 output, float input and Fashion-MNIST's 28x28 raw images."""
+    from convolab.data import IMAGE_SIDE
+
+    variants: list[dict[str, int]] = []
+    for shape, pool in first_layers():
+        for out_dtype in OUT_DTYPES:
+            for raw_hw in (None, (IMAGE_SIDE, IMAGE_SIDE)):
+                plan = first_plan(shape, pool, {}, raw_hw, out_dtype, precision)
+                if plan.defines not in variants and plan.tensor_cores == (precision == "fp16"):
+                    variants.append(plan.defines)
+    return variants
+
+
+def _prepare_impl(pool: int, precision: str) -> Any:
+    def prepare_impl(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        return prepare(shape, pool, w, b, params, precision=precision)
+
+    return prepare_impl
+
+
+FIRST_POOL = 2  # the zoo's first blocks all pool 2x2
+FIRST_IMPL = register(ConvImpl(
+    name=f"fused-first-conv-pool{FIRST_POOL}",
+    demonstrates=("a first block (C = 1, many output channels) as one kernel: conv + bias + "
+                  "ReLU + max-pool, one pool window of every channel group per thread, the "
+                  "input band staged once, coalesced pooled stores; raw uint8 input resized on "
+                  "chip, fp16 output for an fp16 next layer"),
+    device="gpu",
+    prepare=_prepare_impl(FIRST_POOL, "fp32"),
+    supports=lambda s: supports(s, FIRST_POOL),
+    space={"threads": [128, 160, 224, 256, 288], "minb": [1, 2, 3, 4], "mt": [4, 8, 12, 16]},
+    defaults={"threads": 0, "minb": 0, "mt": 0},
+    tolerance=TOLERANCE["fp32"],
+    rung=29,
+    kernel_file=KERNEL_FILE,
+    compile_variants=lambda: compile_variants("fp32"),
+    pool=FIRST_POOL,
+))
+FIRST_TC_IMPL = register(ConvImpl(
+    name=f"fused-first-conv-pool{FIRST_POOL}-tc",
+    demonstrates=("rung 29 on fp16 tensor cores: kernel 17's Toeplitz mapping (positions as A "
+                  "rows, banded weights as B) for many output channels, in channel groups over "
+                  "one staged fp16 tile"),
+    device="gpu",
+    prepare=_prepare_impl(FIRST_POOL, "fp16"),
+    supports=lambda s: tc_supports(s, FIRST_POOL),
+    space={"warps": [2, 4, 8], "minb": [1, 2, 3]},
+    defaults={"warps": 0, "minb": 0},
+    tolerance=TOLERANCE["fp16"],
+    rung=29,
+    kernel_file=KERNEL_FILE,
+    compile_variants=lambda: compile_variants("fp16"),
+    pool=FIRST_POOL,
+))

@@ -1,0 +1,345 @@
+// Rung 29 — the first block of a wider LeNet in one kernel: conv (one input channel, many
+// output channels) + bias + ReLU + max-pool, from raw uint8 bytes resized on chip (the _raw
+// entries, resize.cuh) or from float images (the _f32 entries), writing the pooled map as fp32
+// or, with FF_HALF, as fp16 for a next layer that reads fp16. Two families, FF_TC:
+//   0  ff_conv_pool_*: FFMA, exact (mode 'exact', 'tf32');
+//   1  ff_toe_*: fp16 tensor cores, kernel 17's Toeplitz mapping in channel groups ('fp16').
+//
+// What changes against 15/16 (FFMA) and 17 (tensor cores), and why. The wider models' conv1
+// (M = 12) fit neither 16 (all M channels in one thread's multi-window tile, weights as
+// constant-bank operands) nor 17 (the B fragments of all M channels in registers: 120-168), so
+// they ran 15 in three channel groups that each restaged the input (0.95 / 1.17 ms) and, from
+// raw bytes, behind rung 25's resized image (written and read back). Here:
+//   * one input band is staged once for every channel: the FFMA family loops over channel
+//     groups of FF_MT inside the block, the tensor-core family over groups of TC_M, each group's
+//     weights loaded once per block and used for all its windows;
+//   * FFMA: a thread owns one pool window, a block FF_THREADS consecutive windows (row-major:
+//     a band of pooled rows), so a warp's store of one channel is 32 consecutive values. The
+//     weights live in shared memory, read as broadcast float4s: as by-value parameters (16's
+//     constant-bank operands) they ran 2-4x slower here — 1.2-2.4 KB of weights thrash the
+//     constant cache that 16's 0.8 KB fits (H100: mxnet 1.33 ms, eecs498 3.05 ms raw);
+//   * tensor cores: 17's body with the channel loop outside the tile loop.
+// conv1 is 13.1 (mxnet) / 19.8 (eecs498) GFMA at B = 10,000: 0.39 / 0.59 ms at the FFMA peak,
+// above its 0.18 / 0.14 ms of fp32 output at HBM speed — FMA-bound, not memory-bound.
+// The FFMA accumulation order (filter rows, then columns, from zero), pooling and bias are
+// fcp_accumulate's and fcp_store's: the fp32 output is the same bits as the FFMA fused rung's.
+// A raw image gives the same bits as resize_bilinear's floats in both families.
+// Measured (H100, B = 10,000, float / raw input): FFMA mxnet 0.81 / 0.96 ms (before: 1.25 /
+// 1.39 with rung 25), eecs498 1.14 / 1.42 (1.25 / 1.37), ~50 % of the FFMA peak; fp16 tensor
+// cores mxnet 0.41 / 0.58 (mode fp16 before: 1.64 / 1.80), eecs498 0.41 / 0.52 (1.14 / 1.27).
+// The raw entries' extra 0.13-0.28 ms is the resize: each block of an image restages the whole
+// raw image (784 divisions) and its band's rows. ece408's conv1 (M = 4) is faster on 16 / 17.
+
+#include "common.cuh"
+#include "resize.cuh"
+
+#ifndef FF_TC
+#define FF_TC 0
+#endif
+#ifndef FF_K
+#define FF_K 5  // filter size (stride 1)
+#endif
+#ifndef FF_P
+#define FF_P 2  // pool window and stride
+#endif
+#ifndef FF_H
+#define FF_H 70  // input image height (after the resize)
+#endif
+#ifndef FF_W
+#define FF_W 70
+#endif
+#ifndef FF_MINB
+#define FF_MINB 1  // blocks per SM the register allocation must allow
+#endif
+#ifndef FF_HALF
+#define FF_HALF 0  // 1: fp16 output
+#endif
+
+#define FF_HP ((FF_H - FF_K + 1) / FF_P)  // pooled rows (floor)
+#define FF_WP ((FF_W - FF_K + 1) / FF_P)
+#define FF_TASKS (FF_HP * FF_WP)          // pool windows of one image and channel
+
+#if FF_HALF
+typedef __half ff_out;
+__device__ __forceinline__ ff_out ff_convert(float v) { return __float2half_rn(v); }
+#else
+typedef float ff_out;
+__device__ __forceinline__ ff_out ff_convert(float v) { return v; }
+#endif
+
+#if !FF_TC
+// =============================================================================================
+// FFMA: one pool window of FF_MT channels per thread, FF_G channel groups per block.
+#ifndef FF_MT
+#define FF_MT 12  // output channels of a group (accumulators: FF_MT * P * P)
+#endif
+#ifndef FF_G
+#define FF_G 1  // channel groups: the layer has at most FF_G * FF_MT channels
+#endif
+#ifndef FF_THREADS
+#define FF_THREADS 224  // pool windows of a block
+#endif
+
+#define FF_MT4 ((FF_MT + 3) / 4 * 4)
+#define FF_WG (FF_K * FF_K * FF_MT4)      // floats of one group's weights: [p * K + q][MT4]
+#define FF_WALL (FF_G * (FF_WG + FF_MT4))  // every group's weights, then every group's bias
+#define FF_BPI ((FF_TASKS + FF_THREADS - 1) / FF_THREADS)  // blocks per image
+#define FF_SPAN (FF_P - 1 + FF_K)         // input rows and columns one window reads
+#define FF_VEC ((FF_P % 2) == 0)          // a window's first column is even: float2 loads
+#define FF_SPAN2 ((FF_SPAN + 1) / 2 * 2)
+#define FF_STRIDE ((FF_W + 1) / 2 * 2)    // shared row stride, even for the float2 loads
+// Input rows of a block: its windows span at most ceil((THREADS - 1) / WP) + 1 pooled rows.
+#define FF_ROWS_MAX (((FF_THREADS - 1 + FF_WP - 1) / FF_WP) * FF_P + FF_SPAN)
+#define FF_ROWS (FF_ROWS_MAX < FF_H ? FF_ROWS_MAX : FF_H)
+#define FF_IMG (FF_ROWS * FF_STRIDE + 2)  // + what the last float2 of the last row reads past
+
+// The block's windows and the input rows they read: image b, windows pos0.., rows r0..r0+n-1.
+struct FfBand {
+  size_t b;
+  int pos0, r0, n_rows;
+};
+
+__device__ __forceinline__ FfBand ff_band() {
+  const int j = blockIdx.x % FF_BPI;
+  const int pos0 = j * FF_THREADS;
+  const int last = min(pos0 + FF_THREADS, FF_TASKS) - 1;
+  const int r0 = (pos0 / FF_WP) * FF_P;
+  return FfBand{blockIdx.x / FF_BPI, pos0, r0, (last / FF_WP) * FF_P + FF_SPAN - r0};
+}
+
+// Every group's weights and bias (host-packed, FF_WALL floats) -> shared memory.
+__device__ __forceinline__ void ff_stage_weights(float* w_s, const float* __restrict__ wpack) {
+  for (int i = threadIdx.x; i < FF_WALL / 4; i += FF_THREADS)
+    reinterpret_cast<float4*>(w_s)[i] = __ldg(reinterpret_cast<const float4*>(wpack) + i);
+}
+
+// The thread's window from the staged rows (img: the band's rows, FF_STRIDE apart), every
+// channel group in turn.
+__device__ __forceinline__ void ff_conv_pool(const float* img, const float* w_s,
+                                             const FfBand& band, ff_out* __restrict__ y,
+                                             int M) {
+  const int pos = band.pos0 + threadIdx.x;
+  if (pos >= FF_TASKS) return;
+  const int ph = pos / FF_WP, pw = pos - ph * FF_WP;
+  const float* in_t = img + (ph * FF_P - band.r0) * FF_STRIDE + pw * FF_P;
+  ff_out* y_b = y + band.b * M * FF_TASKS + pos;
+#pragma unroll 1
+  for (int g = 0; g < FF_G; ++g) {
+    const float* wg = w_s + g * FF_WG;
+    float acc[FF_MT][FF_P][FF_P] = {};  // zeros
+#pragma unroll 1
+    for (int p = 0; p < FF_K; ++p) {
+      float rows[FF_P][FF_SPAN2];  // input rows p .. p + P - 1 of the window
+#pragma unroll
+      for (int dy = 0; dy < FF_P; ++dy) {
+#if FF_VEC
+#pragma unroll
+        for (int v = 0; v < FF_SPAN2 / 2; ++v) {
+          const float2 f =
+              *reinterpret_cast<const float2*>(in_t + (p + dy) * FF_STRIDE + 2 * v);
+          rows[dy][2 * v] = f.x;
+          rows[dy][2 * v + 1] = f.y;
+        }
+#else
+#pragma unroll
+        for (int v = 0; v < FF_SPAN; ++v) rows[dy][v] = in_t[(p + dy) * FF_STRIDE + v];
+#endif
+      }
+#pragma unroll
+      for (int q = 0; q < FF_K; ++q) {
+        float wv[FF_MT4];  // w[m][p][q] of the group: broadcast loads, 4 channels each
+#pragma unroll
+        for (int v = 0; v < FF_MT4 / 4; ++v) {
+          const float4 f = *reinterpret_cast<const float4*>(wg + (p * FF_K + q) * FF_MT4 + 4 * v);
+          wv[4 * v] = f.x; wv[4 * v + 1] = f.y; wv[4 * v + 2] = f.z; wv[4 * v + 3] = f.w;
+        }
+#pragma unroll
+        for (int dy = 0; dy < FF_P; ++dy)
+#pragma unroll
+          for (int dx = 0; dx < FF_P; ++dx)
+#pragma unroll
+            for (int m = 0; m < FF_MT; ++m)
+              acc[m][dy][dx] = fmaf(rows[dy][dx + q], wv[m], acc[m][dy][dx]);
+      }
+    }
+    // max(acc) + b == max(acc + b) exactly (rounding is monotonic); ReLU commutes with max.
+    const float* bias = w_s + FF_G * FF_WG + g * FF_MT4;
+#pragma unroll
+    for (int m = 0; m < FF_MT; ++m) {
+      const int c = g * FF_MT + m;
+      if (c >= M) break;
+      float mx = acc[m][0][0];
+#pragma unroll
+      for (int dy = 0; dy < FF_P; ++dy)
+#pragma unroll
+        for (int dx = 0; dx < FF_P; ++dx) mx = fmax_nan(mx, acc[m][dy][dx]);
+      y_b[c * FF_TASKS] = ff_convert(fmax_nan(mx + bias[m], 0.f));
+    }
+  }
+}
+
+// x: (B, 1, FF_H, FF_W) fp32; y: (B, M, HP, WP). Grid: B * FF_BPI blocks.
+extern "C" __global__ void __launch_bounds__(FF_THREADS, FF_MINB)
+ff_conv_pool_f32(const float* __restrict__ x, const float* __restrict__ wpack,
+                 ff_out* __restrict__ y, int M) {
+  __shared__ __align__(16) float img[FF_IMG];
+  __shared__ __align__(16) float w_s[FF_WALL];
+  const FfBand band = ff_band();
+  const float* src = x + (band.b * FF_H + band.r0) * FF_W;
+  for (int i = threadIdx.x; i < band.n_rows * FF_W; i += FF_THREADS) {
+    const int r = i / FF_W, c = i - r * FF_W;
+    cp_async4(img + r * FF_STRIDE + c, src + i, true);
+  }
+  cp_async_commit();
+  ff_stage_weights(w_s, wpack);
+  cp_async_wait_all();
+  __syncthreads();
+  ff_conv_pool(img, w_s, band, y, M);
+}
+
+// The same from raw images (B, RAW_H, RAW_W): the bytes as floats in [0, 1], the row pass of
+// the band's rows, then the column pass into the rows the convolution reads (resize.cuh's rule).
+#define FF_UNIT (RAW_H * RAW_W)
+#define FF_LOW (FF_IMG > FF_UNIT ? FF_IMG : FF_UNIT)  // the band, over the dead raw floats
+
+extern "C" __global__ void __launch_bounds__(FF_THREADS, FF_MINB)
+ff_conv_pool_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
+                 const float* __restrict__ wpack, ff_out* __restrict__ y, int M) {
+  __shared__ __align__(16) float low[FF_LOW];
+  __shared__ float rows[FF_ROWS * RAW_W];
+  __shared__ __align__(16) float w_s[FF_WALL];
+  float* img = low;
+  float* unit = low;  // read only by the row pass, before the band is written over it
+  const FfBand band = ff_band();
+  const int tid = threadIdx.x;
+  stage_unit_image(unit, raw + band.b * FF_UNIT, FF_UNIT, tid, FF_THREADS);
+  ff_stage_weights(w_s, wpack);
+  __syncthreads();
+  resize_rows(rows, unit, taps, band.r0, band.n_rows, FF_H, tid, FF_THREADS);
+  __syncthreads();
+  for (int i = tid; i < band.n_rows * FF_W; i += FF_THREADS) {
+    const int r = i / FF_W, c = i - r * FF_W;
+    img[r * FF_STRIDE + c] = resized_from_row(rows + r * RAW_W, taps[FF_H + c]);
+  }
+  __syncthreads();
+  ff_conv_pool(img, w_s, band, y, M);
+}
+
+#else
+// =============================================================================================
+// fp16 tensor cores: kernel 17's Toeplitz mapping (fused_mma.cuh explains it) for TC_M = FF_GC
+// channels at a time; a block stages FF_TPH pooled rows' input once (as fp16) and runs every
+// channel group over them, each group's B fragments (K x FF_GC x 2 registers) loaded once per
+// warp and group.
+#ifndef FF_GC
+#define FF_GC 4  // output channels of a group
+#endif
+#ifndef FF_TPH
+#define FF_TPH 11  // pooled rows of a block
+#endif
+#ifndef FF_WARPS
+#define FF_WARPS 4
+#endif
+#define TC_PREC 0
+#define TC_C 1
+#define TC_K FF_K
+#define TC_P 2
+#define TC_M FF_GC
+#define TC_TPH FF_TPH
+#define TC_TPW FF_WP
+#define TC_WARPS FF_WARPS
+#define TC_MINB FF_MINB
+#include "fused_mma.cuh"
+
+static_assert(FF_P == 2, "the Toeplitz mapping pools 2x2 windows");
+static_assert(FF_K + 7 <= 16, "the Toeplitz mapping's 16 input columns give 8 outputs");
+
+// bfrag: kernel 17's fragments (gpu/fused_mma.py toeplitz_fragments, fp16) of m_pad channels
+// (the layer's M, zero-padded to whole groups): [r][m][lane].
+template <typename Input>
+__device__ __forceinline__ void ff_toe(Input input, const uint2* __restrict__ bfrag,
+                                       const float* __restrict__ bias, ff_out* __restrict__ y,
+                                       int M, int m_pad, int tiles_h) {
+  __shared__ __align__(16) tc_elem in_s[TOE_IR * TOE_RS];
+  const size_t b = blockIdx.x / tiles_h;
+  const int tile_y = blockIdx.x % tiles_h;
+  const int iy0 = tile_y * TC_TPH * 2;
+  {  // the tile as fp16 pixel pairs, TC_STAGE_UNROLL loads in flight per thread (17's staging)
+    constexpr int HS = TOE_RS / 2, NP = TOE_IR * HS;
+    for (int base = threadIdx.x; base < NP; base += TC_THREADS * TC_STAGE_UNROLL) {
+      float2 v[TC_STAGE_UNROLL];
+#pragma unroll
+      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+        const int i = base + u * TC_THREADS;
+        const int row = i / HS, p2 = i - row * HS;
+        v[u] = make_float2(0.f, 0.f);
+        if (i < NP) v[u] = input(b, 0, iy0 + row, 2 * p2);
+      }
+#pragma unroll
+      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
+        const int i = base + u * TC_THREADS;
+        if (i < NP) tc_store2(in_s + 2 * i, v[u].x, v[u].y);
+      }
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll 1
+  for (int m0 = 0; m0 < M; m0 += TC_M) {
+    uint2 bf[TC_K][TC_M];
+    float bm[TC_M];
+#pragma unroll
+    for (int r = 0; r < TC_K; ++r)
+#pragma unroll
+      for (int n = 0; n < TC_M; ++n) bf[r][n] = __ldg(&bfrag[(r * m_pad + m0 + n) * 32 + lane]);
+#pragma unroll
+    for (int n = 0; n < TC_M; ++n) bm[n] = m0 + n < M ? __ldg(&bias[m0 + n]) : 0.f;
+    for (int mt = warp; mt < TOE_MTILES; mt += TC_WARPS) {
+      const int combo = min(mt * 8 + g, TOE_COMBOS - 1);
+      const int ph_l = combo / TOE_NG, ow0 = (combo % TOE_NG) * 8;
+      float acc[TC_M][4];
+#pragma unroll
+      for (int n = 0; n < TC_M; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+      for (int r = 0; r < TC_K; ++r) {
+        const tc_elem* row0 = in_s + (2 * ph_l + r) * TOE_RS + ow0;
+        const tc_elem* row1 = row0 + TOE_RS;
+        const unsigned a0 = ld_u32(row0 + 2 * t), a1 = ld_u32(row1 + 2 * t);
+        const unsigned a2 = ld_u32(row0 + 2 * t + 8), a3 = ld_u32(row1 + 2 * t + 8);
+#pragma unroll
+        for (int n = 0; n < TC_M; ++n) tc_mma(acc[n], a0, a1, a2, a3, bf[r][n].x, bf[r][n].y);
+      }
+      const int ph = tile_y * TC_TPH + ph_l, pw = ow0 / 2 + t;
+      if (mt * 8 + g < TOE_COMBOS && ph < FF_HP && pw < FF_WP) {
+        ff_out* yp = y + (b * M + m0) * FF_TASKS + ph * FF_WP + pw;
+#pragma unroll
+        for (int n = 0; n < TC_M; ++n) {
+          if (m0 + n >= M) break;
+          const float v =
+              fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
+          yp[n * FF_TASKS] = ff_convert(fmax_nan(v + bm[n], 0.f));
+        }
+      }
+    }
+  }
+}
+
+// x: (B, 1, FF_H, FF_W) fp32; y: (B, M, HP, WP). Grid: B * tiles_h blocks.
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MINB)
+ff_toe_f32(const float* __restrict__ x, const uint2* __restrict__ bfrag,
+           const float* __restrict__ bias, ff_out* __restrict__ y, int M, int m_pad,
+           int tiles_h) {
+  ff_toe(ToeFloatInput{x, FF_H, FF_W}, bfrag, bias, y, M, m_pad, tiles_h);
+}
+
+extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MINB)
+ff_toe_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
+           const uint2* __restrict__ bfrag, const float* __restrict__ bias,
+           ff_out* __restrict__ y, int M, int m_pad, int tiles_h) {
+  __shared__ float unit[RAW_H * RAW_W];
+  __shared__ float rows[TOE_IR * RAW_W];
+  ff_toe(toe_stage_raw(unit, rows, raw, taps, FF_H, FF_W, tiles_h), bfrag, bias, y, M, m_pad,
+         tiles_h);
+}
+#endif
