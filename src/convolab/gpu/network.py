@@ -15,6 +15,8 @@ blocks (ece408: 25.6 KB an image in fp32 NCHW; in mode 'fp16' ece408's pair pass
 channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
 (`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
 writes directly (elsewhere a cast follows the block that writes it).
+Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
+in every mode (3xTF32 in 'exact'), reading the map before it in fp16 in mode 'fp16'.
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
@@ -158,10 +160,10 @@ class FusedLeNet:
     (B, C, S, S) or raw uint8 images (B, h, w), which the first conv kernel resizes on chip.
 
     model: a zoo model (models.MODELS); its conv+ReLU+pool blocks and linear head come from
-    the model's layer list. mode: 'exact' (fp32 FFMA, matches an fp64 forward to ~1e-6),
-    'tf32' or 'fp16' (tensor cores where a block's shape takes them, fp32 accumulate; the head
-    stays fp32). For ece408, mode 'fp16' hands the pooled C1 map to conv2 as fp16
-    channels-last (gpu/fused_cl.py).
+    the model's layer list. mode: 'exact' (fp32 FFMA, or 3xTF32 on rung 28 for the wide
+    layers: matches an fp64 forward to ~1e-6), 'tf32' or 'fp16' (tensor cores where a block's
+    shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the
+    pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
     head: kernel 20's imgs, or kernel 30's imgs and kc) for benchmarks; what is left out is each
     kernel's measured default.
@@ -281,7 +283,8 @@ class FusedLeNet:
                                    p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision)
 
     def _float_run(self, i: int, block: ConvBlock) -> Callable:
-        """Block i's run on float input (fp16 channels-last for ece408's fp16 pair)."""
+        """Block i's run on float input (fp16 channels-last for ece408's fp16 pair; rung 28
+        declares the input it reads, fp16 in mode 'fp16')."""
         p, kp = self.params, self._kernel_params.get(block.name, {})
         w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
         if self.channels_last:
@@ -289,14 +292,26 @@ class FusedLeNet:
 
             prepare = fused_cl.prepare_conv1_cl if i == 0 else fused_cl.prepare_conv2_cl
             return prepare(block.shape, w, bias, kp)
+        from convolab.gpu import fused_wide
+
+        wide = fused_wide.network_precision(block.shape, block.pool, NETWORK_MODES[self.mode])
+        if wide is not None:
+            return fused_wide.prepare(block.shape, w, bias, kp, wide,
+                                      fused_wide.network_in_dtype(wide), pool=block.pool)
         return self._block_impl(block).prepare(block.shape, w, bias, kp)
 
     def _block_impl(self, block: ConvBlock) -> Any:
-        """The mode's fused rung for a block, or the exact one where the mode's kernels do not
-        take its shape."""
+        """The mode's fused rung for a block: rung 28 where it takes the block
+        (fused_wide.network_precision), else the mode's rung 13/17/18, or the exact one where
+        the mode's kernels do not take its shape."""
+        from convolab.gpu import fused_wide
         from convolab.gpu.fused import fused_conv_pool_impl
 
-        impl = fused_conv_pool_impl(block.pool, NETWORK_MODES[self.mode])
+        precision = NETWORK_MODES[self.mode]
+        wide = fused_wide.network_precision(block.shape, block.pool, precision)
+        if wide is not None:
+            return fused_wide.wide_impl(block.pool, wide)
+        impl = fused_conv_pool_impl(block.pool, precision)
         return impl if impl.supports(block.shape) else fused_conv_pool_impl(block.pool, "fp32")
 
     def _raw_first_block(self, block: ConvBlock, raw_hw: tuple[int, int]) -> Callable | None:

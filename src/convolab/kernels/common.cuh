@@ -93,6 +93,15 @@ __device__ __forceinline__ float tf32_round(float v) {
   return __uint_as_float(u);
 }
 
+// 3xTF32: v becomes its tf32 part; returns the tf32 rounding of what that part leaves out
+// (v ~ big + small to ~2^-22 relative: a*b ~ a_s*b_b + a_b*b_s + a_b*b_b, three tf32 MMAs).
+__device__ __forceinline__ float tf32_split(float& v) {
+  const float big = tf32_round(v);
+  const float small = tf32_round(v - big);
+  v = big;
+  return small;
+}
+
 // IEEE maximum: NaN if either operand is NaN (one FMNMX.NAN on sm_80+). The fused kernels pool
 // and apply ReLU with it, so a NaN input gives a NaN output exactly as the unfused layers and
 // the CPU paths do; fmaxf would return the other operand and hide it.

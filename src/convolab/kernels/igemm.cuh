@@ -84,12 +84,12 @@ __device__ __forceinline__ unsigned ig_tf32(unsigned bits) {
   return __float_as_uint(tf32_round(__uint_as_float(bits)));
 }
 
-// 3xTF32: v becomes its tf32 part; returns the tf32 rounding of what that part leaves out.
+// 3xTF32 on raw bits (common.cuh's tf32_split).
 __device__ __forceinline__ unsigned ig_split_tf32(unsigned& v) {
-  const unsigned big = ig_tf32(v);
-  const unsigned small = ig_tf32(__float_as_uint(__uint_as_float(v) - __uint_as_float(big)));
-  v = big;
-  return small;
+  float f = __uint_as_float(v);
+  const float small = tf32_split(f);
+  v = __float_as_uint(f);
+  return __float_as_uint(small);
 }
 
 __device__ __forceinline__ void ig_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,

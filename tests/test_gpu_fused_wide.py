@@ -1,0 +1,581 @@
+"""Rung 28 (fused-conv-pool-wide, kernels/28_fused_conv_pool_wide.cu): conv + bias + ReLU +
+max-pool on tensor cores for wide layers, fp16 / tf32 / 3xTF32, fp32 or fp16 input.
+
+CPU: the plan's limits and argument checks, the weight packing, and the kernel source itself
+compiled with g++ and run with the mma.sync fragment layouts emulated per warp (so index
+arithmetic and shared-memory use are checked where no GPU is). GPU: random shapes around the
+zoo's conv2 against the fp64 reference on poisoned outputs, the zoo layers, NaN, and the
+whole-network paths that use the rung.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_emulator import CUDA_SHIM
+
+from convolab.check import poison, rel_l2
+from convolab.conv_cpu import reference_conv_relu_pool
+from convolab.errors import InputError
+from convolab.gpu import fused_mma, fused_wide
+from convolab.gpu.compile import KERNEL_DIR, define_flags
+from convolab.models import MODELS, conv_blocks, param_shapes
+from convolab.precision import NETWORK_MODES, TOLERANCE
+from convolab.registry import get_impl
+from convolab.shapes import ConvShape
+
+PRECISIONS = tuple(fused_wide.PRECISIONS)
+WIDE_MODELS = ("ece408-mxnet", "eecs498")
+GXX = shutil.which("g++")
+# fp16 / tf32 operands: the kernel against the fp64 result of its own rounded operands. The
+# tensor cores truncate while they accumulate (~1e-6 here); a wrong tap or fragment costs ~1e-2.
+KERNEL_TOL = 1e-4
+
+
+def wide_blocks(batch: int = 1) -> list[tuple[ConvShape, int]]:
+    """The conv blocks of the wide zoo models that rungs 17/18 do not take (their conv2)."""
+    return [(b.shape, b.pool) for m in WIDE_MODELS for b in conv_blocks(m, batch)
+            if fused_mma.tc_kind(b.shape, b.pool) is None]
+
+
+def random_wide_shape(rng: np.random.Generator, precision: str) -> tuple[ConvShape, int]:
+    """Around the zoo's conv2: C 8-16, M 17-40, K 3/5/7, pool 2 or 4, odd sizes, odd batch,
+    within what the rung takes in `precision` (3xtf32's fp32 weights fill shared memory first)."""
+    while True:
+        pool = int(rng.choice([2, 4]))
+        K = int(rng.choice([3, 5, 7]))
+        side = K - 1 + pool * int(rng.integers(3, 12))
+        H = side + int(rng.integers(0, pool)) | 1
+        W = side + int(rng.integers(0, pool)) | 1
+        shape = ConvShape(int(rng.integers(0, 5)) * 2 + 1, int(rng.integers(8, 17)), H, W,
+                          int(rng.integers(17, 41)), K)
+        if fused_wide.supports(shape, pool, precision):
+            return shape, pool
+
+
+def round_operand(a: np.ndarray, precision: str) -> np.ndarray:
+    """What the MMA multiplies: fp16 (nearest even), tf32 (nearest, ties away: cvt.rna), or,
+    for 3xTF32, the fp32 value itself."""
+    if precision == "fp16":
+        return a.astype(np.float16).astype(np.float32)
+    if precision == "tf32":
+        return fused_mma.tf32_bits(a).view(np.float32)
+    return a
+
+
+def problem(rng: np.random.Generator, shape: ConvShape, in_dtype: str):  # noqa: ANN201
+    """Non-negative input (a previous layer's ReLU output) in in_dtype, mixed-sign weights."""
+    x = np.abs(rng.standard_normal(shape.x_shape)).astype(in_dtype)
+    w = (rng.standard_normal(shape.w_shape) / np.sqrt(shape.C * shape.K ** 2)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(shape.M)).astype(np.float32)
+    return x, w, b
+
+
+def check_result(y: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray, pool: int,
+                 precision: str) -> None:
+    x32 = x.astype(np.float32)
+    err = rel_l2(y, reference_conv_relu_pool(x32, w, b, 1, pool))
+    assert err <= TOLERANCE[precision], f"{precision}: rel err {err} against fp64"
+    if precision != "3xtf32":
+        own = reference_conv_relu_pool(round_operand(x32, precision),
+                                       round_operand(w, precision), b, 1, pool)
+        err_own = rel_l2(y, own)
+        assert err_own <= KERNEL_TOL, f"{precision}: {err_own} against its rounded operands"
+
+
+# ---- CPU: plans and argument checks ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_zoo_wide_layers_are_taken(precision: str) -> None:
+    blocks = wide_blocks()
+    assert len(blocks) == len(WIDE_MODELS)  # one conv2 each
+    for shape, pool in blocks:
+        assert fused_wide.supports(shape, pool, precision)
+        assert get_impl(f"fused-conv-pool{pool}-wide-{fused_wide._SUFFIX[precision]}").supports(
+            shape)
+        geo = fused_wide.geometry(shape, pool, precision)
+        # k padding: one filter row's K x 12 taps in whole 32-byte chunks
+        assert geo.chunks * 32 // fused_wide.elem_bytes(precision) < shape.K * geo.cs + 32
+        assert fused_wide.compile_variants(pool, precision)
+
+
+def test_what_the_rung_refuses() -> None:
+    s = ConvShape(1, 12, 33, 33, 24, 5)
+    assert fused_wide.why_not(s, 3, "fp16") and not fused_wide.supports(s, 3, "fp16")
+    assert fused_wide.why_not(ConvShape(1, 12, 33, 33, 24, 5, 2), 2, "fp16")  # stride 2
+    assert fused_wide.why_not(ConvShape(1, 12, 33, 33, 65, 5), 2, "fp16")  # M > 64
+    assert fused_wide.why_not(ConvShape(1, 12, 5, 5, 24, 5), 2, "fp16")  # 1x1 output, no window
+    assert fused_wide.why_not(ConvShape(1, 64, 64, 64, 24, 5), 2, "fp16")  # shared memory
+    assert fused_wide.why_not(s, 2, "bf16")
+    with pytest.raises(InputError, match="pool 3"):
+        fused_wide.wide_plan(s, 3, "fp16")
+    with pytest.raises(InputError, match="input dtype"):
+        fused_wide.wide_plan(s, 2, "fp16", {}, "float64")
+    with pytest.raises(InputError, match="warps"):
+        fused_wide.wide_plan(s, 2, "fp16", {"warps": -1})
+    with pytest.raises(InputError, match="unknown parameter"):
+        fused_wide.wide_plan(s, 2, "fp16", {"mt": 4})
+    with pytest.raises(ValueError, match="precision"):
+        fused_wide.wide_impl(2, "fp32")
+    with pytest.raises(ValueError, match="unknown parameter"):
+        get_impl("fused-conv-pool2-wide-tc").params_for({"mt": 4})
+
+
+def test_plan_defines_follow_params_and_input_dtype() -> None:
+    s = ConvShape(3, 12, 29, 29, 24, 7)
+    plan = fused_wide.wide_plan(s, 2, "tf32", {"warps": 8, "units": 3, "bps": 2}, np.float16)
+    d = plan.defines
+    assert (d["FW_WARPS"], d["FW_UNITS"], d["FW_IN_HALF"], d["FW_PREC"]) == (8, 3, 1, 1)
+    assert (plan.warps, plan.bps) == (8, 2)
+    assert fused_wide.wide_plan(s, 2, "3xtf32").defines["FW_UNITS"] == 1
+    assert fused_wide.wide_plan(s, 2, "fp16").defines["FW_IN_HALF"] == 0
+    # the prefetch buffer: where asked and it fits; never for an image of 4-byte-ragged size
+    geo = fused_wide.geometry(s, 2, "fp16", 1, "float32", fused_wide.row_pitch(s, 2, "fp16", 1))
+    on = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": 1})
+    off = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": -1})
+    assert (on.defines["FW_PREFETCH"], on.smem) == (1, geo.smem_prefetch)
+    assert (off.defines["FW_PREFETCH"], off.smem) == (0, geo.smem)
+    ragged = ConvShape(1, 9, 13, 13, 24, 3)  # 9 * 13 * 13 fp16 values: 3042 bytes
+    assert fused_wide.wide_plan(ragged, 2, "fp16", {"prefetch": 1}, "float16").defines[
+        "FW_PREFETCH"] == 0
+    # a unit two pooled rows high only where the output has two
+    assert fused_wide.wide_plan(ConvShape(1, 12, 7, 9, 24, 5), 2, "fp16", {"rows": 2}).defines[
+        "FW_RP"] == 1
+
+
+def test_wavefront_count() -> None:
+    """The bank model of row_pitch: a half-warp's 16 lanes x 8 bytes in distinct banks take one
+    wavefront, the same word broadcasts, two words of one bank take two."""
+    lanes = np.arange(32)
+    spread = (8 * (lanes % 16) + 128 * (lanes // 16))[None, None, :]
+    assert fused_wide.wavefronts_per_load(spread, 1, 0) == 2.0
+    assert fused_wide.wavefronts_per_load(np.zeros((1, 1, 32), int), 1, 0) == 2.0
+    clash = np.where(lanes == 1, 128, 8 * (lanes % 16))[None, None, :]  # lane 1 on lane 0's banks
+    assert fused_wide.wavefronts_per_load(clash, 1, 0) == 3.0
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_row_pitch_makes_the_zoo_loads_conflict_free(precision: str) -> None:
+    for shape, pool in wide_blocks():
+        for rows in (1, 2):
+            pitch = fused_wide.row_pitch(shape, pool, precision, rows)
+            assert shape.W <= pitch <= shape.W + fused_wide.MAX_PITCH_PAD
+            cost = fused_wide.load_cost(shape, pool, precision, rows, pitch)
+            assert cost <= fused_wide.load_cost(shape, pool, precision, rows, shape.W)
+            if rows == 1:
+                assert cost <= 2.05  # one wavefront a half-warp, (almost) every load
+        plan = fused_wide.wide_plan(shape, pool, precision, {"pitch": shape.W + 3})
+        assert plan.defines["FW_WS"] == shape.W + 3
+
+
+def test_balanced_warps_split_the_groups_evenly() -> None:
+    assert fused_wide.balanced_warps(25) == 5  # mxnet's 25 one-unit groups: 5 each
+    assert fused_wide.balanced_warps(16) == 8
+    assert fused_wide.balanced_warps(13) == 7  # 14 slots for 13
+    assert fused_wide.balanced_warps(25, 8, 16) == 13
+    for groups in range(1, 60):
+        w = fused_wide.balanced_warps(groups)
+        assert 4 <= w <= 8
+        assert all(-(-groups // w) * w <= -(-groups // v) * v for v in range(4, 9))
+    # ~12-16 warps an SM whatever shared memory allows
+    for smem in (20_000, 41_000, 80_000, 100_000, 140_000, 200_000):
+        low, high = fused_wide.warp_range(smem)
+        blocks = 233_472 // (smem + 1024)
+        assert 4 <= low <= high <= 16 and blocks * low >= min(12, 4 * blocks)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fragments_hold_every_weight_once(precision: str, rng: np.random.Generator) -> None:
+    """Unpacking the per-lane fragments by the kernel's rule gives the weights back, each in
+    its (p, q, c) slot, and zeros in the padding."""
+    M, C, K = int(rng.integers(17, 41)), int(rng.integers(8, 17)), int(rng.choice([3, 5, 7]))
+    w = rng.standard_normal((M, C, K, K)).astype(np.float32)
+    frag = fused_wide.wide_fragments(w, precision)
+    cs, ch, chunks = fused_wide.run_layout(C, K, precision)
+    nt = -(-M // 8)
+    assert frag.shape == (chunks, K, nt, 32, 2) and frag.dtype == np.uint32
+    if precision == "fp16":
+        vals = frag.view(np.float16).astype(np.float32)  # (J, K, NT, 32, 4)
+    else:
+        vals = frag.view(np.float32)
+    per = ch // 4
+    run = np.zeros((nt * 8, K, chunks * ch), np.float32)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for n in range(nt):
+            for j in range(chunks):
+                run[8 * n + g, :, j * ch + t * per:j * ch + (t + 1) * per] = \
+                    vals[j, :, n, lane].reshape(K, per)
+    taps = run[:, :, :K * cs].reshape(nt * 8, K, K, cs)
+    want = round_operand(w, precision) if precision == "fp16" else w
+    if precision == "tf32":
+        want = round_operand(w, "tf32")
+    np.testing.assert_array_equal(taps[:M, :, :, :C], want.transpose(0, 2, 3, 1))
+    assert not taps[M:].any() and not taps[:, :, :, C:].any() and not run[:, :, K * cs:].any()
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("mode", NETWORK_MODES)
+def test_network_sends_the_wide_blocks_to_rung_28(model: str, mode: str) -> None:
+    """FusedLeNet runs rung 28 exactly for the blocks rungs 17/18 do not take (the wide
+    models' conv2; in exact mode as 3xTF32)."""
+    from convolab.gpu import network
+
+    net = object.__new__(network.FusedLeNet)
+    net.model, net.mode = model, mode
+    on = mode != "exact" or fused_wide.EXACT_PRECISION is not None
+    blocks = conv_blocks(model, 3)
+    for block in blocks:
+        wide = model in WIDE_MODELS and fused_mma.tc_kind(block.shape, block.pool) is None
+        assert (net._block_impl(block).rung == 28) == (wide and on), block
+    assert any(net._block_impl(b).rung == 28 for b in blocks) == (model in WIDE_MODELS and on)
+
+
+@pytest.mark.parametrize("model", WIDE_MODELS)
+@pytest.mark.parametrize("mode", NETWORK_MODES)
+def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan asks rung 28 for fp16 input in mode 'fp16' (fp32 elsewhere), and the block
+    before it is asked to write what rung 28 declares it reads (run.in_dtype)."""
+    from types import SimpleNamespace
+
+    from convolab.gpu import network
+
+    net = object.__new__(network.FusedLeNet)
+    net._cp = SimpleNamespace(empty=np.empty, float16=np.float16, float32=np.float32)
+    net.model, net.mode, net._kernel_params = model, mode, {}
+    net.channels_last = False
+    net.params = {k: np.zeros(v, np.float32) for k, v in param_shapes(model).items()}
+    asked: dict[str, object] = {}
+
+    def prepare(shape, w, b, kp, precision, in_dtype, *, pool):  # noqa: ANN001, ANN202
+        asked.update(precision=precision, in_dtype=in_dtype, pool=pool)
+        return SimpleNamespace(in_dtype=in_dtype)
+
+    def first_run(block, hw, out_dtype):  # noqa: ANN001, ANN202
+        asked["first_writes"] = out_dtype
+        return SimpleNamespace(out_dtype=out_dtype)
+
+    monkeypatch.setattr(fused_wide, "prepare", prepare)
+    monkeypatch.setattr(net, "_first_run", first_run)
+    blocks = conv_blocks(model, 3)
+    _, buffers = net._new_plan(3, None)
+    want = "float16" if mode == "fp16" else "float32"
+    assert asked["in_dtype"] == asked["first_writes"] == want
+    assert asked["precision"] == {"exact": "3xtf32"}.get(mode, NETWORK_MODES[mode])
+    assert asked["pool"] == blocks[1].pool and buffers[1].dtype == np.dtype(want)
+
+
+# ---- CPU: the kernel source under g++, mma.sync emulated -------------------------------------
+
+EMU = CUDA_SHIM + r"""
+#include <memory>
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+typedef _Float16 __half;
+inline __half __float2half_rn(float f) { return (__half)f; }
+inline float __half2float(__half h) { return (float)h; }
+inline unsigned short __half_as_ushort(__half h) {
+  unsigned short u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float tf32_round(float v) {
+  return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xFFFFE000u);
+}
+inline float tf32_split(float& v) {
+  const float big = tf32_round(v), small = tf32_round(v - big);
+  v = big;
+  return small;
+}
+struct __nv_bfloat162 { unsigned short x, y; };
+inline unsigned short bf16_bits(float f) {  // round to nearest even (finite values)
+  const unsigned u = __float_as_uint(f);
+  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
+  return {bf16_bits(lo), bf16_bits(hi)};
+}
+inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+inline void cp_async8(void* dst, const void* src, bool) { std::memcpy(dst, src, 8); }
+inline void cp_async4(void* dst, const void* src, bool) { std::memcpy(dst, src, 4); }
+inline void cp_async_commit() {}
+inline void cp_async_wait_all() {}
+std::barrier<>* block_bar;
+std::barrier<>* warp_bar[32];
+inline void __syncthreads() { block_bar->arrive_and_wait(); }
+inline void warp_sync() { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
+WarpRegs warp_regs[32];
+static double bf16(unsigned bits) { return (double)__uint_as_float((bits & 0xFFFF) << 16); }
+static double f16(unsigned bits) {
+  const unsigned short s = bits & 0xFFFF;
+  _Float16 h;
+  std::memcpy(&h, &s, 2);
+  return (double)h;
+}
+// the MMA reads the top 19 bits of a tf32 operand
+static double tf32(unsigned bits) { return (double)__uint_as_float(bits & 0xFFFFE000u); }
+// d += A B for one warp, from the PTX fragment layouts of m16n8k16 (fp16, bf16) and m16n8k8
+// (tf32).
+enum Kind { kF16, kBF16, kTF32 };
+template <Kind kind>
+void emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+             unsigned b1) {
+  const int l = threadIdx.x % 32;
+  WarpRegs& R = warp_regs[threadIdx.x / 32];
+  R.a[l][0] = a0; R.a[l][1] = a1; R.a[l][2] = a2; R.a[l][3] = a3; R.b[l][0] = b0; R.b[l][1] = b1;
+  warp_sync();
+  double A[16][16] = {}, B[16][8] = {};
+  for (int ln = 0; ln < 32; ++ln) {
+    const int g = ln / 4, t = ln % 4;
+    if (kind != kTF32) {
+      double (*half)(unsigned) = kind == kF16 ? f16 : bf16;
+      for (int h = 0; h < 2; ++h) {
+        A[g][2 * t + h] = half(R.a[ln][0] >> (16 * h));
+        A[g + 8][2 * t + h] = half(R.a[ln][1] >> (16 * h));
+        A[g][2 * t + 8 + h] = half(R.a[ln][2] >> (16 * h));
+        A[g + 8][2 * t + 8 + h] = half(R.a[ln][3] >> (16 * h));
+        B[2 * t + h][g] = half(R.b[ln][0] >> (16 * h));
+        B[2 * t + 8 + h][g] = half(R.b[ln][1] >> (16 * h));
+      }
+    } else {
+      A[g][t] = tf32(R.a[ln][0]); A[g + 8][t] = tf32(R.a[ln][1]);
+      A[g][t + 4] = tf32(R.a[ln][2]); A[g + 8][t + 4] = tf32(R.a[ln][3]);
+      B[t][g] = tf32(R.b[ln][0]); B[t + 4][g] = tf32(R.b[ln][1]);
+    }
+  }
+  const int g = l / 4, t = l % 4;
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
+    double s = d[r];
+    for (int k = 0; k < (kind == kTF32 ? 8 : 16); ++k) s += A[row][k] * B[k][col];
+    d[r] = (float)s;
+  }
+  warp_sync();
+}
+inline void mma_f16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                             unsigned b0, unsigned b1) {
+  emu_mma<kF16>(d, a0, a1, a2, a3, b0, b1);
+}
+inline void mma_bf16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                              unsigned b0, unsigned b1) {
+  emu_mma<kBF16>(d, a0, a1, a2, a3, b0, b1);
+}
+inline void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                             unsigned b0, unsigned b1) {
+  emu_mma<kTF32>(d, a0, a1, a2, a3, b0, b1);
+}
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+  const int l = threadIdx.x % 32;
+  WarpRegs& R = warp_regs[threadIdx.x / 32];
+  R.v[l] = v;
+  warp_sync();
+  const float r = R.v[l ^ mask];
+  warp_sync();
+  return r;
+}
+alignas(16) unsigned char fw_smem[232448];
+#include "kernel.inc"
+template <class T> static T* read(const char* dir, const char* name, size_t n) {
+  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
+  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE* f = fopen(path, "rb");
+  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
+  fclose(f);
+  return p;
+}
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int batch = atoi(argv[2]), grid = atoi(argv[3]);
+  const size_t nx = (size_t)batch * FW_C * FW_H * FW_W;
+  const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP + 64;
+  fw_in_t* x = read<fw_in_t>(dir, "x.bin", nx);
+  uint4* wfrag = read<uint4>(dir, "w.bin", FW_WBYTES / 16);
+  float* bias = read<float>(dir, "b.bin", FW_M);
+  float* y = read<float>(dir, "y.bin", ny);
+  printf("%d\n", FW_SMEM_BYTES);
+  static_assert(FW_SMEM_BYTES <= (int)sizeof(fw_smem), "emulator shared memory");
+  gridDim.x = grid;
+  for (int blk = 0; blk < grid; ++blk) {
+    std::memset(fw_smem, 0xFF, sizeof fw_smem);  // NaN in fp16 and fp32: unstaged reads show
+    std::barrier<> bb(FW_THREADS);
+    block_bar = &bb;
+    std::vector<std::unique_ptr<std::barrier<>>> wb;
+    for (int w = 0; w < FW_WARPS; ++w) {
+      wb.emplace_back(new std::barrier<>(32));
+      warp_bar[w] = wb.back().get();
+    }
+    std::vector<std::thread> ts;
+    for (int t = 0; t < FW_THREADS; ++t)
+      ts.emplace_back([=] {
+        threadIdx.x = t;
+        blockIdx.x = blk;
+        fcp_wide(x, wfrag, bias, y, batch);
+      });
+    for (auto& t : ts) t.join();
+  }
+  char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
+}
+"""
+
+SENTINEL = 64  # floats past the output, which must stay untouched
+
+
+def emulate(tmp_path: Path, shape: ConvShape, pool: int, precision: str, in_dtype: str,
+            x: np.ndarray, w: np.ndarray, b: np.ndarray, params: dict[str, int],
+            grid: int) -> tuple[np.ndarray, int]:
+    """The kernel's output for (x, w, b) run on the CPU, and its FW_SMEM_BYTES."""
+    plan = fused_wide.wide_plan(shape, pool, precision, params, in_dtype)
+    source = (KERNEL_DIR / fused_wide.KERNEL_FILE).read_text()
+    assert "asm" not in source, "inline PTX the emulator does not know"
+    (tmp_path / "kernel.inc").write_text(source.replace('#include "common.cuh"', "").replace(
+        "#include <cuda_bf16.h>", ""))
+    (tmp_path / "emu.cpp").write_text(EMU)
+    exe = tmp_path / "emu"
+    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w",
+                            *define_flags(plan.defines), "-o", str(exe),
+                            str(tmp_path / "emu.cpp")], capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    hp, wp = shape.H_out // pool, shape.W_out // pool
+    ny = shape.B * shape.M * hp * wp
+    np.ascontiguousarray(x, in_dtype).tofile(tmp_path / "x.bin")
+    fused_wide.wide_fragments(w, precision).tofile(tmp_path / "w.bin")
+    b.astype(np.float32).tofile(tmp_path / "b.bin")
+    np.full(ny + SENTINEL, np.nan, np.float32).tofile(tmp_path / "y.bin")
+    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(grid)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    y = np.fromfile(tmp_path / "y_out.bin", np.float32)
+    assert np.isnan(y[ny:]).all(), "wrote past the output"
+    return y[:ny].reshape(shape.B, shape.M, hp, wp), int(run.stdout.split()[0])
+
+
+EMULATED = [  # (precision, input, shape, pool, params, grid): small images, both pools
+    ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), 2, {"prefetch": -1}, 2),
+    ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), 2, {"prefetch": 1}, 2),
+    ("fp16", "float16", ConvShape(2, 9, 13, 13, 19, 3), 4, {"warps": 2}, 1),
+    ("fp16", "float16", ConvShape(3, 12, 14, 14, 24, 7), 2, {"rows": 2, "prefetch": 1}, 2),
+    ("tf32", "float32", ConvShape(2, 12, 14, 14, 24, 7), 2, {"units": 3}, 1),  # reads the slack
+    ("tf32", "float32", ConvShape(2, 12, 14, 14, 24, 7), 2, {"pitch": 17}, 1),  # and the pad
+    ("tf32", "float16", ConvShape(1, 13, 16, 18, 33, 5), 4, {"rows": 2}, 1),  # Hp 3: unit moved up
+    ("3xtf32", "float32", ConvShape(2, 12, 19, 15, 24, 5), 2, {"units": 2, "rows": 2}, 2),
+    ("3xtf32", "float16", ConvShape(1, 8, 15, 12, 17, 3), 4, {"prefetch": 1}, 1),
+    ("3xtf32", "float32", ConvShape(2, 12, 15, 17, 24, 5), 2, {"split": 2, "pitch": 20}, 2),
+    ("3xtf32", "float16", ConvShape(1, 11, 16, 18, 30, 3), 4, {"split": 2, "rows": 2}, 1),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("case", range(len(EMULATED)))
+def test_kernel_emulated_on_cpu(case: int, tmp_path: Path, rng: np.random.Generator) -> None:
+    precision, in_dtype, shape, pool, params, grid = EMULATED[case]
+    x, w, b = problem(rng, shape, in_dtype)
+    y, smem = emulate(tmp_path, shape, pool, precision, in_dtype, x, w, b, params, grid)
+    assert smem == fused_wide.wide_plan(shape, pool, precision, params, in_dtype).smem
+    check_result(y, x, w, b, pool, precision)
+    if precision == "3xtf32":  # the emulated MMA is exact: the split's ~2^-20 and fp32 sums
+        assert rel_l2(y, reference_conv_relu_pool(x.astype(np.float32), w, b, 1, pool)) <= 2e-6
+
+
+# ---- GPU -------------------------------------------------------------------------------------
+
+
+def run_gpu(shape: ConvShape, pool: int, precision: str, in_dtype: str, x: np.ndarray,
+            w: np.ndarray, b: np.ndarray, params: dict[str, int] | None = None) -> np.ndarray:
+    import cupy as cp
+
+    run = fused_wide.prepare(shape, cp.asarray(w), cp.asarray(b), params or {}, precision,
+                             in_dtype, pool=pool)
+    y = cp.empty((shape.B, shape.M, shape.H_out // pool, shape.W_out // pool), cp.float32)
+    poison(y)
+    run(cp.asarray(x), y)
+    return y.get()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", fused_wide.IN_DTYPES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", range(3))
+def test_random_wide_shapes(case: int, precision: str, in_dtype: str,
+                            rng: np.random.Generator) -> None:
+    shape, pool = random_wide_shape(rng, precision)
+    x, w, b = problem(rng, shape, in_dtype)
+    params = {"rows": int(rng.integers(1, 3)), "prefetch": int(rng.choice([-1, 1]))}
+    check_result(run_gpu(shape, pool, precision, in_dtype, x, w, b, params), x, w, b, pool,
+                 precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", fused_wide.IN_DTYPES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_zoo_wide_layers(precision: str, in_dtype: str, rng: np.random.Generator) -> None:
+    for shape, pool in wide_blocks(7):
+        x, w, b = problem(rng, shape, in_dtype)
+        check_result(run_gpu(shape, pool, precision, in_dtype, x, w, b), x, w, b, pool,
+                     precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [{"warps": 2, "units": 1}, {"warps": 5, "units": 3},
+                                    {"warps": 8, "minb": 2}, {"bps": 1}, {"rows": 2},
+                                    {"rows": 2, "units": 2, "prefetch": 1}, {"prefetch": -1},
+                                    {"prefetch": 1, "warps": 7}])
+def test_tunable_parameters_keep_the_result(params: dict[str, int],
+                                            rng: np.random.Generator) -> None:
+    shape, pool = wide_blocks(13)[int(rng.integers(2))]
+    x, w, b = problem(rng, shape, "float32")
+    for precision in PRECISIONS:
+        check_result(run_gpu(shape, pool, precision, "float32", x, w, b, params), x, w, b, pool,
+                     precision)
+
+
+@pytest.mark.gpu
+def test_registry_entries_through_forward(rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    shape, pool = wide_blocks(5)[0]
+    x, w, b = problem(rng, shape, "float32")
+    for precision in PRECISIONS:
+        impl = fused_wide.wide_impl(pool, precision)
+        y = impl.forward(cp.asarray(x), cp.asarray(w), cp.asarray(b), warps=2)
+        check_result(y.get(), x, w, b, pool, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_nan_stays_in_its_image(precision: str, rng: np.random.Generator) -> None:
+    shape, pool = wide_blocks(3)[0]
+    x, w, b = problem(rng, shape, "float32")
+    x[1, 5, shape.H // 2, shape.W // 3] = np.nan
+    y = run_gpu(shape, pool, precision, "float32", x, w, b)
+    ref = reference_conv_relu_pool(x, w, b, 1, pool)
+    assert np.isnan(y[np.isnan(ref)]).all(), "a pool window with a NaN gave a finite value"
+    for i in (0, 2):
+        assert rel_l2(y[i], ref[i]) <= TOLERANCE[precision]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", WIDE_MODELS)
+def test_shipped_wide_models_exact_gpu_equals_cpu_on_every_test_image(model: str) -> None:
+    """Exact mode (3xTF32 on rung 28 for conv2) predicts what the CPU framework does."""
+    from convolab import data
+    from convolab.gpu.network import FusedLeNet
+    from convolab.models import load, spec
+
+    network = load(model)
+    raw, labels = data.load_split("test")
+    gpu = FusedLeNet(network.params(), mode="exact", model=model).forward_chunks(raw, labels=True)
+    cpu = network.predict(data.resize_bilinear(raw, spec(model).input_size))
+    assert np.array_equal(gpu, cpu)
+    assert (gpu == labels).mean() > 0.85
