@@ -340,8 +340,7 @@ def run_throughput(network: Network, impl: ConvImpl | None, device: str, n: int,
         t = Throughput(n, len(x), "fused CPU network")
         _throughput_cpu_network(network, x, labels, t)
     elif impl is None:
-        t = Throughput(n, len(x), f"fused network ({mode}), median of {THROUGHPUT_REPEATS} "
-                       "passes")
+        t = Throughput(n, len(x), f"fused network ({mode})")
         _throughput_fused(network, mode, x, labels, t)
     else:
         t = Throughput(n, len(x), f"per layer ({impl.name})")
