@@ -29,7 +29,10 @@ SHAPES_SEED = 408
 def _random_shapes(count: int, seed: int = SHAPES_SEED) -> list[ConvShape]:
     rng = np.random.default_rng(seed)
     shapes = [
-        ConvShape(B=1, C=1, H=7, W=7, M=1, K=7, S=1),  # K == H == W: one output pixel
+        # K == H == W: one output pixel a map. Six maps, not one: the relative L2 error of a
+        # single fp32 sum of 49 products exceeds 1e-5 on ~0.5 % of draws (when the sum nearly
+        # cancels), which made this test fail now and then on a fresh seed.
+        ConvShape(B=2, C=1, H=7, W=7, M=3, K=7, S=1),
         ConvShape(B=3, C=2, H=5, W=9, M=3, K=5, S=2),  # K == H, wide input
         ConvShape(B=2, C=1, H=13, W=11, M=2, K=1, S=1),  # K = 1
         ConvShape(B=2, C=3, H=21, W=19, M=4, K=3, S=4),  # odd sizes, stride 4
