@@ -1,4 +1,4 @@
-"""Rung 29 (gpu/fused_first.py, kernels/29_fused_first_conv_pool.cu): a first block
+"""Rung 29 (gpu/fused_first.py, kernels/29_fused_first_conv_pool.cu and 29b): a first block
 (C = 1, many output channels) as one kernel, FFMA or fp16 tensor cores, from raw bytes resized
 on chip or from floats, writing fp32 or fp16.
 

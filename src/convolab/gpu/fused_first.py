@@ -1,9 +1,11 @@
 """Rung 29: a model's first block (one input channel, many output channels) as one kernel,
 conv + bias + ReLU + max-pool, from raw uint8 images resized on chip or from float images,
-writing the pooled map in fp32 or fp16 (kernels/29_fused_first_conv_pool.cu):
+writing the pooled map in fp32 or fp16:
 
-    ff_conv_pool_raw / _f32   FFMA (precision fp32: modes 'exact' and 'tf32')
-    ff_toe_raw / _f32         fp16 tensor cores, Toeplitz mapping in channel groups ('fp16')
+    ff_conv_pool_raw / _f32   FFMA (precision fp32: modes 'exact' and 'tf32'),
+                              kernels/29_fused_first_conv_pool.cu
+    ff_toe_raw / _f32         fp16 tensor cores, Toeplitz mapping in channel groups ('fp16'),
+                              kernels/29b_fused_first_conv_pool_mma.cu
 
 `first_plan` picks the family, its defines and its launch geometry; `prepare(...)` returns
 run(x, out), reading raw images (n, h, w) uint8 when prepared with `raw_hw`, else float images
@@ -26,7 +28,8 @@ from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
-KERNEL_FILE = "29_fused_first_conv_pool.cu"
+KERNEL_FILE = "29_fused_first_conv_pool.cu"  # FFMA
+TC_KERNEL_FILE = "29b_fused_first_conv_pool_mma.cu"  # fp16 tensor cores
 OUT_DTYPES = ("float32", "float16")
 PRECISIONS = ("fp32", "fp16")  # FFMA, or fp16 tensor cores
 # FFMA block sizes the planner chooses from: pool windows (one per thread) of a block.
@@ -173,7 +176,7 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
                                                                                  raw_hw):
         warps = int(params.get("warps") or TC_WARPS)
         tph = tc_rows(shape, pool)
-        defines = {**base, "FF_TC": 1, "FF_GC": tc_group(shape), "FF_TPH": tph,
+        defines = {**base, "FF_GC": tc_group(shape), "FF_TPH": tph,
                    "FF_WARPS": warps, "FF_MINB": int(params.get("minb") or 1)}
         return FirstPlan(f"ff_toe_{entry}", defines, 32 * warps,
                          ceil_div(pooled_hw(shape, pool)[0], tph), tc_group(shape))
@@ -197,7 +200,7 @@ def _ffma_plan(shape: ConvShape, pool: int, params: Mapping[str, Any], base: dic
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes)")
     need = mt * pool * pool + REG_OVERHEAD
     minb = int(params.get("minb") or max(1, SM_REGISTERS // (threads * need)))
-    defines = {**base, "FF_TC": 0, "FF_MT": mt, "FF_G": ceil_div(shape.M, mt),
+    defines = {**base, "FF_MT": mt, "FF_G": ceil_div(shape.M, mt),
                "FF_THREADS": threads, "FF_MINB": minb}
     return FirstPlan(f"ff_conv_pool_{entry}", defines, threads, ceil_div(hp * wp, threads), mt)
 
@@ -247,7 +250,8 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
         raise InputError(f"rung 29: weight {w.shape} and bias {b.shape} do not fit {shape} "
                          f"(want {shape.w_shape} and ({shape.M},))")
     cp = require_cupy()
-    kernel = get_kernel(KERNEL_FILE, plan.kernel, plan.defines)
+    kernel = get_kernel(TC_KERNEL_FILE if plan.tensor_cores else KERNEL_FILE, plan.kernel,
+                        plan.defines)
     i32 = np.int32
     if plan.tensor_cores:
         frag, m_pad = toe_weights(w, plan.channels)
@@ -345,7 +349,7 @@ FIRST_TC_IMPL = register(ConvImpl(
     defaults={"warps": 0, "minb": 0},
     tolerance=TOLERANCE["fp16"],
     rung=29,
-    kernel_file=KERNEL_FILE,
+    kernel_file=TC_KERNEL_FILE,
     compile_variants=lambda: compile_variants("fp16"),
     pool=FIRST_POOL,
 ))

@@ -1,9 +1,10 @@
 // Rung 29 — the first block of a wider LeNet in one kernel: conv (one input channel, many
 // output channels) + bias + ReLU + max-pool, from raw uint8 bytes resized on chip (the _raw
 // entries, resize.cuh) or from float images (the _f32 entries), writing the pooled map as fp32
-// or, with FF_HALF, as fp16 for a next layer that reads fp16. Two families, FF_TC:
-//   0  ff_conv_pool_*: FFMA, exact (mode 'exact', 'tf32');
-//   1  ff_toe_*: fp16 tensor cores, kernel 17's Toeplitz mapping in channel groups ('fp16').
+// or, with FF_HALF, as fp16 for a next layer that reads fp16. Two families: this file's
+// ff_conv_pool_* (FFMA, modes 'exact' and 'tf32'), and 29b_fused_first_conv_pool_mma.cu's
+// ff_toe_* (fp16 tensor cores, kernel 17's Toeplitz mapping in channel groups, mode 'fp16');
+// first_block.cuh holds what they share.
 //
 // What changes against 15/16 (FFMA) and 17 (tensor cores), and why. The wider models' conv1
 // (M = 12) fit neither 16 (all M channels in one thread's multi-window tile, weights as
@@ -30,44 +31,8 @@
 // The raw entries' extra 0.13-0.28 ms is the resize: each block of an image restages the whole
 // raw image (784 divisions) and its band's rows. ece408's conv1 (M = 4) is faster on 16 / 17.
 
-#include "common.cuh"
-#include "resize.cuh"
+#include "first_block.cuh"
 
-#ifndef FF_TC
-#define FF_TC 0
-#endif
-#ifndef FF_K
-#define FF_K 5  // filter size (stride 1)
-#endif
-#ifndef FF_P
-#define FF_P 2  // pool window and stride
-#endif
-#ifndef FF_H
-#define FF_H 70  // input image height (after the resize)
-#endif
-#ifndef FF_W
-#define FF_W 70
-#endif
-#ifndef FF_MINB
-#define FF_MINB 1  // blocks per SM the register allocation must allow
-#endif
-#ifndef FF_HALF
-#define FF_HALF 0  // 1: fp16 output
-#endif
-
-#define FF_HP ((FF_H - FF_K + 1) / FF_P)  // pooled rows (floor)
-#define FF_WP ((FF_W - FF_K + 1) / FF_P)
-#define FF_TASKS (FF_HP * FF_WP)          // pool windows of one image and channel
-
-#if FF_HALF
-typedef __half ff_out;
-__device__ __forceinline__ ff_out ff_convert(float v) { return __float2half_rn(v); }
-#else
-typedef float ff_out;
-__device__ __forceinline__ ff_out ff_convert(float v) { return v; }
-#endif
-
-#if !FF_TC
 // =============================================================================================
 // FFMA: one pool window of FF_MT channels per thread, FF_G channel groups per block.
 #ifndef FF_MT
@@ -224,122 +189,3 @@ ff_conv_pool_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restr
   __syncthreads();
   ff_conv_pool(img, w_s, band, y, M);
 }
-
-#else
-// =============================================================================================
-// fp16 tensor cores: kernel 17's Toeplitz mapping (fused_mma.cuh explains it) for TC_M = FF_GC
-// channels at a time; a block stages FF_TPH pooled rows' input once (as fp16) and runs every
-// channel group over them, each group's B fragments (K x FF_GC x 2 registers) loaded once per
-// warp and group.
-#ifndef FF_GC
-#define FF_GC 4  // output channels of a group
-#endif
-#ifndef FF_TPH
-#define FF_TPH 11  // pooled rows of a block
-#endif
-#ifndef FF_WARPS
-#define FF_WARPS 4
-#endif
-#define TC_PREC 0
-#define TC_C 1
-#define TC_K FF_K
-#define TC_P 2
-#define TC_M FF_GC
-#define TC_TPH FF_TPH
-#define TC_TPW FF_WP
-#define TC_WARPS FF_WARPS
-#define TC_MINB FF_MINB
-#include "fused_mma.cuh"
-
-static_assert(FF_P == 2, "the Toeplitz mapping pools 2x2 windows");
-static_assert(FF_K + 7 <= 16, "the Toeplitz mapping's 16 input columns give 8 outputs");
-
-// bfrag: kernel 17's fragments (gpu/fused_mma.py toeplitz_fragments, fp16) of m_pad channels
-// (the layer's M, zero-padded to whole groups): [r][m][lane].
-template <typename Input>
-__device__ __forceinline__ void ff_toe(Input input, const uint2* __restrict__ bfrag,
-                                       const float* __restrict__ bias, ff_out* __restrict__ y,
-                                       int M, int m_pad, int tiles_h) {
-  __shared__ __align__(16) tc_elem in_s[TOE_IR * TOE_RS];
-  const size_t b = blockIdx.x / tiles_h;
-  const int tile_y = blockIdx.x % tiles_h;
-  const int iy0 = tile_y * TC_TPH * 2;
-  {  // the tile as fp16 pixel pairs, TC_STAGE_UNROLL loads in flight per thread (17's staging)
-    constexpr int HS = TOE_RS / 2, NP = TOE_IR * HS;
-    for (int base = threadIdx.x; base < NP; base += TC_THREADS * TC_STAGE_UNROLL) {
-      float2 v[TC_STAGE_UNROLL];
-#pragma unroll
-      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
-        const int i = base + u * TC_THREADS;
-        const int row = i / HS, p2 = i - row * HS;
-        v[u] = make_float2(0.f, 0.f);
-        if (i < NP) v[u] = input(b, 0, iy0 + row, 2 * p2);
-      }
-#pragma unroll
-      for (int u = 0; u < TC_STAGE_UNROLL; ++u) {
-        const int i = base + u * TC_THREADS;
-        if (i < NP) tc_store2(in_s + 2 * i, v[u].x, v[u].y);
-      }
-    }
-  }
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll 1
-  for (int m0 = 0; m0 < M; m0 += TC_M) {
-    uint2 bf[TC_K][TC_M];
-    float bm[TC_M];
-#pragma unroll
-    for (int r = 0; r < TC_K; ++r)
-#pragma unroll
-      for (int n = 0; n < TC_M; ++n) bf[r][n] = __ldg(&bfrag[(r * m_pad + m0 + n) * 32 + lane]);
-#pragma unroll
-    for (int n = 0; n < TC_M; ++n) bm[n] = m0 + n < M ? __ldg(&bias[m0 + n]) : 0.f;
-    for (int mt = warp; mt < TOE_MTILES; mt += TC_WARPS) {
-      const int combo = min(mt * 8 + g, TOE_COMBOS - 1);
-      const int ph_l = combo / TOE_NG, ow0 = (combo % TOE_NG) * 8;
-      float acc[TC_M][4];
-#pragma unroll
-      for (int n = 0; n < TC_M; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-      for (int r = 0; r < TC_K; ++r) {
-        const tc_elem* row0 = in_s + (2 * ph_l + r) * TOE_RS + ow0;
-        const tc_elem* row1 = row0 + TOE_RS;
-        const unsigned a0 = ld_u32(row0 + 2 * t), a1 = ld_u32(row1 + 2 * t);
-        const unsigned a2 = ld_u32(row0 + 2 * t + 8), a3 = ld_u32(row1 + 2 * t + 8);
-#pragma unroll
-        for (int n = 0; n < TC_M; ++n) tc_mma(acc[n], a0, a1, a2, a3, bf[r][n].x, bf[r][n].y);
-      }
-      const int ph = tile_y * TC_TPH + ph_l, pw = ow0 / 2 + t;
-      if (mt * 8 + g < TOE_COMBOS && ph < FF_HP && pw < FF_WP) {
-        ff_out* yp = y + (b * M + m0) * FF_TASKS + ph * FF_WP + pw;
-#pragma unroll
-        for (int n = 0; n < TC_M; ++n) {
-          if (m0 + n >= M) break;
-          const float v =
-              fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
-          yp[n * FF_TASKS] = ff_convert(fmax_nan(v + bm[n], 0.f));
-        }
-      }
-    }
-  }
-}
-
-// x: (B, 1, FF_H, FF_W) fp32; y: (B, M, HP, WP). Grid: B * tiles_h blocks.
-extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MINB)
-ff_toe_f32(const float* __restrict__ x, const uint2* __restrict__ bfrag,
-           const float* __restrict__ bias, ff_out* __restrict__ y, int M, int m_pad,
-           int tiles_h) {
-  ff_toe(ToeFloatInput{x, FF_H, FF_W}, bfrag, bias, y, M, m_pad, tiles_h);
-}
-
-extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MINB)
-ff_toe_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
-           const uint2* __restrict__ bfrag, const float* __restrict__ bias,
-           ff_out* __restrict__ y, int M, int m_pad, int tiles_h) {
-  __shared__ float unit[RAW_H * RAW_W];
-  __shared__ float rows[TOE_IR * RAW_W];
-  ff_toe(toe_stage_raw(unit, rows, raw, taps, FF_H, FF_W, tiles_h), bfrag, bias, y, M, m_pad,
-         tiles_h);
-}
-#endif
