@@ -337,3 +337,14 @@ def test_classify_batch_is_a_deprecated_alias_of_images(monkeypatch: pytest.Monk
     result = runner.invoke(cli.app, ["classify", "--images", "9", "--device", "cpu"])
     assert seen == {"batch": 9} and "note" not in result.output
     refused(["classify", "--images", "5", "--batch", "5", "--device", "cpu"], "only --images")
+
+
+def test_replot_refusals(tmp_path: Path) -> None:
+    refused(["bench", "--replot", str(tmp_path / "none.json"), "--out", str(tmp_path)],
+            "no results file")
+    (tmp_path / "r.json").write_text("{}")
+    refused(["bench", "--replot", str(tmp_path / "r.json")], "--out")
+    refused(["bench", "--replot", str(tmp_path / "r.json"), "--out", str(tmp_path), "--network"],
+            "times nothing")
+    refused(["bench", "--replot", str(tmp_path / "r.json"), "--out", str(tmp_path)],
+            "not a convolab bench results file")

@@ -68,3 +68,33 @@ def test_docs_images_come_from_the_closing_results(tmp_path):
         assert (docs / doc).read_bytes()[:8] == PNG_MAGIC
         assert abs(len(fresh.read_bytes()) - len((docs / doc).read_bytes())) < 0.02 * len(
             fresh.read_bytes())
+
+
+def _sweep_file(path: Path, batches: tuple[int, ...], gflops: float) -> Path:
+    """A results file of one run per batch, each with one timed GPU row of layer 'L'."""
+    runs = [{"label": f"b{b}", "config": {"batch": b}, "cases": [{"label": "L"}],
+             "rows": [{"case": "L", "impl": "mine", "device": "gpu", "batch": b, "rung": 1,
+                       "shape": "1,1,8,8,1,3,1",
+                       "anchor": False, "precision": "fp32", "gflops": gflops * b,
+                       "op": {"median_ms": 1.0}}]} for b in batches]
+    path.write_text(json.dumps({"runs": runs}))
+    return path
+
+
+def test_plot_sweeps_merges_files_and_the_later_file_wins(tmp_path):
+    pytest.importorskip("matplotlib")
+    early = _sweep_file(tmp_path / "a.json", (1, 2, 4), 10.0)
+    late = _sweep_file(tmp_path / "b.json", (4, 8), 20.0)
+    runs = [run for f in (early, late) for run in report._load_runs(f)[0]]
+    line = report._sweep_lines(runs)["L"]["mine"]
+    assert [b for b, _ in line] == [1, 2, 4, 8]
+    assert [r.gflops for _, r in line] == [10.0, 20.0, 80.0, 160.0]  # batch 4 from b.json
+    written = report.plot_sweeps([early, late], tmp_path / "out")
+    assert [p.name for p in written] == ["sweep_l.png"]
+    assert written[0].read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_sweeps_needs_two_batches(tmp_path):
+    one = _sweep_file(tmp_path / "a.json", (4,), 1.0)
+    with pytest.raises(report.ConvolabError, match="fewer than two batch sizes"):
+        report.plot_sweeps([one, one], tmp_path)

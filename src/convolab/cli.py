@@ -360,6 +360,12 @@ def bench(
         typer.Option("--out", help="results folder (default benchmarks/results/DATE_DEVICE_PLAN)"),
     ] = None,
     plot: Annotated[bool, typer.Option("--plot", help="also write plot.png")] = False,
+    replot: Annotated[
+        list[Path] | None,
+        typer.Option("--replot", help="redraw figures from results.json files into --out, "
+                     "times nothing: one file -> its ladder, roofline and sweep charts; several "
+                     "-> one batch-sweep figure per layer over all of them (later files win)"),
+    ] = None,
     input_kind: Annotated[
         str | None,
         typer.Option("--input", help="--network on the GPU: raw (uint8 bytes, resized on chip; "
@@ -375,6 +381,11 @@ def bench(
     from convolab import bench as run
 
     command = "convolab " + " ".join(sys.argv[1:])
+    if replot:
+        if plan is not None or train or network:
+            fail("--replot times nothing: it takes no --plan, --train or --network")
+        _replot(replot, out)
+        return
     if train:
         from convolab.bench import train as train_bench
 
@@ -410,6 +421,22 @@ def bench(
     config = run.from_flags(model, batch, reps, impl or (), shapes, shape or (), network,
                             variant or (), plot, device, input_kind)
     run.main([config], out=out, command=command)
+
+
+def _replot(files: list[Path], out: Path | None) -> None:
+    from convolab import outputs
+    from convolab.bench import report
+
+    if out is None:
+        fail("--replot needs --out DIR (where the figures go)")
+    out = outputs.check_dir(out, "--out")
+    for f in files:
+        if not f.is_file():
+            fail(f"--replot: no results file {f}")
+    written = (report.plot_results(files[0], out) if len(files) == 1
+               else report.plot_sweeps(files, out))
+    for path in written:
+        print(f"wrote {path}")
 
 
 @app.command()

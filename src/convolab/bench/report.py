@@ -310,13 +310,16 @@ def plot_roofline(path: Path, rows: Sequence[Row | dict[str, Any]], ceilings: di
 
 
 def _sweep_lines(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[tuple[int, Row]]]]:
-    """case label -> implementation -> [(batch, row)] over every run, timed GPU rows only."""
-    lines: dict[str, dict[str, list[tuple[int, Row]]]] = {}
+    """case label -> implementation -> [(batch, row)] over every run, timed GPU rows only; where
+    two runs time the same (case, implementation, batch), the later run's row is kept."""
+    points: dict[str, dict[str, dict[int, Row]]] = {}
     for run in runs:
         for r in (_as_row(d) for d in run.get("rows", [])):
             if r.op and r.gflops and r.device == "gpu":
-                lines.setdefault(r.case, {}).setdefault(r.impl, []).append((r.batch, r))
-    return lines
+                points.setdefault(r.case, {}).setdefault(r.impl, {})[r.batch] = r
+    return {case: {impl: sorted(by_batch.items(), key=lambda p: p[0])
+                   for impl, by_batch in impls.items()}
+            for case, impls in points.items()}
 
 
 def plot_batch_sweep(out_dir: Path, runs: Sequence[dict[str, Any]]) -> list[Path]:
@@ -328,12 +331,18 @@ def plot_batch_sweep(out_dir: Path, runs: Sequence[dict[str, Any]]) -> list[Path
         if max(len({b for b, _ in pts}) for pts in impls.values()) < 2:
             continue
         fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        # One colour per precision, so each line sits beside its own anchor; markers tell
+        # apart several lines of one precision.
+        colours = {p: f"C{i}" for i, p in enumerate(sorted({pts[0][1].precision
+                                                             for pts in impls.values()}))}
+        seen: dict[str, int] = {}
         for impl, pts in sorted(impls.items()):
-            pts.sort(key=lambda p: p[0])
-            anchor = pts[0][1].anchor
-            ax.plot([b for b, _ in pts], [r.gflops for _, r in pts], marker="o",
-                    linestyle="--" if anchor else "-", linewidth=1.2 if anchor else 1.8,
-                    label=f"{impl} ({pts[0][1].precision})")
+            anchor, precision = pts[0][1].anchor, pts[0][1].precision
+            marker = "osD^v"[seen.get(precision, 0) % 5]
+            seen[precision] = seen.get(precision, 0) + 1
+            ax.plot([b for b, _ in pts], [r.gflops for _, r in pts], marker=marker,
+                    color=colours[precision], linestyle="--" if anchor else "-",
+                    linewidth=1.2 if anchor else 1.8, label=f"{impl} ({precision})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch")
@@ -349,18 +358,38 @@ def plot_batch_sweep(out_dir: Path, runs: Sequence[dict[str, Any]]) -> list[Path
     return written
 
 
-def plot_results(json_path: Path, out_dir: Path) -> list[Path]:
-    """Redraw the ladder chart (plot*.png) and the roofline (roofline*.png) of an existing
-    results file (a bench results.json, with runs, or a flat one with cases and rows) into
-    out_dir; returns the files written."""
+def _load_runs(json_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A results file's per-layer runs and its measured ceilings (a bench results.json, with
+    runs, or a flat one with cases and rows); one clear error for anything else."""
     try:
         record = json.loads(Path(json_path).read_text(encoding="utf-8"))
         runs = record["runs"] if "runs" in record else [
             {"label": "bench", "cases": record["cases"], "rows": record["rows"]}]
         ceilings = record.get("ceilings") or {}
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ConvolabError(f"{json_path}: not a convolab bench results file ({err})") from None
-    layer_runs = [run for run in runs if run.get("cases")]
+    return [run for run in runs if run.get("cases")], ceilings
+
+
+def plot_sweeps(json_paths: Sequence[Path], out_dir: Path) -> list[Path]:
+    """One batch-sweep figure per layer (sweep_<layer>.png) over the runs of several results
+    files — a sweep measured in several plans — into out_dir. Where files time the same
+    (layer, implementation, batch), the file named later wins. Returns the files written."""
+    if not json_paths:
+        raise ConvolabError("plot_sweeps: no results files given")
+    runs = [run for path in json_paths for run in _load_runs(path)[0]]
+    if len({(run.get("config") or {}).get("batch") for run in runs}) < 2:
+        raise ConvolabError(f"{', '.join(map(str, json_paths))}: fewer than two batch sizes, "
+                            "no sweep to plot")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return plot_batch_sweep(Path(out_dir), runs)
+
+
+def plot_results(json_path: Path, out_dir: Path) -> list[Path]:
+    """Redraw the ladder chart (plot*.png) and the roofline (roofline*.png) of an existing
+    results file (a bench results.json, with runs, or a flat one with cases and rows) into
+    out_dir; returns the files written."""
+    layer_runs, ceilings = _load_runs(json_path)
     written: list[Path] = []
     for run in layer_runs:
         name = "plot.png" if len(layer_runs) == 1 else f"plot_{slug(run['label'])}.png"
