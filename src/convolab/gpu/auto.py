@@ -84,7 +84,10 @@ def resolve(
 ) -> Choice:
     """Cached winner for (gpu, shape, mode) if it is eligible here, else the heuristic."""
     entry = tune.lookup(entries, gpu, shape, mode)
-    if entry is not None and entry.impl in eligible:
+    # `auto`'s callers pass NCHW fp32: an entry for a channels-last run (layout=nhwc, rungs
+    # 39-40) is never theirs.
+    if (entry is not None and entry.impl in eligible
+            and entry.params.get("layout", "nchw") == "nchw"):
         return Choice(entry.impl, dict(entry.params), "cache")
     return default_choice(shape, eligible, mode)
 
