@@ -72,10 +72,27 @@ def test_defaults_and_space_are_valid(mode: str, rung: int) -> None:
     ("fp16", {"BM": 64, "BN": 128, "STAGES": 3}, 40),               # one block an SM: no 64 rows
     ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "layout": "nwhc"}, 39),  # no such layout
     ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "relu": 2}, 40),
+    ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 1}, 39),   # rung 39 has no TMA path
 ])
 def test_bad_defines_are_refused(mode: str, bad: dict[str, int], rung: int) -> None:
     with pytest.raises(ValueError, match="igemm-wg"):
         wg.wgmma_defines(mode, bad, RUNGS[rung])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("bm", [128, 256])
+def test_tensor_map_box_is_a_stage_a_section(mode: str, bm: int) -> None:
+    """Rung 40's TMA box: one 128-byte k-tile (the 128-byte swizzle's span, which the driver
+    requires the inner box to fit) of BM rows in every plane, which the kernel's expect_tx
+    counts as WG_A_ROWS * 128 bytes; strides a multiple of 16 bytes, box dims at most 256."""
+    esize = np.dtype(wg.operand_dtype(mode)).itemsize
+    planes = wg.planes(mode)
+    kd = ig.gemm_dims(ConvShape(2, 500, 16, 16, 300, 3))[2]
+    dims, strides, box = wg.tensor_map_geometry(planes, 300, kd, esize, bm)
+    assert dims == (kd, 300, planes) and box[1:] == (bm, planes)
+    assert box[0] * esize == wg.ROW_BYTES and max(box) <= 256
+    assert all(s % 16 == 0 for s in strides) and strides == (kd * esize, 300 * kd * esize)
+    assert box[0] * box[1] * box[2] * esize == bm * planes * wg.ROW_BYTES
 
 
 def test_nhwc_staging_can_outgrow_the_ring() -> None:
@@ -287,10 +304,17 @@ def cases(module_seed: int) -> list[Case]:
     return [make_case(rng, random_shape(rng)) for _ in range(N_SHAPES)]
 
 
+def _points(impl: ConvImpl, nhwc: bool = False) -> list[dict[str, int]]:
+    """Parameters of every registered define set (NCHW, or NHWC with its ReLU flag): what CI
+    compiles and benchmarks/wgmma_warm.py builds ahead of the GPU tests."""
+    valid = [d for d in impl.compile_variants() if "BM" in d and ("WG_NHWC" in d) == nhwc]
+    return [{**{k: d[k] for k in impl.space}, **({"relu": d.get("WG_RELU", 0)} if nhwc else {})}
+            for d in valid]
+
+
 def _random_point(impl: ConvImpl, rng: np.random.Generator) -> dict[str, int]:
-    valid = [d for d in impl.compile_variants() if "BM" in d and "WG_NHWC" not in d]
-    d = valid[int(rng.integers(len(valid)))]
-    return {k: d[k] for k in impl.space}
+    points = _points(impl)
+    return points[int(rng.integers(len(points)))]
 
 
 @pytest.mark.gpu
@@ -329,12 +353,14 @@ def _run_nhwc(name: str, case: Case, params: dict[str, Any]) -> tuple[float, Any
 @pytest.mark.parametrize("name", NAMES)
 def test_channels_last_form_on_random_shapes(name: str, cases: list[Case],
                                              rng: np.random.Generator) -> None:
-    """layout=nhwc with and without ReLU: same function as the NCHW run; the padded output
-    channels M..Mp-1 are written as zeros (the next layer reads them)."""
+    """layout=nhwc (with ReLU where the drawn define set has it): the same function as the NCHW
+    run; the padded output channels M..Mp-1 are written as zeros (the next layer reads them)."""
     impl = get_impl(name)
     failures = []
-    for case, relu in itertools.product(cases[:4], (0, 1)):
-        params = {**_random_point(impl, rng), "relu": relu}
+    points = _points(impl, nhwc=True)
+    first = int(rng.integers(len(points)))
+    for i, case in enumerate(cases[:max(6, len(points))]):  # every NHWC set, ReLU's included
+        params = points[(first + i) % len(points)]
         err, y = _run_nhwc(name, case, params)
         pad = y[..., case.shape.M:].get().astype(np.float32)
         if not err <= impl.tolerance or np.any(pad != 0):
@@ -371,10 +397,11 @@ def test_conv5_like_deep_k(mode: str, rung: int, rng: np.random.Generator) -> No
     impl = get_impl(r.prefix + mode)
     largest = ({"BM": 128, "BN": 192, "STAGES": 2} if mode == "3xtf32" else
                {"BM": 256, "BN": 192, "STAGES": 3, "PIPE": 1})
-    narrow = [ig.WGMMA_NARROW[mode]] if rung == 39 else []
+    narrow = [ig.WGMMA_NARROW[mode]] if rung == 39 else [{**wg.tiles(mode, r)[0], "TMA": 1}]
     for params in (*narrow, *wg.tiles(mode, r), largest):
         err = run_impl(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params}: {err:.3g}"
+    for params in (*wg.tiles(mode, r)[:2], *narrow):
         err, _ = _run_nhwc(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params} nhwc: {err:.3g}"
 

@@ -22,6 +22,7 @@ tested on the CPU.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
 from collections.abc import Callable, Mapping
@@ -60,6 +61,8 @@ class WgRung:
     max_acc: int  # fp32 accumulators a consumer thread may hold (3xTF32 holds acc and total)
     bms: tuple[int, ...]
     demonstrates: str
+    barrier_bytes: int = 0  # static shared memory a stage adds (rung 40: two mbarriers)
+    tma: bool = False  # may bring A by the tensor copy engine (`TMA`); takes the map's address
 
     @property
     def copy_rows(self) -> int:
@@ -74,7 +77,7 @@ RUNG39 = WgRung(39, "igemm-wg-", FILE, "igemm_wgmma", 256, 256, 192, (64, 128, 2
 RUNG40 = WgRung(40, "igemm-wgp-", "40_implicit_gemm_wgmma_pipelined.cu",
                 "igemm_wgmma_pipelined", 384, 128, 192, (128, 256),
                 "rung 39 with a producer warpgroup filling the ring and per-stage full/empty "
-                "mbarriers, no block barrier in the k-loop")
+                "mbarriers, no block barrier in the k-loop", barrier_bytes=16, tma=True)
 RUNGS = (RUNG39, RUNG40)
 THREADS = RUNG39.threads
 COPY_ROWS = RUNG39.copy_rows
@@ -84,16 +87,19 @@ COPY_ROWS = RUNG39.copy_rows
 # that measured them still run); the space is what the tuner searches and CI compiles.
 _SPACE = {"BM": (64, 128, 256), "BN": (128, 192), "STAGES": (2, 4), "PIPE": (0, 1)}
 _SPACE_3X = {"BM": (64, 128), "BN": (64, 128, 192), "STAGES": (2, 3, 4)}
-# Rung 40 (no 64-row tiles): 3 or 4 stages, the k-tile before kept in flight.
-_SPACE_40 = {"BM": (128, 256), "BN": (128, 192), "STAGES": (3, 4), "PIPE": (1,)}
-_SPACE_40_3X = {"BM": (128,), "BN": (128, 192), "STAGES": (2, 3)}
+# Rung 40 (no 64-row tiles): 3 or 4 stages, the k-tile before kept in flight, A by cp.async
+# or by the tensor copy engine (TMA = 1).
+_SPACE_40 = {"BM": (128, 256), "BN": (128, 192), "STAGES": (3, 4), "PIPE": (1,), "TMA": (0, 1)}
+_SPACE_40_3X = {"BM": (128,), "BN": (128, 192), "STAGES": (2, 3), "TMA": (0, 1)}
 # Rung 40's start: 256 x 192 fills 132 SMs in one wave on conv5_x at batch 64 (2 x 66 tiles);
 # the wave model (`ig.wgmma_tiles`) weighs it against 128 x 192 and 128 x 128.
 WGP_WIDE: dict[str, tuple[dict[str, int], ...]] = {
-    "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2}, {"BM": 128, "BN": 128, "STAGES": 3}),
-    **{m: ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1},
-           {"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1},
-           {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1}) for m in ("tf32", "fp16", "bf16")},
+    "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2, "TMA": 0},
+               {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 0}),
+    **{m: ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1, "TMA": 0},
+           {"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1, "TMA": 0},
+           {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1, "TMA": 0})
+       for m in ("tf32", "fp16", "bf16")},
 }
 # Parameters every entry knows but the tuner does not search (what the run's contract is).
 FIXED = {"layout": "nchw", "relu": 0}
@@ -152,6 +158,7 @@ def wgmma_defines(mode: str, params: Mapping[str, Any],
     bm, bn, stages = (int(params[k]) for k in ("BM", "BN", "STAGES"))
     pipe = 0 if mode == "3xtf32" else int(params.get("PIPE", 1))
     nhwc, relu = layout_of(params) == "nhwc", int(params.get("relu", 0))
+    tma = int(params.get("TMA", 0))
     if bm not in rung.bms or bn % rung.copy_rows or warpgroup_n(bm, bn) not in WG_N:
         raise ValueError(f"igemm-wg: rung {rung.rung} runs BM of {rung.bms} and each "
                          f"warpgroup's N ({', '.join(map(str, WG_N))}) a multiple of "
@@ -162,14 +169,16 @@ def wgmma_defines(mode: str, params: Mapping[str, Any],
     if pipe not in (0, 1) or stages < 2 + pipe:
         raise ValueError(f"igemm-wg: PIPE is 0 or 1 and STAGES >= 2 + PIPE, got PIPE={pipe} "
                          f"STAGES={stages}")
-    if relu not in (0, 1):
-        raise ValueError(f"igemm-wg: relu is 0 or 1, got {relu}")
-    if smem_bytes(mode, bm, bn, stages, nhwc) > ig.SMEM_LIMIT:
+    if relu not in (0, 1) or tma not in ((0, 1) if rung.tma else (0,)):
+        raise ValueError(f"igemm-wg: relu is 0 or 1, and TMA 0 or (rung 40) 1; got relu={relu} "
+                         f"TMA={tma}")
+    if smem_bytes(mode, bm, bn, stages, nhwc) + rung.barrier_bytes * stages > ig.SMEM_LIMIT:
         raise ValueError(f"igemm-wg: {stages} stages of {bm}x{bn} exceed {ig.SMEM_LIMIT} B of "
                          "shared memory")
     out = {"IG_MODE": ig.MODES[mode], "BM": bm, "BN": bn, "STAGES": stages, "PIPE": pipe}
     # Only where set: the NCHW sets stay the ones measured and cached before the option.
-    return {**out, **({"WG_NHWC": 1} if nhwc else {}), **({"WG_RELU": 1} if relu else {})}
+    return {**out, **({"WG_NHWC": 1} if nhwc else {}), **({"WG_RELU": 1} if relu else {}),
+            **({"WP_TMA": 1} if tma else {})}
 
 
 def layout_defines(mode: str) -> dict[str, int]:
@@ -187,11 +196,12 @@ def _variants(mode: str, rung: WgRung) -> Callable[[], list[dict[str, int]]]:
                 out.append(wgmma_defines(mode, dict(zip(keys, combo, strict=True)), rung))
             except ValueError:
                 continue
-        # NHWC at the rung's first two wide tiles and rung 39's 64-row one, ReLU at the first.
-        starts = [*tiles(mode, rung)[:2], *([ig.WGMMA_NARROW[mode]] if rung is RUNG39 else [])]
-        for i, tile in enumerate(starts):
-            for relu in (0, 1) if i == 0 else (0,):
-                out.append(wgmma_defines(mode, {**tile, "layout": "nhwc", "relu": relu}, rung))
+        # NHWC at the rung's first two wide tiles (the first also with ReLU, and in rung 40
+        # with TMA) and rung 39's 64-row one.
+        first, second = tiles(mode, rung)[:2]
+        nhwc = [first, {**first, "relu": 1}, second]
+        nhwc += [ig.WGMMA_NARROW[mode]] if rung is RUNG39 else [{**first, "TMA": 1}]
+        out += [wgmma_defines(mode, {**t, "layout": "nhwc"}, rung) for t in nhwc]
         if rung is RUNG39:
             out.append(layout_defines(mode))
         return out
@@ -261,6 +271,52 @@ def operand_weights(w: Any, mode: str) -> Any:
     return cp.stack([big, tf32_round(full - big)])
 
 
+# The driver's enums (cuda.h): data types copied as raw bits, 128-byte swizzle, L2 fills of 128
+# bytes, out-of-range elements as zeros.
+_MAP_TYPE = {2: 1, 4: 2}  # element bytes -> CU_TENSOR_MAP_DATA_TYPE_UINT16 / _UINT32
+_SWIZZLE_128B, _L2_128B = 3, 2
+_MAP_BYTES, _MAP_ALIGN = 128, 64
+
+
+def tensor_map_geometry(planes_: int, m: int, kd: int, esize: int, box_rows: int
+                        ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(dims, byte strides, box) of the weights (planes, M, Kd) as a 3-D tensor map, innermost
+    first: one box is a stage's A section, BM rows of one 128-byte k-tile in every plane."""
+    return ((kd, m, planes_), (kd * esize, m * kd * esize),
+            (ROW_BYTES // esize, box_rows, planes_))
+
+
+@functools.cache
+def _driver() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    lib.cuTensorMapEncodeTiled.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def tensor_map(w_op: Any, box_rows: int) -> Any:
+    """The tensor map of the operand weights (planes, M, K, K, Cp) for rung 40's TMA loads, in
+    device memory (the kernel reads it there: CuPy passes no 128-byte structs)."""
+    cp = require_cupy()
+    planes_, m = w_op.shape[:2]
+    dims, strides, box = tensor_map_geometry(planes_, m, w_op[0, 0].size, w_op.itemsize,
+                                             box_rows)
+    raw = ctypes.create_string_buffer(_MAP_BYTES + _MAP_ALIGN)
+    at = (ctypes.addressof(raw) + _MAP_ALIGN - 1) // _MAP_ALIGN * _MAP_ALIGN
+    res = _driver().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(at), _MAP_TYPE[w_op.itemsize], len(dims), ctypes.c_void_p(w_op.data.ptr),
+        (ctypes.c_uint64 * 3)(*dims), (ctypes.c_uint64 * 2)(*strides),
+        (ctypes.c_uint32 * 3)(*box), (ctypes.c_uint32 * 3)(1, 1, 1), 0, _SWIZZLE_128B, _L2_128B,
+        0)
+    if res != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled refused the weights' map (CUresult {res}): "
+                           f"dims {dims}, strides {strides}, box {box}")
+    return cp.asarray(np.frombuffer(ctypes.string_at(at, _MAP_BYTES), dtype=np.uint8))
+
+
 def layout_pass(shape: ConvShape, mode: str) -> Callable[[Any], Any]:
     """x NCHW fp32 -> the kernels' (planes, B, H, W, Cp) operand buffer (reused each call)."""
     cp = require_cupy()
@@ -321,8 +377,11 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
         x_plane = np.int64(shape.B * shape.H * shape.W * ig.padded_channels(shape.C))
         dims = ig.problem_args(shape)
 
+        # Rung 40 takes the map's address last (the weights themselves where A is cp.async's).
+        extra = (tensor_map(w_op, bm) if "WP_TMA" in defines else w_op,) if rung.tma else ()
+
         def launch(x_op: Any, y: Any) -> None:
-            kernel(grid, (rung.threads,), (x_op, w_op, b_d, y, *dims, x_plane),
+            kernel(grid, (rung.threads,), (x_op, w_op, b_d, y, *dims, x_plane, *extra),
                    shared_mem=smem)
 
         if nhwc:
@@ -353,5 +412,6 @@ for _rung, _mode in itertools.product(RUNGS, ("3xtf32", "tf32", "fp16", "bf16"))
         tolerance=TOLERANCE[_mode]))
 
 __all__ = ["MODE_OF", "RUNG39", "RUNG40", "from_operand", "layout_pass", "operand_dtype",
+           "tensor_map", "tensor_map_geometry",
            "operand_shape", "operand_weights", "output_buffer", "poison_operand", "smem_bytes",
            "tf32_round", "to_operand", "warpgroup_n", "wgmma_defines", "wgmma_ruled_out"]

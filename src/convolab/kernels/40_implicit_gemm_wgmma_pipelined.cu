@@ -14,6 +14,9 @@
 //     the slot on "empty" (one arrival a warpgroup) once those wgmmas are done: with PIPE=1
 //     the slot of the k-tile before, whose wgmmas the wait for at most one group retired.
 //     No block-wide barrier in the loop: a warpgroup that is ahead runs on;
+//   * WP_TMA=1: A comes by the tensor copy engine instead (one cp.async.bulk.tensor of the
+//     whole BM x 128-byte box a stage, every plane, in the same 128-byte swizzle, counted as
+//     transaction bytes on "full"), leaving the producer warpgroup B's gather alone;
 //   * setmaxnreg moves registers from the producer (it holds addresses only) to the
 //     consumers, so a 256 x 192 tile's 192 accumulators a thread fit without spilling.
 // Parity: slot s serves k-tiles s, s + STAGES, ...; k-tile t is that slot's round t / STAGES,
@@ -21,6 +24,10 @@
 // for "empty"'s round r - 1.
 
 #include "wgmma.cuh"
+
+#ifndef WP_TMA
+#define WP_TMA 0  // 1: A (the weights) by the tensor copy engine, B by the producer's cp.async
+#endif
 
 #define WP_PRODUCERS 128                           // the copying warpgroup
 #define WP_THREADS (WP_PRODUCERS + WG_CONSUMERS)
@@ -56,6 +63,32 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
       : "memory");
 }
 
+// The transaction bytes the current phase of `bar` waits for besides its arrivals (with this
+// thread's arrival).
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+
+// The tensor map was written by a copy from the host: order it before the copy engine reads it.
+__device__ __forceinline__ void tma_acquire(const void* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(map)
+               : "memory");
+}
+
+// A's box of the k-tile at element k0, rows m0.., every plane, into `dst` in the 128-byte
+// swizzle (the map's), completing as transaction bytes on `bar`. Rows past M and k past Kd
+// arrive as zeros.
+__device__ __forceinline__ void tma_load_a(unsigned dst, const void* map, int k0, int m0,
+                                           unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(map), "r"(k0), "r"(m0), "r"(0), "r"(bar)
+      : "memory");
+}
+
 template <int REGS>
 __device__ __forceinline__ void set_max_regs_dec() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -73,7 +106,7 @@ __device__ __forceinline__ void set_max_regs_inc() {
 extern "C" __global__ void __launch_bounds__(WP_THREADS, 1)
 igemm_wgmma_pipelined(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
                       const float* __restrict__ bias, wg_out_t* __restrict__ y,
-                      IG_PROBLEM_ARGS, long long x_plane) {
+                      IG_PROBLEM_ARGS, long long x_plane, const void* __restrict__ a_map) {
   const IgProblem p = IG_PROBLEM;
   extern __shared__ unsigned char wg_smem_raw[];
   __shared__ __align__(8) unsigned long long bars[2 * STAGES];  // full[s], then empty[s]
@@ -86,7 +119,7 @@ igemm_wgmma_pipelined(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
   const int tiles = (p.Kd + WG_BK - 1) / WG_BK;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + 8 * s, WP_PRODUCERS);
+      mbar_init(full + 8 * s, WP_PRODUCERS + WP_TMA);  // cp.async arrivals (+ A's bytes)
       mbar_init(empty + 8 * s, 2);  // one arrival per consumer warpgroup
     }
   }
@@ -96,10 +129,19 @@ igemm_wgmma_pipelined(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
     set_max_regs_dec<WP_PRODUCER_REGS>();
     WgLoader<WP_PRODUCERS> ld;
     ld.init(x, w, p, m0, n0, smem, x_plane, threadIdx.x);
+    if (WP_TMA && threadIdx.x == 0) tma_acquire(a_map);
     for (int t = 0; t < tiles; ++t) {
       const int s = t % STAGES;
       if (t >= STAGES) mbar_wait(empty + 8 * s, ((t / STAGES) & 1) ^ 1);
+#if WP_TMA
+      if (threadIdx.x == 0) {
+        mbar_expect_tx(full + 8 * s, WG_A_ROWS * WG_ROWB);
+        tma_load_a(smem + s * WG_STAGE_BYTES, a_map, t * WG_BK, m0, full + 8 * s);
+      }
+      ld.load<false>(p, t * WG_BK, p.Kd, s);
+#else
       ld.load(p, t * WG_BK, p.Kd, s);
+#endif
       mbar_arrive_cp_async(full + 8 * s);
     }
     cp_async_wait_all();  // nothing of this block's left in flight when its threads exit

@@ -218,7 +218,9 @@ struct WgLoader {
     x_plane = xp;
   }
 
-  // Issue the copies of the k-tile starting at k0 into ring slot `stage`.
+  // Issue the copies of the k-tile starting at k0 into ring slot `stage` (B's alone where
+  // another engine brings A).
+  template <bool WITH_A = true>
   __device__ void load(const IgProblem& p, int k0, int k_end, int stage) {
     const int k = k0 + kc * WG_VEC;
     const bool k_ok = k < k_end;
@@ -231,7 +233,7 @@ struct WgLoader {
 #pragma unroll
     for (int s = 0; s < WG_SPLIT; ++s) {
 #pragma unroll
-      for (int i = 0; i < A_ITERS; ++i) {
+      for (int i = 0; i < (WITH_A ? A_ITERS : 0); ++i) {
         const bool ok = k_ok && (a_ok >> i & 1u);
         const ig_t* src = w + (ok ? a_first + (size_t)i * PASS * p.Kd + s * a_plane + k0 : 0);
         ig_cp16(a_dst + (s * BM + i * PASS) * WG_ROWB, src, ok);
