@@ -268,6 +268,25 @@ def test_from_operand_undoes_the_channels_last_layout(mode: str,
     np.testing.assert_array_equal(wg.from_operand(a, c, mode), x)
 
 
+@pytest.mark.parametrize(("batch", "rung"), [(64, 40), (128, 40), (32, 39), (16, 39)])
+@pytest.mark.parametrize("mode", ["tf32", "fp16"])
+def test_auto_takes_rung_40_where_its_256_row_tiles_fill_the_sms(batch: int, rung: int,
+                                                                 mode: str) -> None:
+    from convolab.gpu import auto
+
+    conv5 = ConvShape(batch, 512, 16, 16, 512, 3)
+    names = {RUNGS[r].prefix + mode for r in RUNGS} | {f"igemm-{mode}"}
+    choice = auto.default_choice(conv5, names, mode)
+    assert choice.impl == RUNGS[rung].prefix + mode
+    if rung == 40:
+        assert (choice.params["BM"], choice.params["BN"], choice.params["TMA"]) == (256, 192, 1)
+    # without rung 40 (not registered, or not eligible) rung 39 keeps the shape
+    assert auto.default_choice(conv5, names - {wg.RUNG40.prefix + mode}, mode).impl == \
+        wg.RUNG39.prefix + mode
+    assert wg.pipelined_plan(ConvShape(batch, 64, 226, 226, 64, 3), mode) is None  # conv1_2
+    assert wg.pipelined_plan(conv5, "3xtf32") is None  # no 256-row tiles: 3xTF32 stays on 39
+
+
 def test_auto_ignores_a_channels_last_cache_entry() -> None:
     from convolab.gpu import auto, tune
 
@@ -308,8 +327,9 @@ def _points(impl: ConvImpl, nhwc: bool = False) -> list[dict[str, int]]:
     """Parameters of every registered define set (NCHW, or NHWC with its ReLU flag): what CI
     compiles and benchmarks/wgmma_warm.py builds ahead of the GPU tests."""
     valid = [d for d in impl.compile_variants() if "BM" in d and ("WG_NHWC" in d) == nhwc]
-    return [{**{k: d[k] for k in impl.space}, **({"relu": d.get("WG_RELU", 0)} if nhwc else {})}
-            for d in valid]
+    named = {"TMA": "WP_TMA"}  # parameters whose define has another name (and is 0 if absent)
+    return [{**{k: d.get(named.get(k, k), 0) for k in impl.space},
+             **({"relu": d.get("WG_RELU", 0)} if nhwc else {})} for d in valid]
 
 
 def _random_point(impl: ConvImpl, rng: np.random.Generator) -> dict[str, int]:
@@ -413,5 +433,5 @@ def test_auto_takes_wgmma_on_hopper() -> None:
     conv5 = ConvShape(64, 512, 16, 16, 512, 3)
     eligible = auto.eligible_impls(conv5, "fp16")
     choice = auto.default_choice(conv5, eligible, "fp16")
-    assert choice.impl == ("igemm-fp16" if wg.wgmma_ruled_out() else "igemm-wg-fp16")
+    assert choice.impl == ("igemm-fp16" if wg.wgmma_ruled_out() else "igemm-wgp-fp16")
     assert choice.params.get("layout", "nchw") == "nchw"
