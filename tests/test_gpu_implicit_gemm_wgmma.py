@@ -1,63 +1,105 @@
-"""Rung 39 (implicit GEMM on wgmma, sm_90a).
+"""Rungs 39 and 40 (implicit GEMM on wgmma, sm_90a; 40 with a producer warpgroup and
+mbarriers).
 
-GPU tests: every precision against the fp64 reference on fresh random shapes (C and M off the
-tile multiples, K 1 and 3, stride 1 and 2), outputs poisoned with NaN, at the defaults and at
-a random point of the tunable space; a 4608-term conv5_x-like sum in 3xTF32; `auto` taking the
-rung on Hopper. CPU tests: the host's define rules and the kernel's index arithmetic replayed in
-NumPy — the swizzled copies cover each stage piece once and land where the descriptor's
-k-steps read them under the 128-byte swizzle, and the accumulator layout covers a
-warpgroup's tile once.
+GPU tests: every precision of both rungs against the fp64 reference on fresh random shapes (C
+and M off the tile multiples, K 1 and 3, stride 1 and 2), outputs poisoned with NaN, at the
+defaults and at a random point of the tunable space; a 4608-term conv5_x-like sum; the
+channels-last form (`layout=nhwc`, with and without ReLU) against the same reference,
+converted for the comparison only; `auto` taking the rung on Hopper. CPU tests: the host's
+define rules and the kernels' index arithmetic replayed in NumPy — the swizzled copies cover
+each stage piece once and land where the descriptor's k-steps read them under the 128-byte
+swizzle, the accumulator layout covers a warpgroup's tile once, the NHWC epilogue's staging
+and 16-byte stores cover the block's tile once, and rung 40's full/empty parities never let
+the producer refill a slot still being read.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
 from conv_cases import Case, make_case
 from test_gpu_implicit_gemm import random_shape, run_impl
 
+from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
 from convolab.gpu import implicit_gemm as ig
 from convolab.gpu import implicit_gemm_wgmma as wg
 from convolab.precision import TOLERANCE
-from convolab.registry import get_impl
+from convolab.registry import ConvImpl, get_impl
 from convolab.shapes import ConvShape
 
 MODES = ("3xtf32", "tf32", "fp16", "bf16")
-NAMES = [f"igemm-wg-{m}" for m in MODES]
+RUNGS = {39: wg.RUNG39, 40: wg.RUNG40}
+NAMES = [r.prefix + m for r in RUNGS.values() for m in MODES]
 N_SHAPES = 10
 
 # ------------------------------------------------------------------------------- CPU
 
 
+@pytest.mark.parametrize("rung", RUNGS)
 @pytest.mark.parametrize("mode", MODES)
-def test_defaults_and_space_are_valid(mode: str) -> None:
-    impl = get_impl(f"igemm-wg-{mode}")
-    assert impl.tolerance == TOLERANCE[mode] and impl.rung == 39
-    wg.wgmma_defines(mode, impl.defaults)
+def test_defaults_and_space_are_valid(mode: str, rung: int) -> None:
+    r = RUNGS[rung]
+    impl = get_impl(r.prefix + mode)
+    assert impl.tolerance == TOLERANCE[mode] and impl.rung == rung
+    assert impl.defaults["layout"] == "nchw" and "layout" not in impl.space  # never tuned
+    wg.wgmma_defines(mode, impl.defaults, r)
     variants = impl.compile_variants()
-    assert variants
-    for d in variants:
+    tiled = [d for d in variants if "BM" in d]
+    assert tiled and any(d.get("WG_NHWC") and d.get("WG_RELU") for d in tiled)
+    assert (wg.layout_defines(mode) in variants) == (rung == 39)  # 40 uses 39's layout pass
+    for d in tiled:
         assert d["IG_MODE"] == ig.MODES[mode]
-        assert wg.smem_bytes(mode, d["BM"], d["BN"], d["STAGES"]) <= ig.SMEM_LIMIT
+        assert wg.smem_bytes(mode, d["BM"], d["BN"], d["STAGES"], "WG_NHWC" in d) <= \
+            ig.SMEM_LIMIT
         assert wg.warpgroup_n(d["BM"], d["BN"]) in wg.WG_N
-    for params in (ig.WGMMA_NARROW[mode], *ig.WGMMA_WIDE[mode]):
-        wg.wgmma_defines(mode, impl.params_for(params))
+    for params in wg.tiles(mode, r):
+        wg.wgmma_defines(mode, impl.params_for(params), r)
+    if rung == 39:
+        wg.wgmma_defines(mode, impl.params_for(ig.WGMMA_NARROW[mode]))
 
 
-@pytest.mark.parametrize(("mode", "bad"), [
-    ("fp16", {"BM": 96, "BN": 128, "STAGES": 3}),               # BM is 64 or 128
-    ("fp16", {"BM": 64, "BN": 64, "STAGES": 3}),                # warpgroup N of 32
-    ("fp16", {"BM": 128, "BN": 512, "STAGES": 3}),              # warpgroup N of 512
-    ("3xtf32", {"BM": 128, "BN": 256, "STAGES": 2}),            # 256 accumulators a thread
-    ("fp16", {"BM": 128, "BN": 128, "STAGES": 2, "PIPE": 1}),   # no slot for the one in flight
-    ("tf32", {"BM": 128, "BN": 256, "STAGES": 5, "PIPE": 1}),   # over shared memory
+@pytest.mark.parametrize(("mode", "bad", "rung"), [
+    ("fp16", {"BM": 96, "BN": 128, "STAGES": 3}, 39),               # BM is 64 or 128
+    ("fp16", {"BM": 64, "BN": 64, "STAGES": 3}, 39),                # warpgroup N of 32
+    ("fp16", {"BM": 128, "BN": 512, "STAGES": 3}, 39),              # warpgroup N of 512
+    ("3xtf32", {"BM": 128, "BN": 256, "STAGES": 2}, 39),            # 256 accumulators a thread
+    ("fp16", {"BM": 128, "BN": 128, "STAGES": 2, "PIPE": 1}, 39),   # no slot for the one in flight
+    ("tf32", {"BM": 128, "BN": 256, "STAGES": 5, "PIPE": 1}, 39),   # over shared memory
+    ("fp16", {"BM": 64, "BN": 128, "STAGES": 3}, 40),               # one block an SM: no 64 rows
+    ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "layout": "nwhc"}, 39),  # no such layout
+    ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "relu": 2}, 40),
+    ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 1}, 39),   # rung 39 has no TMA path
 ])
-def test_bad_defines_are_refused(mode: str, bad: dict[str, int]) -> None:
+def test_bad_defines_are_refused(mode: str, bad: dict[str, int], rung: int) -> None:
     with pytest.raises(ValueError, match="igemm-wg"):
-        wg.wgmma_defines(mode, bad)
+        wg.wgmma_defines(mode, bad, RUNGS[rung])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("bm", [128, 256])
+def test_tensor_map_box_is_a_stage_a_section(mode: str, bm: int) -> None:
+    """Rung 40's TMA box: one 128-byte k-tile (the 128-byte swizzle's span, which the driver
+    requires the inner box to fit) of BM rows in every plane, which the kernel's expect_tx
+    counts as WG_A_ROWS * 128 bytes; strides a multiple of 16 bytes, box dims at most 256."""
+    esize = np.dtype(wg.operand_dtype(mode)).itemsize
+    planes = wg.planes(mode)
+    kd = ig.gemm_dims(ConvShape(2, 500, 16, 16, 300, 3))[2]
+    dims, strides, box = wg.tensor_map_geometry(planes, 300, kd, esize, bm)
+    assert dims == (kd, 300, planes) and box[1:] == (bm, planes)
+    assert box[0] * esize == wg.ROW_BYTES and max(box) <= 256
+    assert all(s % 16 == 0 for s in strides) and strides == (kd * esize, 300 * kd * esize)
+    assert box[0] * box[1] * box[2] * esize == bm * planes * wg.ROW_BYTES
+
+
+def test_nhwc_staging_can_outgrow_the_ring() -> None:
+    ring = wg.smem_bytes("fp16", 128, 192, 2)
+    staged = wg.smem_bytes("fp16", 128, 192, 2, nhwc=True)
+    assert staged - wg.ALIGN_SLACK == 192 * (128 + wg.EPILOGUE_PAD) * 4 > ring - wg.ALIGN_SLACK
+    assert wg.smem_bytes("fp16", 256, 192, 4, nhwc=True) == wg.smem_bytes("fp16", 256, 192, 4)
 
 
 def test_plan_takes_wgmma_where_the_output_fills_the_gpu() -> None:
@@ -90,16 +132,19 @@ def swizzle(offset: np.ndarray) -> np.ndarray:
     return offset ^ (((offset >> 7) & 7) << 4)
 
 
-@pytest.mark.parametrize(("bm", "bn"), [(64, 128), (64, 256), (128, 64), (128, 128), (128, 256)])
-def test_swizzled_copies_are_what_the_descriptors_read(bm: int, bn: int) -> None:
-    """WgLoader: thread t copies piece kc = t % 8 of rows t/8 + 32 i to row*128 + ((kc ^ row%8)
-    << 4). The wgmma reading row r, k-step s, half h at start + 32 s (+ r*128 + 16 h, then
-    swizzled) must find logical piece 2s + h of row r, and the copies must cover every piece
-    of the stage once."""
+@pytest.mark.parametrize("loaders", [wg.RUNG39.loaders, wg.RUNG40.loaders])
+@pytest.mark.parametrize(("bm", "bn"), [(64, 128), (64, 256), (128, 64), (128, 128), (128, 256),
+                                        (256, 192)])
+def test_swizzled_copies_are_what_the_descriptors_read(bm: int, bn: int, loaders: int) -> None:
+    """WgLoader<LT>: thread t copies piece kc = t % 8 of rows t/8 + (LT/8) i to row*128 +
+    ((kc ^ row%8) << 4). The wgmma reading row r, k-step s, half h at start + 32 s (+ r*128 +
+    16 h, then swizzled) must find logical piece 2s + h of row r, and the copies must cover
+    every piece of the stage once."""
+    pass_rows = loaders // 8
     for rows in (bm, bn):
         dst = {}
-        for t, i in itertools.product(range(wg.THREADS), range(rows // wg.COPY_ROWS)):
-            row, kc = t // 8 + wg.COPY_ROWS * i, t % 8
+        for t, i in itertools.product(range(loaders), range(rows // pass_rows)):
+            row, kc = t // 8 + pass_rows * i, t % 8
             dst[(row, kc)] = row * wg.ROW_BYTES + ((kc ^ ((t // 8) % 8)) << 4)
         assert sorted(dst.values()) == list(range(0, rows * wg.ROW_BYTES, 16))
         r = np.arange(rows)
@@ -115,6 +160,142 @@ def test_accumulators_cover_the_warpgroup_tile_once(n: int) -> None:
     seen = [(16 * w + lane // 4 + 8 * ((r // 2) % 2), 8 * (r // 4) + 2 * (lane % 4) + r % 2)
             for w, lane, r in itertools.product(range(4), range(32), range(n // 2))]
     assert sorted(seen) == sorted(itertools.product(range(64), range(n)))
+
+
+def _block_map(bm: int, bn: int) -> list[tuple[int, int, int, int, int]]:
+    """(ctid, register index over mi and r, m, n) of every accumulator of a block: warpgroup g
+    = ctid / 128 takes rows a_row.. and columns b_row.. (BM = 64: side by side along n)."""
+    groups_n = 2 if bm == 64 else 1
+    wn, mi_count = bn // groups_n, 2 if bm == 256 else 1
+    out = []
+    for ctid, mi, r in itertools.product(range(256), range(mi_count), range(wn // 2)):
+        g, warp, lane = ctid // 128, (ctid // 32) % 4, ctid % 32
+        a_row, b_row = (g // groups_n) * 64 * mi_count, (g % groups_n) * wn
+        m = a_row + 64 * mi + 16 * warp + lane // 4 + 8 * ((r // 2) % 2)
+        n = b_row + 8 * (r // 4) + 2 * (lane % 4) + r % 2
+        out.append((ctid, mi * wn // 2 + r, m, n))
+    return out
+
+
+@pytest.mark.parametrize(("bm", "bn"), [(64, 128), (128, 128), (128, 192), (256, 192)])
+@pytest.mark.parametrize("elem", [2, 4])
+def test_nhwc_epilogue_covers_the_tile_once(bm: int, bn: int, elem: int) -> None:
+    """wg_store_nhwc: every accumulator lands at stage[n * (BM + 4) + m], once, with the 32
+    lanes of one store in 32 different banks; then 16-byte runs of OV = 16 / elem channels of
+    one pixel, vector v at (n, m) = (v / (BM / OV), (v % (BM / OV)) OV), cover the tile once."""
+    ld = bm + wg.EPILOGUE_PAD
+    acc = _block_map(bm, bn)
+    assert sorted((m, n) for _, _, m, n in acc) == sorted(itertools.product(range(bm), range(bn)))
+    by_store: dict[tuple[int, int], list[int]] = {}
+    for ctid, reg, m, n in acc:
+        by_store.setdefault((ctid // 32, reg), []).append((n * ld + m) % 32)
+    assert all(len(set(banks)) == 32 for banks in by_store.values())
+    ov = 16 // elem
+    per_row = bm // ov
+    out = [(v // per_row, (v % per_row) * ov + j) for v in range(bn * per_row) for j in range(ov)]
+    assert sorted(out) == sorted(itertools.product(range(bn), range(bm)))
+
+
+def _simulate_ring(stages: int, pipe: int, tiles: int, rng: np.random.Generator) -> None:
+    """Rung 40's protocol with the kernel's parities, in a random interleaving of the producer
+    and the two consumer warpgroups. mbarrier.try_wait.parity(P) passes once the barrier's
+    current phase k has k % 2 != P; a phase completes when its expected arrivals came."""
+    phase = {("full", s): 0 for s in range(stages)} | {("empty", s): 0 for s in range(stages)}
+    arrived = dict.fromkeys(phase, 0)
+    need = {("full", s): 1 for s in range(stages)} | {("empty", s): 2 for s in range(stages)}
+    slot = [-1] * stages  # the k-tile each slot holds
+    in_flight: list[set[int]] = [set(), set()]  # k-tiles each consumer's wgmmas still read
+    nxt = [0, 0, 0]  # producer, consumer 0, consumer 1
+
+    def passes(bar: tuple[str, int], parity: int) -> bool:
+        return phase[bar] % 2 != parity
+
+    def arrive(bar: tuple[str, int]) -> None:
+        arrived[bar] += 1
+        if arrived[bar] == need[bar]:
+            phase[bar], arrived[bar] = phase[bar] + 1, 0
+
+    stalled = 0
+    while min(nxt) < tiles:
+        stalled += 1
+        assert stalled < 1000, f"deadlock at k-tiles {nxt}"
+        who = int(rng.integers(3))
+        t = nxt[who]
+        if t >= tiles:
+            continue
+        s = t % stages
+        if who == 0:
+            if t >= stages and not passes(("empty", s), ((t // stages) & 1) ^ 1):
+                continue
+            assert not any(k % stages == s for f in in_flight for k in f), "refilled while read"
+            slot[s] = t
+            arrive(("full", s))
+        else:
+            c = who - 1
+            if not passes(("full", s), (t // stages) & 1):
+                continue
+            assert slot[s] == t, "read a slot before its k-tile landed"
+            in_flight[c] = {k for k in in_flight[c] | {t} if k > t - pipe}  # wait<PIPE>
+            if t >= pipe:
+                arrive(("empty", (t - pipe) % stages))
+        nxt[who] += 1
+        stalled = 0
+
+
+@pytest.mark.parametrize(("stages", "pipe"), [(2, 0), (3, 0), (3, 1), (4, 1)])
+def test_ring_parities_never_refill_a_slot_in_use(stages: int, pipe: int,
+                                                  rng: np.random.Generator) -> None:
+    for tiles in (1, 2, stages, 9, 40):
+        for _ in range(20):
+            _simulate_ring(stages, pipe, tiles, rng)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_from_operand_undoes_the_channels_last_layout(mode: str,
+                                                      rng: np.random.Generator) -> None:
+    b, c, h, w = 2, 13, 5, 7
+    x = rng.standard_normal((b, c, h, w)).astype(np.float32)
+    x = (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)  # exact in every type
+    a = np.zeros(wg.operand_shape(mode, b, h, w, c), dtype=np.float32)
+    a[0, ..., :c] = x.transpose(0, 2, 3, 1)
+    if mode == "3xtf32":  # v = big + small
+        a[1] = a[0] / 4
+        a[0] -= a[1]
+    elif mode == "bf16":
+        a = (a.view(np.uint32) >> 16).astype(np.uint16)
+    a = a.astype(wg.operand_dtype(mode)) if mode != "bf16" else a
+    assert a.shape[-1] == ig.padded_channels(c)
+    np.testing.assert_array_equal(wg.from_operand(a, c, mode), x)
+
+
+@pytest.mark.parametrize(("batch", "rung"), [(64, 40), (128, 40), (32, 39), (16, 39)])
+@pytest.mark.parametrize("mode", ["tf32", "fp16"])
+def test_auto_takes_rung_40_where_its_256_row_tiles_fill_the_sms(batch: int, rung: int,
+                                                                 mode: str) -> None:
+    from convolab.gpu import auto
+
+    conv5 = ConvShape(batch, 512, 16, 16, 512, 3)
+    names = {RUNGS[r].prefix + mode for r in RUNGS} | {f"igemm-{mode}"}
+    choice = auto.default_choice(conv5, names, mode)
+    assert choice.impl == RUNGS[rung].prefix + mode
+    if rung == 40:
+        assert (choice.params["BM"], choice.params["BN"], choice.params["TMA"]) == (256, 192, 1)
+    # without rung 40 (not registered, or not eligible) rung 39 keeps the shape
+    assert auto.default_choice(conv5, names - {wg.RUNG40.prefix + mode}, mode).impl == \
+        wg.RUNG39.prefix + mode
+    assert wg.pipelined_plan(ConvShape(batch, 64, 226, 226, 64, 3), mode) is None  # conv1_2
+    assert wg.pipelined_plan(conv5, "3xtf32") is None  # no 256-row tiles: 3xTF32 stays on 39
+
+
+def test_auto_ignores_a_channels_last_cache_entry() -> None:
+    from convolab.gpu import auto, tune
+
+    conv5 = ConvShape(64, 512, 16, 16, 512, 3)
+    eligible = {"igemm-wg-fp16", "igemm-fp16", "igemm-splitk-fp16"}
+    params = {**wg.defaults("fp16"), "BN": 128}
+    for layout, source in (("nchw", "cache"), ("nhwc", "default")):
+        entry = tune.TuneEntry("H100", conv5, "fp16", "igemm-wg-fp16", {**params, "layout": layout})
+        assert auto.resolve([entry], "H100", conv5, "fp16", eligible).source == source
 
 
 def test_host_tf32_rounding_matches_the_device_rule(rng: np.random.Generator) -> None:
@@ -142,41 +323,107 @@ def cases(module_seed: int) -> list[Case]:
     return [make_case(rng, random_shape(rng)) for _ in range(N_SHAPES)]
 
 
+def _points(impl: ConvImpl, nhwc: bool = False) -> list[dict[str, int]]:
+    """Parameters of every registered define set (NCHW, or NHWC with its ReLU flag): what CI
+    compiles and benchmarks/wgmma_warm.py builds ahead of the GPU tests."""
+    valid = [d for d in impl.compile_variants() if "BM" in d and ("WG_NHWC" in d) == nhwc]
+    named = {"TMA": "WP_TMA"}  # parameters whose define has another name (and is 0 if absent)
+    return [{**{k: d.get(named.get(k, k), 0) for k in impl.space},
+             **({"relu": d.get("WG_RELU", 0)} if nhwc else {})} for d in valid]
+
+
+def _random_point(impl: ConvImpl, rng: np.random.Generator) -> dict[str, int]:
+    points = _points(impl)
+    return points[int(rng.integers(len(points)))]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_every_precision_on_random_shapes(name: str, cases: list[Case],
                                           rng: np.random.Generator) -> None:
     impl = get_impl(name)
-    keys = sorted(impl.space)
-    valid = impl.compile_variants()
     failures = []
     for case in cases:
         assert impl.supports(case.shape)
-        d = valid[int(rng.integers(len(valid)))]
-        point = {k: d[k] for k in keys}
-        for params in (None, point):
+        for params in (None, _random_point(impl, rng)):
             err = run_impl(name, case, params)
             if not err <= impl.tolerance:
                 failures.append(f"{case.shape} {params}: rel_l2 {err:.3g}")
     assert not failures, f"{name} (tol {impl.tolerance}):\n" + "\n".join(failures[:10])
 
 
+def _run_nhwc(name: str, case: Case, params: dict[str, Any]) -> tuple[float, Any]:
+    """rel_l2 of a layout=nhwc run (input made channels-last outside, output converted back
+    for the comparison only) against the reference, ReLU'd where asked; and the raw output."""
+    import cupy as cp
+
+    impl = get_impl(name)
+    mode = wg.MODE_OF[name]
+    run = impl.prepare(case.shape, cp.asarray(case.w), cp.asarray(case.b),
+                       impl.params_for({**params, "layout": "nhwc"}))
+    x_op = wg.to_operand(cp.asarray(case.x), mode)
+    y = wg.output_buffer(case.shape, mode)
+    wg.poison_operand(y, mode)
+    run(x_op, y)
+    ref = np.maximum(case.ref, 0) if params.get("relu") else case.ref
+    return rel_l2(wg.from_operand(y, case.shape.M, mode), ref), y
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_channels_last_form_on_random_shapes(name: str, cases: list[Case],
+                                             rng: np.random.Generator) -> None:
+    """layout=nhwc (with ReLU where the drawn define set has it): the same function as the NCHW
+    run; the padded output channels M..Mp-1 are written as zeros (the next layer reads them)."""
+    impl = get_impl(name)
+    failures = []
+    points = _points(impl, nhwc=True)
+    first = int(rng.integers(len(points)))
+    for i, case in enumerate(cases[:max(6, len(points))]):  # every NHWC set, ReLU's included
+        params = points[(first + i) % len(points)]
+        err, y = _run_nhwc(name, case, params)
+        pad = y[..., case.shape.M:].get().astype(np.float32)
+        if not err <= impl.tolerance or np.any(pad != 0):
+            failures.append(f"{case.shape} {params}: rel_l2 {err:.3g}, pad {np.unique(pad)}")
+    assert not failures, f"{name} (tol {impl.tolerance}):\n" + "\n".join(failures[:10])
+
+
+@pytest.mark.gpu
+def test_channels_last_run_refuses_an_nchw_input(rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    shape = ConvShape(1, 64, 18, 18, 64, 3)
+    case = make_case(rng, shape)
+    impl = get_impl("igemm-wgp-fp16")
+    run = impl.prepare(shape, cp.asarray(case.w), cp.asarray(case.b),
+                       impl.params_for({"layout": "nhwc"}))
+    with pytest.raises(ValueError, match="channels-last operand"):
+        run(cp.asarray(case.x), wg.output_buffer(shape, "fp16"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", RUNGS)
 @pytest.mark.parametrize("mode", MODES)
-def test_conv5_like_deep_k(mode: str, rng: np.random.Generator) -> None:
-    """conv5_x's 4608-term sums (C = 512, 3x3) at batch 2, on both tile kinds and the largest
-    tile: the 3xTF32 per-k-tile fp32 adds must keep the long sum at fp32 accuracy."""
+def test_conv5_like_deep_k(mode: str, rung: int, rng: np.random.Generator) -> None:
+    """conv5_x's 4608-term sums (C = 512, 3x3) at batch 2, on the rung's tile kinds and the
+    largest tile, NCHW and NHWC: the 3xTF32 per-k-tile fp32 adds must keep the long sum at
+    fp32 accuracy."""
     shape = ConvShape(2, 512, 16, 16, 512, 3)
     x = rng.standard_normal(shape.x_shape, dtype=np.float32)
     w = rng.standard_normal(shape.w_shape, dtype=np.float32) / np.float32(48)
     b = rng.standard_normal(shape.M, dtype=np.float32)
     case = Case(shape, x, w, b, conv_reference(x, w, b))
-    impl = get_impl(f"igemm-wg-{mode}")
+    r = RUNGS[rung]
+    impl = get_impl(r.prefix + mode)
     largest = ({"BM": 128, "BN": 192, "STAGES": 2} if mode == "3xtf32" else
                {"BM": 256, "BN": 192, "STAGES": 3, "PIPE": 1})
-    for params in (ig.WGMMA_NARROW[mode], *ig.WGMMA_WIDE[mode], largest):
+    narrow = [ig.WGMMA_NARROW[mode]] if rung == 39 else [{**wg.tiles(mode, r)[0], "TMA": 1}]
+    for params in (*narrow, *wg.tiles(mode, r), largest):
         err = run_impl(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params}: {err:.3g}"
+    for params in (*wg.tiles(mode, r)[:2], *narrow):
+        err, _ = _run_nhwc(impl.name, case, params)
+        assert err <= impl.tolerance, f"{impl.name} {params} nhwc: {err:.3g}"
 
 
 @pytest.mark.gpu
@@ -186,4 +433,5 @@ def test_auto_takes_wgmma_on_hopper() -> None:
     conv5 = ConvShape(64, 512, 16, 16, 512, 3)
     eligible = auto.eligible_impls(conv5, "fp16")
     choice = auto.default_choice(conv5, eligible, "fp16")
-    assert choice.impl == ("igemm-fp16" if wg.wgmma_ruled_out() else "igemm-wg-fp16")
+    assert choice.impl == ("igemm-fp16" if wg.wgmma_ruled_out() else "igemm-wgp-fp16")
+    assert choice.params.get("layout", "nchw") == "nchw"

@@ -14,7 +14,8 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
     SMs, else the wgmma rung 39 on Hopper (rung 26 elsewhere), tiles by M
     (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64 against every tile
-    configuration (docs/vgg.md);
+    configuration (docs/vgg.md); rung 40 instead where its 256-row tiles fill the SMs
+    (`implicit_gemm_wgmma.pipelined_plan`);
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
     alone cannot fill the GPU, so the channel sum is spread over blocks;
   * C >= 16 otherwise: `channel-tree` — channel slices per block, reduced on chip;
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convolab.gpu import implicit_gemm, tune
+from convolab.gpu import implicit_gemm_wgmma as wg
 from convolab.gpu.device import gpu_name
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, all_impls, get_impl, register
@@ -59,8 +61,12 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     n_out = shape.B * shape.M * shape.H_out * shape.W_out
     wishes: list[Choice] = []
     if shape.C >= GEMM_C and shape.M >= GEMM_M:
-        for wgmma in (True, False):  # rung 39 is eligible only where the GPU has wgmma
+        for wgmma in (True, False):  # rungs 39-40 are eligible only where the GPU has wgmma
             name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode], wgmma=wgmma)
+            pipelined = wgmma and name.startswith(wg.RUNG39.prefix) and wg.pipelined_plan(
+                shape, GEMM_FAMILY[mode])
+            if pipelined:
+                wishes.append(Choice(*pipelined))
             wishes.append(Choice(name, params))
     if shape.C >= LARGE_C and n_out < SMALL_OUTPUT:
         wishes.append(Choice("channel-atomic", {"CGROUP": 4}))
@@ -84,7 +90,10 @@ def resolve(
 ) -> Choice:
     """Cached winner for (gpu, shape, mode) if it is eligible here, else the heuristic."""
     entry = tune.lookup(entries, gpu, shape, mode)
-    if entry is not None and entry.impl in eligible:
+    # `auto`'s callers pass NCHW fp32: an entry for a channels-last run (layout=nhwc, rungs
+    # 39-40) is never theirs.
+    if (entry is not None and entry.impl in eligible
+            and entry.params.get("layout", "nchw") == "nchw"):
         return Choice(entry.impl, dict(entry.params), "cache")
     return default_choice(shape, eligible, mode)
 

@@ -81,12 +81,13 @@ WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
 }
 
 
-def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> dict[str, int]:
+def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
+                wide: Sequence[Mapping[str, int]] | None = None) -> dict[str, int]:
     """Rung 39's tile for the shape: WGMMA_NARROW for M <= 64, else the WGMMA_WIDE candidate
-    with the least waves x (BM + BN). Its main loop streams both operands from L2, so a tile
-    costs about its BM + BN rows per k-step, and a partly filled last wave costs a full one
-    (conv5_x on 132 SMs: B=64 takes 128 x 192, 264 tiles in 2 waves, over 128 x 128's 392 in
-    3; B=16 keeps 128 x 128, 100 tiles in one wave)."""
+    (or rung 40's, `wide`) with the least waves x (BM + BN). Its main loop streams both
+    operands from L2, so a tile costs about its BM + BN rows per k-step, and a partly filled
+    last wave costs a full one (conv5_x on 132 SMs: B=64 takes 128 x 192, 264 tiles in 2
+    waves, over 128 x 128's 392 in 3; B=16 keeps 128 x 128, 100 tiles in one wave)."""
     M, N, _ = gemm_dims(shape)
     if M <= 64:
         return dict(WGMMA_NARROW[mode])
@@ -94,7 +95,7 @@ def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> dict[str
     def cost(t: Mapping[str, int]) -> int:
         return ceil_div(ceil_div(M, t["BM"]) * ceil_div(N, t["BN"]), sms) * (t["BM"] + t["BN"])
 
-    return dict(min(WGMMA_WIDE[mode], key=cost))
+    return dict(min(WGMMA_WIDE[mode] if wide is None else wide, key=cost))
 
 
 # Split-K pays while the output has fewer 128 x 128 tiles than this fraction of the SMs:

@@ -1,20 +1,32 @@
-"""Rung 39: implicit-GEMM convolution on Hopper's warpgroup MMA (kernels/39_implicit_gemm_wgmma.cu).
+"""Rungs 39-40: implicit-GEMM convolution on Hopper's warpgroup MMA
+(kernels/39_implicit_gemm_wgmma.cu, 40_implicit_gemm_wgmma_pipelined.cu, wgmma.cuh).
 
 The GEMM and its operand layout are rung 26's (`implicit_gemm`: M x N x Kd, N = B*Ho*Wo,
 Kd = K*K*Cp, weights (M, K, K, Cp), x channels-last (B, H, W, Cp)); what differs is the main
 loop (wgmma from 128-byte-swizzled shared memory) and that every operand is made ready for it
 outside the loop: `prepare` rounds the weights to TF32 (and for 3xTF32 stores their big and
 small parts one after the other), and `run` writes x channels-last in the same form (a
-counted kernel, always run: the rounding or split happens there). wgmma exists on sm_90a only:
-`supports` is False on any other GPU, and the file is built for that target
-(`compile.ARCH_SPECIFIC`). Everything above `prepare` is pure Python and tested on the CPU.
+counted kernel, always run: the rounding or split happens there). Rung 40 is rung 39 with a
+producer warpgroup and per-stage mbarriers instead of a block barrier per k-tile.
+
+`layout=nhwc` (a parameter, not searched by the tuner, so `auto` never runs it for its NCHW
+callers) changes the run's contract: `run(x, y)` takes the input already channels-last in
+the operand form (`to_operand`) and writes the output the same way (`output_buffer`,
+`to_nchw`), so a network keeps its activations channels-last between layers and pays no
+layout pass. `relu=1` applies ReLU after the bias.
+
+wgmma exists on sm_90a only: `supports` is False on any other GPU, and the files are built
+for that target (`compile.ARCH_SPECIFIC`). Everything above `prepare` is pure Python and
+tested on the CPU.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,28 +39,99 @@ from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
 FILE = "39_implicit_gemm_wgmma.cu"
-THREADS = 256  # two warpgroups
 ROW_BYTES = 128  # one operand row of a stage: the 128-byte swizzle span, i.e. BK*element size
-COPY_ROWS = THREADS // (ROW_BYTES // 16)  # rows one pass of the block's 16-byte copies covers
 WG_N = (64, 96, 128, 192, 256)  # the wgmma N a warpgroup may run
-MAX_ACC = 192  # fp32 accumulators a thread may hold (3xTF32 holds two sets: acc and total)
 PLANE_LIMIT = 2**32  # the loader keeps pixel offsets within one operand plane in 32 bits
-ALIGN_SLACK = 1024  # the kernel aligns its ring to the swizzle's 1024-byte period
+ALIGN_SLACK = 1024  # the kernels align their ring to the swizzle's 1024-byte period
+EPILOGUE_PAD = 4  # fp32 padding of a row of the NHWC epilogue's staging tile ([n][BM + 4])
 LAYOUT_TILE = 32  # the layout pass transposes 32 x 32 tiles with (32, 8) threads
+LAYOUTS = ("nchw", "nhwc")
+
+
+@dataclass(frozen=True)
+class WgRung:
+    """What differs between the two wgmma rungs on the host side."""
+
+    rung: int
+    prefix: str  # registry names: prefix + mode
+    file: str
+    kernel: str
+    threads: int
+    loaders: int  # threads that issue the copies (the loader's pass covers loaders / 8 rows)
+    max_acc: int  # fp32 accumulators a consumer thread may hold (3xTF32 holds acc and total)
+    bms: tuple[int, ...]
+    demonstrates: str
+    barrier_bytes: int = 0  # static shared memory a stage adds (rung 40: two mbarriers)
+    tma: bool = False  # may bring A by the tensor copy engine (`TMA`); takes the map's address
+
+    @property
+    def copy_rows(self) -> int:
+        return self.loaders // (ROW_BYTES // 16)
+
+
+RUNG39 = WgRung(39, "igemm-wg-", FILE, "igemm_wgmma", 256, 256, 192, (64, 128, 256),
+                "implicit GEMM on Hopper's wgmma from swizzled shared memory, operands "
+                "prepared outside the loop")
+# Rung 40: one block an SM (384 threads at 168 registers), so no 64-row tiles: conv1_2's
+# M = 64 runs rung 39 with 2-4 blocks an SM. setmaxnreg gives consumers 224 registers.
+RUNG40 = WgRung(40, "igemm-wgp-", "40_implicit_gemm_wgmma_pipelined.cu",
+                "igemm_wgmma_pipelined", 384, 128, 192, (128, 256),
+                "rung 39 with a producer warpgroup filling the ring and per-stage full/empty "
+                "mbarriers, no block barrier in the k-loop", barrier_bytes=16, tma=True)
+RUNGS = (RUNG39, RUNG40)
+THREADS = RUNG39.threads
+COPY_ROWS = RUNG39.copy_rows
 
 # Pruned to what won or came close in the H100 sweeps (docs/vgg.md): BN = 256 never won, and
 # 3 stages were within 3% of 2 or 4 on every layer. Values outside stay valid (the plans
 # that measured them still run); the space is what the tuner searches and CI compiles.
 _SPACE = {"BM": (64, 128, 256), "BN": (128, 192), "STAGES": (2, 4), "PIPE": (0, 1)}
 _SPACE_3X = {"BM": (64, 128), "BN": (64, 128, 192), "STAGES": (2, 3, 4)}
+# Rung 40 (no 64-row tiles): 3 or 4 stages, the k-tile before kept in flight, A by cp.async
+# or by the tensor copy engine (TMA = 1).
+_SPACE_40 = {"BM": (128, 256), "BN": (128, 192), "STAGES": (3, 4), "PIPE": (1,), "TMA": (0, 1)}
+_SPACE_40_3X = {"BM": (128,), "BN": (128, 192), "STAGES": (2, 3), "TMA": (0, 1)}
+# Rung 40's start: 256 x 192 fills 132 SMs in one wave on conv5_x at batch 64 (2 x 66 tiles);
+# the wave model (`ig.wgmma_tiles`) weighs it against 128 x 192 and 128 x 128. A by TMA: on
+# the H100, conv5_x B=64 NHWC fp16 0.107-0.112 ms against 0.133-0.136 by cp.async (tf32
+# 0.171-0.180 against 0.222-0.228), every STAGES/PIPE within 4% (docs/vgg.md). 3xTF32 keeps
+# cp.async: its TMA path is checked, not timed.
+WGP_WIDE: dict[str, tuple[dict[str, int], ...]] = {
+    "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2, "TMA": 0},
+               {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 0}),
+    **{m: ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1, "TMA": 1},
+           {"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1, "TMA": 1},
+           {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1, "TMA": 1})
+       for m in ("tf32", "fp16", "bf16")},
+}
+# Parameters every entry knows but the tuner does not search (what the run's contract is).
+FIXED = {"layout": "nchw", "relu": 0}
 
 
-def space(mode: str) -> dict[str, tuple[int, ...]]:
+def space(mode: str, rung: WgRung = RUNG39) -> dict[str, tuple[int, ...]]:
+    if rung is RUNG40:
+        return dict(_SPACE_40_3X if mode == "3xtf32" else _SPACE_40)
     return dict(_SPACE_3X if mode == "3xtf32" else _SPACE)
 
 
-def defaults(mode: str) -> dict[str, int]:
-    return dict(ig.WGMMA_WIDE[mode][0])
+def tiles(mode: str, rung: WgRung = RUNG39) -> tuple[dict[str, int], ...]:
+    """The wide-tile candidates of `ig.wgmma_tiles` for this rung (the first: its defaults)."""
+    return WGP_WIDE[mode] if rung is RUNG40 else ig.WGMMA_WIDE[mode]
+
+
+def defaults(mode: str, rung: WgRung = RUNG39) -> dict[str, Any]:
+    return {**tiles(mode, rung)[0], **FIXED}
+
+
+def pipelined_plan(shape: ConvShape, mode: str, sms: int = ig.DEFAULT_SMS
+                   ) -> tuple[str, dict[str, int]] | None:
+    """Rung 40 where `auto` takes it over rung 39: where the wave model over rung 40's tiles
+    picks 256-row ones (conv5_x at batch 64: 132 tiles of 256 x 192, one wave), which only its
+    224-register consumers hold; the H100 measured 0.107-0.112 ms there against rung 39's
+    0.141 (NHWC fp16; tf32 0.171 against 0.218). Elsewhere (128-row tiles: a tie at conv5_x
+    batch 32, 0.076 against 0.078) None, and rung 39 keeps the shape."""
+    tile = ig.wgmma_tiles(shape, mode, sms, WGP_WIDE[mode])
+    return (RUNG40.prefix + mode, tile) if tile["BM"] == 256 else None
 
 
 def planes(mode: str) -> int:
@@ -67,42 +150,74 @@ def accumulators(mode: str, bm: int, bn: int) -> int:
     return (2 if bm == 256 else 1) * warpgroup_n(bm, bn) // 2 * planes(mode)
 
 
-def smem_bytes(mode: str, bm: int, bn: int, stages: int) -> int:
-    return stages * (bm + bn) * ROW_BYTES * planes(mode) + ALIGN_SLACK
+def smem_bytes(mode: str, bm: int, bn: int, stages: int, nhwc: bool = False) -> int:
+    """The ring, or for NHWC output the fp32 staging tile it becomes, if that is larger."""
+    ring = stages * (bm + bn) * ROW_BYTES * planes(mode)
+    staging = bn * (bm + EPILOGUE_PAD) * 4 if nhwc else 0
+    return max(ring, staging) + ALIGN_SLACK
 
 
-def wgmma_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
+def layout_of(params: Mapping[str, Any]) -> str:
+    layout = str(params.get("layout", "nchw"))
+    if layout not in LAYOUTS:
+        raise ValueError(f"igemm-wg: layout is one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return layout
+
+
+def wgmma_defines(mode: str, params: Mapping[str, Any],
+                  rung: WgRung = RUNG39) -> dict[str, int]:
     """The -D set of one tile configuration; ValueError names what is wrong with it."""
     if mode not in ig.MODES:
         raise ValueError(f"igemm-wg: unknown mode {mode!r}; known: {', '.join(ig.MODES)}")
     bm, bn, stages = (int(params[k]) for k in ("BM", "BN", "STAGES"))
     pipe = 0 if mode == "3xtf32" else int(params.get("PIPE", 1))
-    if bm not in (64, 128, 256) or bn % COPY_ROWS or warpgroup_n(bm, bn) not in WG_N:
-        raise ValueError(f"igemm-wg: BM must be 64, 128 or 256 and each warpgroup's N "
-                         f"({', '.join(map(str, WG_N))}) a multiple of {COPY_ROWS}; got "
-                         f"BM={bm} BN={bn}")
-    if accumulators(mode, bm, bn) > MAX_ACC:
-        raise ValueError(f"igemm-wg: {mode} with BM={bm} BN={bn} needs more than {MAX_ACC} "
-                         "accumulators a thread")
+    nhwc, relu = layout_of(params) == "nhwc", int(params.get("relu", 0))
+    tma = int(params.get("TMA", 0))
+    if bm not in rung.bms or bn % rung.copy_rows or warpgroup_n(bm, bn) not in WG_N:
+        raise ValueError(f"igemm-wg: rung {rung.rung} runs BM of {rung.bms} and each "
+                         f"warpgroup's N ({', '.join(map(str, WG_N))}) a multiple of "
+                         f"{rung.copy_rows}; got BM={bm} BN={bn}")
+    if accumulators(mode, bm, bn) > rung.max_acc:
+        raise ValueError(f"igemm-wg: {mode} with BM={bm} BN={bn} needs more than "
+                         f"{rung.max_acc} accumulators a thread")
     if pipe not in (0, 1) or stages < 2 + pipe:
         raise ValueError(f"igemm-wg: PIPE is 0 or 1 and STAGES >= 2 + PIPE, got PIPE={pipe} "
                          f"STAGES={stages}")
-    if smem_bytes(mode, bm, bn, stages) > ig.SMEM_LIMIT:
+    if relu not in (0, 1) or tma not in ((0, 1) if rung.tma else (0,)):
+        raise ValueError(f"igemm-wg: relu is 0 or 1, and TMA 0 or (rung 40) 1; got relu={relu} "
+                         f"TMA={tma}")
+    if smem_bytes(mode, bm, bn, stages, nhwc) + rung.barrier_bytes * stages > ig.SMEM_LIMIT:
         raise ValueError(f"igemm-wg: {stages} stages of {bm}x{bn} exceed {ig.SMEM_LIMIT} B of "
                          "shared memory")
-    return {"IG_MODE": ig.MODES[mode], "BM": bm, "BN": bn, "STAGES": stages, "PIPE": pipe}
+    out = {"IG_MODE": ig.MODES[mode], "BM": bm, "BN": bn, "STAGES": stages, "PIPE": pipe}
+    # Only where set: the NCHW sets stay the ones measured and cached before the option.
+    return {**out, **({"WG_NHWC": 1} if nhwc else {}), **({"WG_RELU": 1} if relu else {}),
+            **({"WP_TMA": 1} if tma else {})}
 
 
-def _variants(mode: str) -> Callable[[], list[dict[str, int]]]:
+def layout_defines(mode: str) -> dict[str, int]:
+    """The layout pass's -D set: the operand type alone (the tiles do not matter to it)."""
+    return {"IG_MODE": ig.MODES[mode], "PIPE": 0}
+
+
+def _variants(mode: str, rung: WgRung) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
-        sp = space(mode)
+        sp = space(mode, rung)
         keys = sorted(sp)
         out = []
         for combo in itertools.product(*(sp[k] for k in keys)):
             try:
-                out.append(wgmma_defines(mode, dict(zip(keys, combo, strict=True))))
+                out.append(wgmma_defines(mode, dict(zip(keys, combo, strict=True)), rung))
             except ValueError:
                 continue
+        # NHWC at the rung's first two wide tiles (the first also with ReLU, and in rung 40
+        # with TMA) and rung 39's 64-row one.
+        first, second = tiles(mode, rung)[:2]
+        nhwc = [first, {**first, "relu": 1}, second]
+        nhwc += [ig.WGMMA_NARROW[mode]] if rung is RUNG39 else [{**first, "TMA": 1}]
+        out += [wgmma_defines(mode, {**t, "layout": "nhwc"}, rung) for t in nhwc]
+        if rung is RUNG39:
+            out.append(layout_defines(mode))
         return out
 
     return variants
@@ -119,7 +234,9 @@ def wgmma_ruled_out() -> bool:
 
 def supports(shape: ConvShape) -> bool:
     plane = shape.B * shape.H * shape.W * ig.padded_channels(shape.C)
-    return ig.supports(shape) and plane < PLANE_LIMIT and not wgmma_ruled_out()
+    out_plane = shape.B * shape.H_out * shape.W_out * ig.padded_channels(shape.M)
+    return (ig.supports(shape) and max(plane, out_plane) < PLANE_LIMIT
+            and not wgmma_ruled_out())
 
 
 def tf32_round(a: Any) -> Any:
@@ -128,6 +245,26 @@ def tf32_round(a: Any) -> Any:
     xp = xp_of(a)
     u = xp.ascontiguousarray(a, dtype=xp.float32).view(xp.uint32)
     return ((u + xp.uint32(0x1000)) & xp.uint32(0xFFFFE000)).view(xp.float32)
+
+
+def operand_shape(mode: str, batch: int, h: int, w: int, channels: int) -> tuple[int, ...]:
+    """The channels-last operand of `channels` channels: (planes, B, H, W, Cp)."""
+    return (planes(mode), batch, h, w, ig.padded_channels(channels))
+
+
+def operand_dtype(mode: str) -> Any:
+    """fp16, bf16 as its bit pattern (uint16: CuPy has no bf16), else fp32 (tf32 values)."""
+    return {"fp16": np.float16, "bf16": np.uint16}.get(mode, np.float32)
+
+
+def from_operand(a: Any, channels: int, mode: str) -> Any:
+    """A channels-last operand (planes, B, H, W, Cp) -> NCHW fp32 of the first `channels`
+    channels, planes summed (3xTF32: big + small), on NumPy or CuPy arrays."""
+    xp = xp_of(a)
+    if mode == "bf16":
+        a = (a.astype(xp.uint32) << 16).view(xp.float32)
+    full = a.astype(xp.float32).sum(axis=0) if a.shape[0] > 1 else a[0].astype(xp.float32)
+    return xp.ascontiguousarray(full[..., :channels].transpose(0, 3, 1, 2))
 
 
 # --------------------------------------------------------------------------------------
@@ -148,13 +285,59 @@ def operand_weights(w: Any, mode: str) -> Any:
     return cp.stack([big, tf32_round(full - big)])
 
 
-def _layout_pass(shape: ConvShape, mode: str, defines: Mapping[str, int]) -> Callable[[Any], Any]:
-    """x NCHW fp32 -> the kernel's (planes, B, H, W, Cp) operand buffer."""
+# The driver's enums (cuda.h): data types copied as raw bits, 128-byte swizzle, L2 fills of 128
+# bytes, out-of-range elements as zeros.
+_MAP_TYPE = {2: 1, 4: 2}  # element bytes -> CU_TENSOR_MAP_DATA_TYPE_UINT16 / _UINT32
+_SWIZZLE_128B, _L2_128B = 3, 2
+_MAP_BYTES, _MAP_ALIGN = 128, 64
+
+
+def tensor_map_geometry(planes_: int, m: int, kd: int, esize: int, box_rows: int
+                        ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(dims, byte strides, box) of the weights (planes, M, Kd) as a 3-D tensor map, innermost
+    first: one box is a stage's A section, BM rows of one 128-byte k-tile in every plane."""
+    return ((kd, m, planes_), (kd * esize, m * kd * esize),
+            (ROW_BYTES // esize, box_rows, planes_))
+
+
+@functools.cache
+def _driver() -> Any:
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    lib.cuTensorMapEncodeTiled.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def tensor_map(w_op: Any, box_rows: int) -> Any:
+    """The tensor map of the operand weights (planes, M, K, K, Cp) for rung 40's TMA loads, in
+    device memory (the kernel reads it there: CuPy passes no 128-byte structs)."""
+    cp = require_cupy()
+    planes_, m = w_op.shape[:2]
+    dims, strides, box = tensor_map_geometry(planes_, m, w_op[0, 0].size, w_op.itemsize,
+                                             box_rows)
+    raw = ctypes.create_string_buffer(_MAP_BYTES + _MAP_ALIGN)
+    at = (ctypes.addressof(raw) + _MAP_ALIGN - 1) // _MAP_ALIGN * _MAP_ALIGN
+    res = _driver().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(at), _MAP_TYPE[w_op.itemsize], len(dims), ctypes.c_void_p(w_op.data.ptr),
+        (ctypes.c_uint64 * 3)(*dims), (ctypes.c_uint64 * 2)(*strides),
+        (ctypes.c_uint32 * 3)(*box), (ctypes.c_uint32 * 3)(1, 1, 1), 0, _SWIZZLE_128B, _L2_128B,
+        0)
+    if res != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled refused the weights' map (CUresult {res}): "
+                           f"dims {dims}, strides {strides}, box {box}")
+    return cp.asarray(np.frombuffer(ctypes.string_at(at, _MAP_BYTES), dtype=np.uint8))
+
+
+def layout_pass(shape: ConvShape, mode: str) -> Callable[[Any], Any]:
+    """x NCHW fp32 -> the kernels' (planes, B, H, W, Cp) operand buffer (reused each call)."""
     cp = require_cupy()
     cp_ = ig.padded_channels(shape.C)
-    dtype = {"fp16": np.float16, "bf16": np.uint16}.get(mode, np.float32)
-    buf = cp.empty((planes(mode), shape.B, shape.H, shape.W, cp_), dtype=dtype)
-    kernel = get_kernel(FILE, "wg_channels_last", defines)
+    buf = cp.empty(operand_shape(mode, shape.B, shape.H, shape.W, shape.C),
+                   dtype=operand_dtype(mode))
+    kernel = get_kernel(FILE, "wg_channels_last", layout_defines(mode))
     grid = (ceil_div(shape.W, LAYOUT_TILE), ceil_div(cp_, LAYOUT_TILE), shape.B * shape.H)
     args = (*(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W)), np.int64(buf[0].size))
 
@@ -165,39 +348,84 @@ def _layout_pass(shape: ConvShape, mode: str, defines: Mapping[str, int]) -> Cal
     return convert
 
 
-def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
+def to_operand(x: Any, mode: str) -> Any:
+    """x NCHW fp32 (CuPy) -> a new channels-last operand in `mode`'s form: what a `layout=nhwc`
+    run takes (and, for the next layer, what one writes)."""
+    shape = ConvShape(x.shape[0], x.shape[1], x.shape[2], x.shape[3], 1, 1)
+    return layout_pass(shape, mode)(x).copy()
+
+
+def output_buffer(shape: ConvShape, mode: str) -> Any:
+    """The output of a `layout=nhwc` run: (planes, B, Ho, Wo, Mp) in the operand type."""
+    cp = require_cupy()
+    return cp.empty(operand_shape(mode, shape.B, shape.H_out, shape.W_out, shape.M),
+                    dtype=operand_dtype(mode))
+
+
+def poison_operand(a: Any, mode: str) -> None:
+    """Fill a channels-last operand with NaN (bf16's as its bit pattern) before a run."""
+    a.fill(0x7FC0 if mode == "bf16" else np.nan)
+
+
+def _check_operand(name: str, what: str, a: Any, want: tuple[int, ...], mode: str) -> None:
+    if tuple(a.shape) != want or a.dtype != operand_dtype(mode) or not a.flags.c_contiguous:
+        raise ValueError(f"{name} (layout=nhwc): {what} must be a C-contiguous {want} "
+                         f"{np.dtype(operand_dtype(mode)).name} channels-last operand, got "
+                         f"{tuple(a.shape)} {a.dtype}")
+
+
+def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
+    name = rung.prefix + mode
+
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
         cp = require_cupy()
-        defines = wgmma_defines(mode, params)
-        bm, bn = defines["BM"], defines["BN"]
-        smem = smem_bytes(mode, bm, bn, defines["STAGES"])
+        defines = wgmma_defines(mode, params, rung)
+        bm, bn, nhwc = defines["BM"], defines["BN"], "WG_NHWC" in defines
+        smem = smem_bytes(mode, bm, bn, defines["STAGES"], nhwc)
         w_op = operand_weights(w, mode)
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
-        convert = _layout_pass(shape, mode, defines)
         M, N, _ = ig.gemm_dims(shape)
-        kernel = get_kernel(FILE, "igemm_wgmma", defines)
+        kernel = get_kernel(rung.file, rung.kernel, defines)
         kernel.max_dynamic_shared_size_bytes = smem
         grid = (ceil_div(N, bn), ceil_div(M, bm))
         x_plane = np.int64(shape.B * shape.H * shape.W * ig.padded_channels(shape.C))
         dims = ig.problem_args(shape)
 
-        def run(x: Any, y: Any) -> None:
-            kernel(grid, (THREADS,), (convert(x), w_op, b_d, y, *dims, x_plane),
+        # Rung 40 takes the map's address last (the weights themselves where A is cp.async's).
+        extra = (tensor_map(w_op, bm) if "WP_TMA" in defines else w_op,) if rung.tma else ()
+
+        def launch(x_op: Any, y: Any) -> None:
+            kernel(grid, (rung.threads,), (x_op, w_op, b_d, y, *dims, x_plane, *extra),
                    shared_mem=smem)
 
-        return run
+        if nhwc:
+            x_want = operand_shape(mode, shape.B, shape.H, shape.W, shape.C)
+            y_want = operand_shape(mode, shape.B, shape.H_out, shape.W_out, shape.M)
+
+            def run_nhwc(x: Any, y: Any) -> None:
+                _check_operand(name, "input", x, x_want, mode)
+                _check_operand(name, "output", y, y_want, mode)
+                launch(x, y)
+
+            return run_nhwc
+        convert = layout_pass(shape, mode)
+        return lambda x, y: launch(convert(x), y)
 
     return prepare
 
 
-for _mode in ("3xtf32", "tf32", "fp16", "bf16"):
+MODE_OF: dict[str, str] = {}  # registry name -> operand mode, for the NHWC contender form
+
+for _rung, _mode in itertools.product(RUNGS, ("3xtf32", "tf32", "fp16", "bf16")):
+    MODE_OF[_rung.prefix + _mode] = _mode
     register(ConvImpl(
-        name=f"igemm-wg-{_mode}", rung=39, device="gpu", kernel_file=FILE,
-        demonstrates=f"implicit GEMM on Hopper's wgmma from swizzled shared memory, operands "
-                     f"prepared outside the loop ({ig.WHAT[_mode]})",
-        prepare=_prepare(_mode), supports=supports, space=space(_mode),
-        defaults=defaults(_mode), compile_variants=_variants(_mode),
+        name=_rung.prefix + _mode, rung=_rung.rung, device="gpu", kernel_file=_rung.file,
+        demonstrates=f"{_rung.demonstrates} ({ig.WHAT[_mode]})",
+        prepare=_prepare(_mode, _rung), supports=supports, space=space(_mode, _rung),
+        defaults=defaults(_mode, _rung), compile_variants=_variants(_mode, _rung),
         tolerance=TOLERANCE[_mode]))
 
-__all__ = ["operand_weights", "smem_bytes", "tf32_round", "warpgroup_n",
-           "wgmma_defines", "wgmma_ruled_out"]
+__all__ = ["MODE_OF", "RUNG39", "RUNG40", "from_operand", "layout_pass", "operand_dtype",
+           "pipelined_plan", "tensor_map", "tensor_map_geometry",
+           "operand_shape", "operand_weights", "output_buffer", "poison_operand", "smem_bytes",
+           "tf32_round", "to_operand", "warpgroup_n", "wgmma_defines", "wgmma_ruled_out"]

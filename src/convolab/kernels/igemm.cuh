@@ -16,14 +16,9 @@
 // (BM/WARPS_M) x (BN/WARPS_N) accumulator tile of m16n8 MMAs, STAGES-deep cp.async ring.
 #pragma once
 
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
 #include "common.cuh"
 #include "igemm_problem.cuh"
 
-#ifndef IG_MODE
-#define IG_MODE 1
-#endif
 #ifndef BM
 #define BM 128
 #endif
@@ -43,13 +38,6 @@
 #define STAGES 4
 #endif
 
-#if IG_MODE == 1
-typedef __half ig_t;
-#elif IG_MODE == 2
-typedef __nv_bfloat16 ig_t;
-#else
-typedef float ig_t;
-#endif
 
 #define IG_THREADS (32 * WARPS_M * WARPS_N)
 #define IG_ESIZE ((int)sizeof(ig_t))

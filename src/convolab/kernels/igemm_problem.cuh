@@ -1,7 +1,22 @@
-// The implicit-GEMM problem as kernels 26, 27 and 39 receive it, and the 16-byte copy their
-// loaders issue: one tap's channels are contiguous in the channels-last input, so every
-// operand piece is one cp.async, zero-filled past the tile edges.
+// The implicit-GEMM problem as kernels 26, 27, 39 and 40 receive it, their operand type, and
+// the 16-byte copy their loaders issue: one tap's channels are contiguous in the channels-last
+// input, so every operand piece is one cp.async, zero-filled past the tile edges.
 #pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// Operand modes (IG_MODE): 0 tf32, 1 fp16, 2 bf16, 3 3xtf32 (tf32 big + small planes).
+#ifndef IG_MODE
+#define IG_MODE 1
+#endif
+#if IG_MODE == 1
+typedef __half ig_t;
+#elif IG_MODE == 2
+typedef __nv_bfloat16 ig_t;
+#else
+typedef float ig_t;
+#endif
 
 // The problem, as the kernels receive it (passed by value).
 struct IgProblem {
