@@ -34,7 +34,7 @@ from convolab.shapes import ConvShape, ceil_div
 
 NAMES = [f"gemv-{m}" for m in gemv.MODES]
 GXX = shutil.which("g++")
-N_SHAPES = 10
+N_SHAPES = 6
 FC6, FC7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
 
 
@@ -112,6 +112,32 @@ def test_fc6_plan_streams_with_enough_blocks() -> None:
             p = gemv.launch_plan(FC6.with_batch(B), mode, gemv.DEFAULTS, sms=132)
             assert p.smem <= gemv.X_SLICE_BYTES
             assert p.tiles * p.slices >= gemv.BLOCKS_PER_SM * 132
+
+
+def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
+    """fc6/fc7 up to GEMV_MAX_BATCH: gemv-fp32 in fp32 and tf32 (exact, same bytes), gemv-fp16
+    in fp16; above it, and on convolutions, the implicit GEMMs; the tuner starts kernel 41 at
+    its defaults."""
+    from convolab.bench.cases import VGG_SWEEP_BATCHES
+    from convolab.gpu import auto, tune
+    from convolab.registry import all_impls
+
+    names = {i.name for i in all_impls("gpu")}
+    for shape in (FC6, FC7):
+        for batch in VGG_SWEEP_BATCHES:
+            s = shape.with_batch(batch)
+            for mode in auto.GEMM_FAMILY:
+                choice = auto.default_choice(s, names, mode)
+                if batch <= auto.GEMV_MAX_BATCH:
+                    assert choice.impl == f"gemv-{auto.GEMV_FAMILY[mode]}"
+                else:
+                    assert choice.impl.startswith("igemm-splitk-")
+    assert auto.default_choice(FC7, names - {"gemv-fp32"}, "fp32").impl == "igemm-splitk-3xtf32"
+    conv5 = ConvShape(1, 512, 16, 16, 512, 3)
+    assert not auto.default_choice(conv5, names, "fp16").impl.startswith("gemv")
+    impl = get_impl("gemv-fp16")
+    assert tune.start_params(impl, FC6) == impl.params_for(None)
+    assert impl in tune.tunable_impls()
 
 
 def replay_reduce_scatter(values: np.ndarray, lanes: int) -> list[tuple[int, int, float]]:

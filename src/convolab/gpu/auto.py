@@ -9,6 +9,9 @@ enough for the mode, or whose parameters the rung no longer knows, is not truste
 heuristic below is used instead.
 
 Heuristic with no cache entry (`default_choice`), a model of the shape:
+  * a linear layer (1x1 images and kernel) at B <= GEMV_MAX_BATCH: kernel 41's weight-streaming
+    GEMV (`gemv-fp32` for fp32 and tf32: exact, and TF32 operands would be as many bytes;
+    `gemv-fp16` for fp16: half the bytes), measured on fc6/fc7 at batch 1..16 (docs/vgg.md);
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
@@ -32,7 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from convolab.gpu import implicit_gemm, tune
+from convolab.gpu import gemv, implicit_gemm, tune
 from convolab.gpu.device import gpu_name
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, all_impls, get_impl, register
@@ -45,6 +48,9 @@ GEMM_C = 32
 GEMM_M = 32
 # The implicit-GEMM family each mode runs: the fastest that meets the mode's tolerance.
 GEMM_FAMILY = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}
+# Kernel 41's weights per mode: fp32 serves tf32 too (same bytes, exact).
+GEMV_FAMILY = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16"}
+GEMV_MAX_BATCH = gemv.MAX_BATCH
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     """The no-cache heuristic (see the module docstring); only names in `eligible`."""
     n_out = shape.B * shape.M * shape.H_out * shape.W_out
     wishes: list[Choice] = []
+    if gemv.supports(shape) and shape.B <= GEMV_MAX_BATCH:
+        wishes.append(Choice(f"gemv-{GEMV_FAMILY[mode]}"))
     if shape.C >= GEMM_C and shape.M >= GEMM_M:
         for wgmma in (True, False):  # rung 39 is eligible only where the GPU has wgmma
             name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode], wgmma=wgmma)

@@ -103,6 +103,21 @@ def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> dict[str
 SPLIT_BELOW_WAVES = 0.5
 
 
+# Split-K's row tile: 128 unless that leaves slices of fewer than SPLIT_MIN_KTILES k-tiles or
+# fewer blocks than SMs; 64 rows then double the tiles and halve the split (fc7 at B=64, 8
+# tiles of 128 x 64: 64-row tiles, 16 slices of 8 k-tiles ran 0.029 ms TF32 against 0.038
+# for 32 slices of 4, `tune --model vgg`, H100).
+SPLIT_MIN_KTILES = 8
+
+
+def split_rows(shape: ConvShape, bn: int, bk: int, sms: int = DEFAULT_SMS) -> int:
+    M, N, Kd = gemm_dims(shape)
+    split = split_factor(shape, 128, bn, bk, sms)
+    blocks = ceil_div(M, 128) * ceil_div(N, bn) * split
+    long_enough = k_slices(Kd, split, bk)[0] >= SPLIT_MIN_KTILES * bk
+    return 128 if long_enough and blocks >= sms else 64
+
+
 def _tile_params(mode: str, kind: str) -> dict[str, int]:
     bm, bn, bk, stages = _TILES[mode][kind]
     return {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages}
@@ -117,9 +132,9 @@ def defaults(mode: str, split: bool = False) -> dict[str, int]:
 def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
          wgmma: bool = False) -> tuple[str, dict[str, int]]:
     """The rung and tiles the shape model picks (auto without a cache entry): split-K where
-    the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its factor then
-    chosen by split_factor at prepare); else rung 39 (wgmma) where the GPU has it, else rung
-    26, each with 64-row tiles for M <= 64."""
+    the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its rows by
+    split_rows, its factor then chosen by split_factor at prepare); else rung 39 (wgmma)
+    where the GPU has it, else rung 26, each with 64-row tiles for M <= 64."""
     if mode not in _TILES:
         raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
     M, N, _ = gemm_dims(shape)
@@ -127,6 +142,7 @@ def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
     if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
         params = defaults(mode, split=True)
         params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
+        params["BM"] = split_rows(shape, params["BN"], params["BK"], sms)
         return f"igemm-splitk-{mode}", params
     if wgmma:
         return f"igemm-wg-{mode}", wgmma_tiles(shape, mode, sms)
