@@ -89,7 +89,8 @@ def test_launch_plan_covers_k_and_rows(mode: str, rng: np.random.Generator) -> N
     for shape in shapes:
         for params in (gemv.DEFAULTS, {**gemv.DEFAULTS, **random_point(rng)}):
             try:
-                p = gemv.launch_plan(shape, mode, params, sms=int(rng.integers(1, 200)))
+                p = gemv.launch_plan(shape, mode, params, int(rng.integers(1, 200)),
+                                     int(rng.integers(1, 9)))
             except ValueError as err:  # only a forced split can overflow shared memory
                 assert params["SPLIT"] and "shared memory" in str(err)
                 continue
@@ -104,14 +105,18 @@ def test_launch_plan_covers_k_and_rows(mode: str, rng: np.random.Generator) -> N
             assert d["GV_NB"] >= shape.B and d["GV_ROWS"] * d["GV_NB"] <= 64
 
 
-def test_fc6_plan_streams_with_enough_blocks() -> None:
-    """fc6 at every batch: x slices within X_SLICE_BYTES and at least BLOCKS_PER_SM blocks an
-    SM (the rule that keeps the weight stream going to the end of the grid)."""
+@pytest.mark.parametrize("resident", [2, 3, 4])
+def test_fc6_grid_is_whole_waves(resident: int) -> None:
+    """fc6 at every batch and mode: x slices within X_SLICE_BYTES, at least MIN_WAVES waves of
+    `resident` blocks an SM, the last one at least 95% full."""
     for B in range(1, gemv.MAX_BATCH + 1):
         for mode in gemv.MODES:
-            p = gemv.launch_plan(FC6.with_batch(B), mode, gemv.DEFAULTS, sms=132)
+            p = gemv.launch_plan(FC6.with_batch(B), mode, gemv.DEFAULTS, 132, resident)
+            capacity = 132 * resident
+            blocks = p.tiles * p.slices
+            waves = ceil_div(blocks, capacity)
             assert p.smem <= gemv.X_SLICE_BYTES
-            assert p.tiles * p.slices >= gemv.BLOCKS_PER_SM * 132
+            assert waves >= gemv.MIN_WAVES and blocks >= 0.95 * waves * capacity, (B, mode, p)
 
 
 def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
@@ -311,7 +316,7 @@ def host_weights(w: np.ndarray, mode: str) -> np.ndarray:
 @pytest.mark.parametrize("mode,shape,params", EMULATED)
 def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
                                 tmp_path: Path, rng: np.random.Generator) -> None:
-    plan = gemv.launch_plan(shape, mode, {**gemv.DEFAULTS, **params}, sms=4)
+    plan = gemv.launch_plan(shape, mode, {**gemv.DEFAULTS, **params}, sms=4, resident=2)
     assert plan.slices > 1 or params.get("SPLIT") == 0
     source = (KERNEL_DIR / gemv.KERNEL_FILE).read_text()
     assert "asm" not in source, "inline PTX the emulator does not know"
