@@ -120,9 +120,9 @@ def test_fc6_grid_is_whole_waves(resident: int) -> None:
 
 
 def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
-    """fc6/fc7 up to GEMV_MAX_BATCH: gemv-fp32 in fp32 and tf32 (exact, same bytes), gemv-fp16
-    in fp16; above it, and on convolutions, the implicit GEMMs; the tuner starts kernel 41 at
-    its defaults."""
+    """fc6/fc7 up to GEMV_MAX_BATCH: gemv-fp32 in fp32 and tf32 (exact, same bytes) up to 16,
+    gemv-fp16 in fp16 up to 4; above, and on convolutions, the implicit GEMMs; the tuner starts
+    kernel 41 at its defaults."""
     from convolab.bench.cases import VGG_SWEEP_BATCHES
     from convolab.gpu import auto, tune
     from convolab.registry import all_impls
@@ -133,7 +133,7 @@ def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
             s = shape.with_batch(batch)
             for mode in auto.GEMM_FAMILY:
                 choice = auto.default_choice(s, names, mode)
-                if batch <= auto.GEMV_MAX_BATCH:
+                if batch <= auto.GEMV_MAX_BATCH[mode]:
                     assert choice.impl == f"gemv-{auto.GEMV_FAMILY[mode]}"
                 else:
                     assert choice.impl.startswith("igemm-splitk-")

@@ -103,19 +103,20 @@ def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS) -> dict[str
 SPLIT_BELOW_WAVES = 0.5
 
 
-# Split-K's row tile: 128 unless that leaves slices of fewer than SPLIT_MIN_KTILES k-tiles or
-# fewer blocks than SMs; 64 rows then double the tiles and halve the split (fc7 at B=64, 8
-# tiles of 128 x 64: 64-row tiles, 16 slices of 8 k-tiles ran 0.029 ms TF32 against 0.038
-# for 32 slices of 4, `tune --model vgg`, H100).
-SPLIT_MIN_KTILES = 8
+# Split-K's row tile: 128 unless that needs more than SPLIT_ROWS_MAX_SLICES slices or leaves
+# fewer blocks than SMs; 64 rows then double the tiles and halve the split. fc7 at B=64 (8
+# tiles of 128 x 64, H100, results/2026-11-25_h100_fc/call2_tiles): 64-row tiles with 16 slices
+# ran 0.030 ms TF32 and 0.035 3xTF32 against 0.034 and 0.040 for 128 rows with 32; FP16 (16
+# slices either way, 128 blocks at 128 rows) 0.035-0.037 against 0.041. conv5_x at B=1 keeps
+# 128 rows (16 slices, 256 blocks): FP16 0.036 ms against 0.042 with 64.
+SPLIT_ROWS_MAX_SLICES = 16
 
 
 def split_rows(shape: ConvShape, bn: int, bk: int, sms: int = DEFAULT_SMS) -> int:
-    M, N, Kd = gemm_dims(shape)
+    M, N, _ = gemm_dims(shape)
     split = split_factor(shape, 128, bn, bk, sms)
     blocks = ceil_div(M, 128) * ceil_div(N, bn) * split
-    long_enough = k_slices(Kd, split, bk)[0] >= SPLIT_MIN_KTILES * bk
-    return 128 if long_enough and blocks >= sms else 64
+    return 128 if split <= SPLIT_ROWS_MAX_SLICES and blocks >= sms else 64
 
 
 def _tile_params(mode: str, kind: str) -> dict[str, int]:
