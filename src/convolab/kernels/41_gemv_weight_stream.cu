@@ -33,6 +33,14 @@
 // (gpu/gemv.py computes all of this). A prepared run serves one stream at a time (the
 // partials and tickets are its own).
 
+// Measured (H100 80GB HBM3, 2026-11-25, bench Op Time, copy ceiling 2.97-2.99 TB/s; predicted
+// before: fc6 fp32 0.150 ms, fp16 0.080, fc7 0.010): fc6 fp32 0.166-0.169 ms at B=1-2 (2.43-2.48
+// TB/s, 82% of the copy ceiling), 0.176-0.188 at B=4-16 (74-78%), cuBLAS SGEMM 0.179-0.327;
+// fp16 0.095-0.101 at B=1-4 (68-73%), 0.117 at 8, but 0.27 at 12-16 (26%: with 16 batch
+// columns each 16-byte piece of fp16 weights is 128 FFMA and 32 shared-memory reads, more than
+// the halved stream hides; fp32 at 16 columns is 64 and 16), where split-K (rung 27) is
+// faster; fc7 0.018-0.039 ms at B=1-16 (cuBLAS 0.026-0.068), bound by latency, not bytes.
+
 #include "common.cuh"
 
 #ifndef GV_MODE
