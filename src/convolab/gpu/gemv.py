@@ -116,7 +116,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
     fits X_SLICE_BYTES and row groups up to MAX_GROUPS (x is staged once for all of a block's
     rows), the grid with at least MIN_WAVES waves of `resident` blocks an SM where it can have
     them (blocks taken as SMs free up balance the stream), then the fullest last wave (fc6 at
-    B=1 on an H100: 1056 blocks in 2.67 waves ran 0.167 ms, 1152 in 2.91 waves 0.156), then the
+    B=1 on an H100: 1056 blocks ran 0.167 ms, 1152 0.156: 2.67 and 2.91 waves of 3), then the
     fewest slices, then the most groups. A slice is a whole number of a row's sweeps (LANES x
     UNROLL pieces)."""
     d = gemv_defines(mode, shape.B, params)
