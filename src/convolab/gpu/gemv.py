@@ -42,8 +42,9 @@ RESIDENT_GUESS = 3
 MAX_GROUPS = 8
 DEFAULT_SMS = 132  # H100 SXM: the planner's assumption where no GPU is asked
 
-# Tunable: ROWS and UNROLL are compile-time (GV_ROWS, GV_UNROLL), SPLIT and GROUPS are launch
-# parameters; 0 is "chosen from the shape" (`launch_plan`).
+# Tunable: ROWS, UNROLL and LANES are compile-time (GV_ROWS, GV_UNROLL, GV_LANES), SPLIT and
+# GROUPS launch parameters; 0 is "chosen from the shape" (ROWS: 32 sums a lane over the batch
+# columns, at most 4 rows; SPLIT, GROUPS: `launch_plan`).
 SPACE: dict[str, tuple[int, ...]] = {"ROWS": (0, 2, 4), "UNROLL": (2, 4), "LANES": (8, 32),
                                      "SPLIT": (0, 4, 8, 16, 32, 64),
                                      "GROUPS": (0, 1, 2, 4, 8)}
