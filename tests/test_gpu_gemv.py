@@ -145,6 +145,31 @@ def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
     assert impl in tune.tunable_impls()
 
 
+def x_word(b: int, c: int, h: int, quads: int, vec: int) -> int:
+    """kernels/41's shared-memory slot (in 16-byte words) of quad h of piece c of column b."""
+    halves = vec // 4
+    return b * quads + h * (quads // halves) + c
+
+
+@pytest.mark.parametrize("mode", list(gemv.MODES))
+@pytest.mark.parametrize("lanes", [8, 32])
+def test_x_reads_are_free_of_bank_conflicts(mode: str, lanes: int) -> None:
+    """Every 128-bit read of x takes one wavefront per quarter warp (8 lanes, 128 bytes; lanes
+    reading the same word share it): the quads of a piece sit in separate planes."""
+    vec = 16 // gemv.elem_bytes(mode)
+    for k_slice in (lanes * vec * 2, lanes * vec * 8):
+        quads = k_slice // 4
+        for b, h, c0 in ((0, 0, 0), (3, vec // 4 - 1, lanes)):
+            for quarter in range(4):
+                words = {x_word(b, c0 + lane % lanes, h, quads, vec)
+                         for lane in range(8 * quarter, 8 * quarter + 8)}
+                banks = [4 * w % 32 for w in words]  # a 16-byte word covers 4 banks from here
+                assert len(banks) == len(set(banks)), (mode, lanes, k_slice, quarter)
+    slots = sorted(x_word(0, c, h, 64, vec) for c in range(64 // (vec // 4))
+                   for h in range(vec // 4))
+    assert slots == list(range(64))  # the planes tile the column exactly
+
+
 def replay_reduce_scatter(values: np.ndarray, lanes: int) -> list[tuple[int, int, float]]:
     """kernels/41's reduce_scatter, scattered_index and write rule for one row slot:
     values[lane, i] -> (lane, index, sum) for every lane that writes."""

@@ -34,12 +34,13 @@
 // partials and tickets are its own).
 
 // Measured (H100 80GB HBM3, 2026-11-25, bench Op Time, copy ceiling 2.97-2.99 TB/s; predicted
-// before: fc6 fp32 0.150 ms, fp16 0.080, fc7 0.010): fc6 fp32 0.166-0.169 ms at B=1-2 (2.43-2.48
-// TB/s, 82% of the copy ceiling), 0.176-0.188 at B=4-16 (74-78%), cuBLAS SGEMM 0.179-0.327;
-// fp16 0.095-0.101 at B=1-4 (68-73%), 0.117 at 8, but 0.27 at 12-16 (26%: with 16 batch
-// columns each 16-byte piece of fp16 weights is 128 FFMA and 32 shared-memory reads, more than
-// the halved stream hides; fp32 at 16 columns is 64 and 16), where split-K (rung 27) is
-// faster; fc7 0.018-0.039 ms at B=1-16 (cuBLAS 0.026-0.068), bound by latency, not bytes.
+// before: fc6 fp32 0.150 ms, fp16 0.080, fc7 0.010), with x's pieces side by side in shared
+// memory (before GV_HALVES): fc6 fp32 0.166-0.169 ms at B=1-2 (2.43-2.48 TB/s, 82% of the copy
+// ceiling), 0.176-0.188 at B=4-16 (74-78%), cuBLAS SGEMM 0.179-0.327; fp16 0.095-0.101 at
+// B=1-4 (68-73%), 0.117 at 8, 0.27 at 12-16 (26%), where split-K (rung 27) is faster: there a
+// 512-byte weight load of a warp cost 16 conflicted 128-bit x reads, 128 shared-memory cycles
+// against the 40 the stream allows. The x planes halve that (not yet measured). fc7 0.018-0.039
+// ms at B=1-16 (cuBLAS 0.026-0.068), bound by latency, not bytes.
 
 #include "common.cuh"
 
@@ -69,6 +70,11 @@
 #endif
 #define GV_VALUES (GV_ROWS * GV_NB)
 #define GV_SLOTS (32 / GV_LANES)  // rows a warp's load instruction covers
+// x in shared memory per batch column as GV_HALVES planes: plane h holds quad h of every
+// piece's GV_VEC values, so the lanes of a read take consecutive 16-byte words. (Pieces side by
+// side would put a piece's two quads 32 bytes apart for fp16: a 2-way bank conflict on every
+// read, 8 wavefronts for a 128-bit read of 8 lanes instead of 4.)
+#define GV_HALVES (GV_VEC / 4)
 
 static_assert((GV_VALUES & (GV_VALUES - 1)) == 0, "GV_ROWS x GV_NB must be a power of two");
 static_assert(GV_LANES == 8 || GV_LANES == 32, "GV_LANES must be 8 or 32");
@@ -163,7 +169,7 @@ __device__ __forceinline__ void warp_rows(const float4* xs4, const char* w, cons
         float xv[GV_VEC];
 #pragma unroll
         for (int h = 0; h < GV_VEC / 4; ++h) {
-          const float4 q = xs4[b * quads + c * (GV_VEC / 4) + h];
+          const float4 q = xs4[b * quads + h * (quads / GV_HALVES) + c];
           xv[4 * h] = q.x, xv[4 * h + 1] = q.y, xv[4 * h + 2] = q.z, xv[4 * h + 3] = q.w;
         }
 #pragma unroll
@@ -192,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(32 * GV_WARPS)
 gemv_stream(const float* __restrict__ x, const void* __restrict__ w,
             const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
             int* __restrict__ tickets, int B, int M, int K, int k_slice, int groups) {
-  extern __shared__ float4 xs4[];  // [GV_NB][k_slice / 4]
+  extern __shared__ float4 xs4[];  // [GV_NB][GV_HALVES][k_slice / GV_VEC]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tile_rows = GV_WARPS * GV_ROWS * GV_SLOTS * groups, m0 = blockIdx.x * tile_rows;
   const int k0 = blockIdx.y * k_slice;
@@ -204,7 +210,7 @@ gemv_stream(const float* __restrict__ x, const void* __restrict__ w,
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (b < B && 4 * q < k_len)
       v = *reinterpret_cast<const float4*>(x + (size_t)b * K + k0 + 4 * q);
-    xs4[i] = v;
+    xs4[b * quads + (q % GV_HALVES) * (quads / GV_HALVES) + q / GV_HALVES] = v;
   }
   __syncthreads();
 
