@@ -348,7 +348,9 @@ def test_auto_model_sends_gemm_shaped_layers_to_the_implicit_gemm() -> None:
             few = ceil_div(M, 128) * ceil_div(N, 128) < ig.SPLIT_BELOW_WAVES * 132
             assert choice.impl == f"igemm-{'splitk-' if few else ''}{family}"
             ig.igemm_defines(family, choice.params)
-            assert choice.params["BM"] == (64 if M <= 64 and not few else 128)
+            rows = ig.split_rows(shape, choice.params["BN"], choice.params["BK"]) if few else (
+                64 if M <= 64 else 128)
+            assert choice.params["BM"] == rows
         # Without the family registered the old heuristic still answers.
         assert auto.default_choice(ConvShape(1, 512, 16, 16, 512, 3), ALL, mode).impl == \
             "channel-atomic"

@@ -35,6 +35,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.fused_first",
     "convolab.gpu.implicit_gemm",
     "convolab.gpu.implicit_gemm_wgmma",
+    "convolab.gpu.gemv",
     "convolab.gpu.auto",
 )
 

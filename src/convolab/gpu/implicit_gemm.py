@@ -104,6 +104,22 @@ def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
 SPLIT_BELOW_WAVES = 0.5
 
 
+# Split-K's row tile: 128 unless that needs more than SPLIT_ROWS_MAX_SLICES slices or leaves
+# fewer blocks than SMs; 64 rows then double the tiles and halve the split. fc7 at B=64 (8
+# tiles of 128 x 64, H100, results/2026-11-25_h100_fc/call2_tiles): 64-row tiles with 16 slices
+# ran 0.030 ms TF32 and 0.035 3xTF32 against 0.034 and 0.040 for 128 rows with 32; FP16 (16
+# slices either way, 128 blocks at 128 rows) 0.035-0.037 against 0.041. conv5_x at B=1 keeps
+# 128 rows (16 slices, 256 blocks): FP16 0.036 ms against 0.042 with 64.
+SPLIT_ROWS_MAX_SLICES = 16
+
+
+def split_rows(shape: ConvShape, bn: int, bk: int, sms: int = DEFAULT_SMS) -> int:
+    M, N, _ = gemm_dims(shape)
+    split = split_factor(shape, 128, bn, bk, sms)
+    blocks = ceil_div(M, 128) * ceil_div(N, bn) * split
+    return 128 if split <= SPLIT_ROWS_MAX_SLICES and blocks >= sms else 64
+
+
 def _tile_params(mode: str, kind: str) -> dict[str, int]:
     bm, bn, bk, stages = _TILES[mode][kind]
     return {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages}
@@ -118,9 +134,9 @@ def defaults(mode: str, split: bool = False) -> dict[str, int]:
 def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
          wgmma: bool = False) -> tuple[str, dict[str, int]]:
     """The rung and tiles the shape model picks (auto without a cache entry): split-K where
-    the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its factor then
-    chosen by split_factor at prepare); else rung 39 (wgmma) where the GPU has it, else rung
-    26, each with 64-row tiles for M <= 64."""
+    the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its rows by
+    split_rows, its factor then chosen by split_factor at prepare); else rung 39 (wgmma)
+    where the GPU has it, else rung 26, each with 64-row tiles for M <= 64."""
     if mode not in _TILES:
         raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
     M, N, _ = gemm_dims(shape)
@@ -128,6 +144,7 @@ def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
     if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
         params = defaults(mode, split=True)
         params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
+        params["BM"] = split_rows(shape, params["BN"], params["BK"], sms)
         return f"igemm-splitk-{mode}", params
     if wgmma:
         return f"igemm-wg-{mode}", wgmma_tiles(shape, mode, sms)
