@@ -201,20 +201,18 @@ def test_row_pitch_makes_the_zoo_loads_conflict_free(precision: str) -> None:
         assert plan.defines["FW_WS"] == shape.W + 3
 
 
-def test_balanced_warps_split_the_groups_evenly() -> None:
-    assert fused_wide.balanced_warps(25) == 5  # mxnet's 25 one-unit groups: 5 each
-    assert fused_wide.balanced_warps(16) == 8
-    assert fused_wide.balanced_warps(13) == 7  # 14 slots for 13
-    assert fused_wide.balanced_warps(25, 8, 16) == 13
-    for groups in range(1, 60):
-        w = fused_wide.balanced_warps(groups)
-        assert 4 <= w <= 8
-        assert all(-(-groups // w) * w <= -(-groups // v) * v for v in range(4, 9))
-    # ~12-16 warps an SM whatever shared memory allows
-    for smem in (20_000, 41_000, 80_000, 100_000, 140_000, 200_000):
-        low, high = fused_wide.warp_range(smem)
-        blocks = 233_472 // (smem + 1024)
-        assert 4 <= low <= high <= 16 and blocks * low >= min(12, 4 * blocks)
+def test_block_warps_fill_the_schedulers_evenly() -> None:
+    """Warps in fours (one each scheduler), as many blocks as shared memory allows up to 16
+    warps an SM, and registers capped (FW_MINB) so that those blocks fit."""
+    for smem in range(8_000, 228_000, 997):
+        warps, minb = fused_wide.block_warps(smem)
+        fit = 233_472 // (smem + 1024)
+        assert warps % 4 == 0 and 4 <= warps <= 16 and 1 <= minb <= max(1, fit)
+        assert minb * warps <= 16 and minb * warps >= min(12, 4 * fit)
+    for shape, pool in wide_blocks():
+        plan = fused_wide.wide_plan(shape, pool, "fp16")
+        assert (plan.warps, plan.defines["FW_MINB"]) == (4, 4)  # ~46-57 KB: four blocks
+        assert fused_wide.wide_plan(shape, pool, "fp16", {"warps": 6}).defines["FW_MINB"] == 1
 
 
 def unpack_fragments(words: np.ndarray, M: int, C: int, K: int, precision: str) -> np.ndarray:

@@ -27,7 +27,7 @@ TOLERANCE: dict[str, float] = {
     "bf16": 1e-2,
 }
 
-# Whole-network modes: 'exact' is fp32-accurate end to end (FFMA, and 3xTF32 on the tensor
+# Whole-network modes: 'exact' is fp32-accurate end to end (FFMA, and 3xfp16 on the tensor
 # cores for the wide layers rung 28 takes: gpu/fused_wide.EXACT_PRECISION); the others put the
 # convolutions on tensor cores in that input precision (fp32 accumulate, fp32 head).
 NETWORK_MODES: dict[str, str] = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}

@@ -535,7 +535,10 @@ fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
   if ((int)blockIdx.x < batch) fw_prefetch(raw, x, blockIdx.x);
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int b = blockIdx.x; b < batch; b += gridDim.x) {
+  // Which warp starts an image's groups turns image by image: where the groups do not split
+  // evenly, the extra ones go to every warp (and scheduler) in turn.
+  int turn = blockIdx.x;
+  for (int b = blockIdx.x; b < batch; b += gridDim.x, ++turn) {
     int e = 0;  // 3xfp16: the image's scale 2^e
 #if FW_PREFETCH
     const fw_in_t* xb = reinterpret_cast<const fw_in_t*>(raw);
@@ -557,7 +560,7 @@ fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
     __syncthreads();
 #endif
     const float a_unscale = fw_pow2(-e);
-    for (int group = warp; group < FW_NGROUPS; group += FW_WARPS) {
+    for (int group = (warp + turn) % FW_WARPS; group < FW_NGROUPS; group += FW_WARPS) {
       float total[FW_UNITS][FW_T][FW_NT][4];
       FwRows rows[FW_UNITS];
       fw_group(img, w_s, group, lane, total, rows);
