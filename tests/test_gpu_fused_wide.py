@@ -165,6 +165,11 @@ def test_plan_defines_follow_params_and_input_dtype() -> None:
     off = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": -1})
     assert (on.defines["FW_PREFETCH"], on.smem) == (1, geo.smem_prefetch)
     assert (off.defines["FW_PREFETCH"], off.smem) == (0, geo.smem)
+    # by default only for fp16 input (half the buffer), unless turned off
+    assert fused_wide.wide_plan(s, 2, "fp16", {}, "float16").defines["FW_PREFETCH"] == 1
+    assert fused_wide.wide_plan(s, 2, "fp16", {"prefetch": -1}, "float16").defines[
+        "FW_PREFETCH"] == 0
+    assert fused_wide.wide_plan(s, 2, "fp16").defines["FW_PREFETCH"] == 0
     ragged = ConvShape(1, 9, 13, 13, 24, 3)  # 9 * 13 * 13 fp16 values: 3042 bytes
     assert fused_wide.wide_plan(ragged, 2, "fp16", {"prefetch": 1}, "float16").defines[
         "FW_PREFETCH"] == 0

@@ -39,10 +39,13 @@
 // NaN input pixel may also spread to the horizontally adjacent window (tensor-core rungs'
 // NaN policy: a NaN window is NaN, other images are untouched).
 //
-// Measured (H100, B = 10000, docs/raw.md), with two 8-byte A row loads and a rounding split:
-// conv2 of ece408-mxnet fp16 0.47 ms, tf32 0.94, 3xTF32 2.60 against the FFMA rung's 5.96;
-// eecs498 0.51 / 0.85 / 2.75 against 4.54, ~1/3 of the MMA ceilings, while ptxas moved each A
-// quad into place (178 MOV a 60-HMMA loop) and cvt.rna.tf32 became compare-and-select code.
+// Measured (H100, B = 10000, docs/raw.md). Before, with two 8-byte A row loads that ptxas
+// moved into each quad (178 MOV a 60-HMMA loop) and a rounding 3xTF32 split (compare-and-
+// select code): conv2 of ece408-mxnet fp16 0.47 ms, tf32 0.94, 3xTF32 2.60; eecs498 0.51 /
+// 0.85 / 2.75. Now (a K = 5 fp16 loop: 60 HMMA, 63 LDS, 11 other): mxnet fp16 0.46, tf32
+// 0.79, 3xTF32 1.87, 3xfp16 1.17; eecs498 0.47 / 0.77 / 2.07 / 1.32 (FFMA rung: 5.94 / 4.54).
+// The moves were not what held fp16 back: ncu shows the tensor pipe 46-57% busy with 3.5
+// warps a scheduler and no eligible warp 63% of the cycles (latency, not issue).
 
 #include "common.cuh"
 
