@@ -1,5 +1,5 @@
 """Rung 28 (fused-conv-pool-wide, kernels/28_fused_conv_pool_wide.cu): conv + bias + ReLU +
-max-pool on tensor cores for wide layers, fp16 / tf32 / 3xTF32, fp32 or fp16 input.
+max-pool on tensor cores for wide layers, fp16 / tf32 / 3xTF32 / 3xfp16, fp32 or fp16 input.
 
 CPU: the plan's limits and argument checks, the weight packing, and the kernel source itself
 compiled with g++ and run with the mma.sync fragment layouts emulated per warp (so index
@@ -10,6 +10,7 @@ whole-network paths that use the rung.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,7 +60,7 @@ def random_wide_shape(rng: np.random.Generator, precision: str) -> tuple[ConvSha
 
 def round_operand(a: np.ndarray, precision: str) -> np.ndarray:
     """What the MMA multiplies: fp16 (nearest even), tf32 (nearest, ties away: cvt.rna), or,
-    for 3xTF32, the fp32 value itself."""
+    for the exact precisions, the fp32 value itself."""
     if precision == "fp16":
         return a.astype(np.float16).astype(np.float32)
     if precision == "tf32":
@@ -75,12 +76,36 @@ def problem(rng: np.random.Generator, shape: ConvShape, in_dtype: str):  # noqa:
     return x, w, b
 
 
+def wide_range_problem(rng: np.random.Generator, shape: ConvShape):  # noqa: ANN201
+    """Inputs of both signs spread log-uniformly over 1e-6..1e3, image 1 scaled down by 1e-12
+    (its own scale) and image 2 all zeros (any scale), zero bias: each image is checked on
+    its own."""
+    x = rng.choice([-1.0, 1.0], shape.x_shape) * 10.0 ** rng.uniform(-6, 3, shape.x_shape)
+    if shape.B > 1:
+        x[1] *= 1e-12
+    if shape.B > 2:
+        x[2] = 0.0
+    w = (rng.standard_normal(shape.w_shape) / np.sqrt(shape.C * shape.K ** 2)).astype(np.float32)
+    return x.astype(np.float32), w, np.zeros(shape.M, np.float32)
+
+
+def check_each_image(y: np.ndarray, x: np.ndarray, w: np.ndarray, pool: int,
+                     precision: str) -> None:
+    ref = reference_conv_relu_pool(x, w, np.zeros(w.shape[0], np.float32), 1, pool)
+    for i in range(len(x)):
+        if not ref[i].any():
+            assert not y[i].any(), f"image {i}: zeros in, nonzero out"
+            continue
+        err = rel_l2(y[i], ref[i])
+        assert err <= TOLERANCE[precision], f"{precision}, image {i}: rel err {err}"
+
+
 def check_result(y: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray, pool: int,
                  precision: str) -> None:
     x32 = x.astype(np.float32)
     err = rel_l2(y, reference_conv_relu_pool(x32, w, b, 1, pool))
     assert err <= TOLERANCE[precision], f"{precision}: rel err {err} against fp64"
-    if precision != "3xtf32":
+    if precision not in fused_wide.EXACT:
         own = reference_conv_relu_pool(round_operand(x32, precision),
                                        round_operand(w, precision), b, 1, pool)
         err_own = rel_l2(y, own)
@@ -140,6 +165,11 @@ def test_plan_defines_follow_params_and_input_dtype() -> None:
     off = fused_wide.wide_plan(s, 2, "fp16", {"prefetch": -1})
     assert (on.defines["FW_PREFETCH"], on.smem) == (1, geo.smem_prefetch)
     assert (off.defines["FW_PREFETCH"], off.smem) == (0, geo.smem)
+    # by default only for fp16 input (half the buffer), unless turned off
+    assert fused_wide.wide_plan(s, 2, "fp16", {}, "float16").defines["FW_PREFETCH"] == 1
+    assert fused_wide.wide_plan(s, 2, "fp16", {"prefetch": -1}, "float16").defines[
+        "FW_PREFETCH"] == 0
+    assert fused_wide.wide_plan(s, 2, "fp16").defines["FW_PREFETCH"] == 0
     ragged = ConvShape(1, 9, 13, 13, 24, 3)  # 9 * 13 * 13 fp16 values: 3042 bytes
     assert fused_wide.wide_plan(ragged, 2, "fp16", {"prefetch": 1}, "float16").defines[
         "FW_PREFETCH"] == 0
@@ -149,14 +179,17 @@ def test_plan_defines_follow_params_and_input_dtype() -> None:
 
 
 def test_wavefront_count() -> None:
-    """The bank model of row_pitch: a half-warp's 16 lanes x 8 bytes in distinct banks take one
-    wavefront, the same word broadcasts, two words of one bank take two."""
+    """The bank model of row_pitch: 32 lanes x 4 bytes in distinct banks take one wavefront,
+    the same word broadcasts, two words of one bank take two, whatever the lane order."""
     lanes = np.arange(32)
-    spread = (8 * (lanes % 16) + 128 * (lanes // 16))[None, None, :]
-    assert fused_wide.wavefronts_per_load(spread, 1, 0) == 2.0
-    assert fused_wide.wavefronts_per_load(np.zeros((1, 1, 32), int), 1, 0) == 2.0
-    clash = np.where(lanes == 1, 128, 8 * (lanes % 16))[None, None, :]  # lane 1 on lane 0's banks
-    assert fused_wide.wavefronts_per_load(clash, 1, 0) == 3.0
+    spread = (4 * lanes[::-1])[None, None, :]
+    assert fused_wide.wavefronts_per_load(spread, 1, 0) == 1.0
+    assert fused_wide.wavefronts_per_load(np.zeros((1, 1, 32), int), 1, 0) == 1.0
+    clash = np.where(lanes == 1, 128, 4 * lanes)[None, None, :]  # lane 1 on lane 0's bank
+    assert fused_wide.wavefronts_per_load(clash, 1, 0) == 2.0
+    # lanes 16.. on the banks of lanes ..15 (other words): two wavefronts at every shift
+    assert fused_wide.wavefronts_per_load((4 * (lanes % 16) + 128 * (lanes // 16))[None, None],
+                                          2, 64) == 2.0
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -168,55 +201,81 @@ def test_row_pitch_makes_the_zoo_loads_conflict_free(precision: str) -> None:
             cost = fused_wide.load_cost(shape, pool, precision, rows, pitch)
             assert cost <= fused_wide.load_cost(shape, pool, precision, rows, shape.W)
             if rows == 1:
-                assert cost <= 2.05  # one wavefront a half-warp, (almost) every load
+                assert cost == 1.0  # one wavefront, every load
         plan = fused_wide.wide_plan(shape, pool, precision, {"pitch": shape.W + 3})
         assert plan.defines["FW_WS"] == shape.W + 3
 
 
-def test_balanced_warps_split_the_groups_evenly() -> None:
-    assert fused_wide.balanced_warps(25) == 5  # mxnet's 25 one-unit groups: 5 each
-    assert fused_wide.balanced_warps(16) == 8
-    assert fused_wide.balanced_warps(13) == 7  # 14 slots for 13
-    assert fused_wide.balanced_warps(25, 8, 16) == 13
-    for groups in range(1, 60):
-        w = fused_wide.balanced_warps(groups)
-        assert 4 <= w <= 8
-        assert all(-(-groups // w) * w <= -(-groups // v) * v for v in range(4, 9))
-    # ~12-16 warps an SM whatever shared memory allows
-    for smem in (20_000, 41_000, 80_000, 100_000, 140_000, 200_000):
-        low, high = fused_wide.warp_range(smem)
-        blocks = 233_472 // (smem + 1024)
-        assert 4 <= low <= high <= 16 and blocks * low >= min(12, 4 * blocks)
+def test_block_warps_fill_the_schedulers_evenly() -> None:
+    """Warps in fours (one each scheduler), as many blocks as shared memory allows up to 16
+    warps an SM, and registers capped (FW_MINB) so that those blocks fit."""
+    for smem in range(8_000, 228_000, 997):
+        warps, minb = fused_wide.block_warps(smem)
+        fit = 233_472 // (smem + 1024)
+        assert warps % 4 == 0 and 4 <= warps <= 16 and 1 <= minb <= max(1, fit)
+        assert minb * warps <= 16 and minb * warps >= min(12, 4 * fit)
+    for shape, pool in wide_blocks():
+        plan = fused_wide.wide_plan(shape, pool, "fp16")
+        assert (plan.warps, plan.defines["FW_MINB"]) == (4, 4)  # ~46-57 KB: four blocks
+        assert fused_wide.wide_plan(shape, pool, "fp16", {"warps": 6}).defines["FW_MINB"] == 1
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-def test_fragments_hold_every_weight_once(precision: str, rng: np.random.Generator) -> None:
-    """Unpacking the per-lane fragments by the kernel's rule gives the weights back, each in
-    its (p, q, c) slot, and zeros in the padding."""
-    M, C, K = int(rng.integers(17, 41)), int(rng.integers(8, 17)), int(rng.choice([3, 5, 7]))
-    w = rng.standard_normal((M, C, K, K)).astype(np.float32)
-    frag = fused_wide.wide_fragments(w, precision)
+def unpack_fragments(words: np.ndarray, M: int, C: int, K: int, precision: str) -> np.ndarray:
+    """The kernel's B fragments (J, K, NT, 32, 2) back to weights (M, C, K, K) by its rule:
+    lane (g, t)'s two words are bytes 4t and 16 + 4t of channel 8n + g's chunk; the padding
+    must hold zeros."""
     cs, ch, chunks = fused_wide.run_layout(C, K, precision)
     nt = -(-M // 8)
-    assert frag.shape == (chunks, K, nt, 32, 2) and frag.dtype == np.uint32
-    if precision == "fp16":
-        vals = frag.view(np.float16).astype(np.float32)  # (J, K, NT, 32, 4)
+    assert words.shape == (chunks, K, nt, 32, 2) and words.dtype == np.uint32
+    if fused_wide.elem_bytes(precision) == 2:
+        vals = words.view(np.float16).astype(np.float32)  # (J, K, NT, 32, 4)
     else:
-        vals = frag.view(np.float32)
-    per = ch // 4
+        vals = words.view(np.float32)
+    per = ch // 8
     run = np.zeros((nt * 8, K, chunks * ch), np.float32)
     for lane in range(32):
         g, t = divmod(lane, 4)
         for n in range(nt):
             for j in range(chunks):
-                run[8 * n + g, :, j * ch + t * per:j * ch + (t + 1) * per] = \
-                    vals[j, :, n, lane].reshape(K, per)
+                for half in range(2):
+                    at = j * ch + half * ch // 2 + t * per
+                    piece = vals[j, :, n, lane, half * per:(half + 1) * per]
+                    run[8 * n + g, :, at:at + per] = piece
     taps = run[:, :, :K * cs].reshape(nt * 8, K, K, cs)
-    want = round_operand(w, precision) if precision == "fp16" else w
-    if precision == "tf32":
-        want = round_operand(w, "tf32")
-    np.testing.assert_array_equal(taps[:M, :, :, :C], want.transpose(0, 2, 3, 1))
     assert not taps[M:].any() and not taps[:, :, :, C:].any() and not run[:, :, K * cs:].any()
+    return taps[:M, :, :, :C].transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_fragments_hold_every_weight_once(precision: str, rng: np.random.Generator) -> None:
+    """Unpacking the per-lane fragments by the kernel's rule gives the weights back, each in
+    its (p, q, c) slot, and zeros in the padding; 3xfp16's hi + lo is the scaled weight to
+    ~2^-22."""
+    M, C, K = int(rng.integers(17, 41)), int(rng.integers(8, 17)), int(rng.choice([3, 5, 7]))
+    w = (rng.standard_normal((M, C, K, K)) * 10.0 ** rng.uniform(-4, 2)).astype(np.float32)
+    frag = fused_wide.wide_fragments(w, precision)
+    if precision != "3xfp16":
+        want = round_operand(w, precision) if precision in ("fp16", "tf32") else w
+        np.testing.assert_array_equal(unpack_fragments(frag, M, C, K, precision), want)
+        return
+    assert frag.shape[0] == 2
+    hi, lo = (unpack_fragments(part, M, C, K, precision) for part in frag)
+    scaled = w * np.float32(2.0 ** fused_wide.weight_exponent(w))
+    assert 2 ** 14 <= np.abs(scaled).max() < 2 ** 15
+    np.testing.assert_array_equal(hi, round_operand(scaled, "fp16"))
+    err = np.abs(hi.astype(np.float64) + lo - scaled)
+    assert (err <= np.maximum(2.0 ** -22 * np.abs(scaled), 2.0 ** -25)).all()
+    assert np.abs(lo).max() <= 2 ** 4  # half an fp16 ulp of 2^14 ... 2^15
+
+
+def test_fp16_scale_exponent_puts_the_maximum_in_the_top_binade(rng: np.random.Generator) -> None:
+    for amax in np.concatenate([10.0 ** rng.uniform(-40, 38, 200), [2.0 ** 14, 2.0 ** 15 - 1,
+                                                                     1.0, 3e38]]):
+        e = fused_wide.fp16_scale_exponent(float(np.float32(amax)))
+        assert 2 ** 14 <= np.float64(np.float32(amax)) * 2.0 ** e < 2 ** 15 or e == 126, amax
+    assert fused_wide.fp16_scale_exponent(0.0) == 126  # any scale: the image is zeros
+    assert fused_wide.fp16_scale_exponent(float("inf")) == 0
+    assert fused_wide.fp16_scale_exponent(float("nan")) == 0
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -267,7 +326,8 @@ def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
     _, buffers = net._new_plan(3, None)
     want = "float16" if mode == "fp16" else "float32"
     assert asked["in_dtype"] == asked["first_writes"] == want
-    assert asked["precision"] == {"exact": "3xtf32"}.get(mode, NETWORK_MODES[mode])
+    assert asked["precision"] == {"exact": fused_wide.EXACT_PRECISION}.get(mode,
+                                                                          NETWORK_MODES[mode])
     assert asked["pool"] == blocks[1].pool and buffers[1].dtype == np.dtype(want)
 
 
@@ -396,6 +456,7 @@ template <class T> static T* read(const char* dir, const char* name, size_t n) {
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int batch = atoi(argv[2]), grid = atoi(argv[3]);
+  const float w_unscale = (float)atof(argv[4]);
   const size_t nx = (size_t)batch * FW_C * FW_H * FW_W;
   const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP + 64;
   fw_in_t* x = read<fw_in_t>(dir, "x.bin", nx);
@@ -419,7 +480,7 @@ int main(int argc, char** argv) {
       ts.emplace_back([=] {
         threadIdx.x = t;
         blockIdx.x = blk;
-        fcp_wide(x, wfrag, bias, y, batch);
+        fcp_wide(x, wfrag, bias, y, batch, w_unscale);
       });
     for (auto& t : ts) t.join();
   }
@@ -453,7 +514,8 @@ def emulate(tmp_path: Path, shape: ConvShape, pool: int, precision: str, in_dtyp
     fused_wide.wide_fragments(w, precision).tofile(tmp_path / "w.bin")
     b.astype(np.float32).tofile(tmp_path / "b.bin")
     np.full(ny + SENTINEL, np.nan, np.float32).tofile(tmp_path / "y.bin")
-    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(grid)],
+    w_unscale = 2.0 ** -fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
+    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(grid), repr(w_unscale)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     y = np.fromfile(tmp_path / "y_out.bin", np.float32)
@@ -473,6 +535,9 @@ EMULATED = [  # (precision, input, shape, pool, params, grid): small images, bot
     ("3xtf32", "float16", ConvShape(1, 8, 15, 12, 17, 3), 4, {"prefetch": 1}, 1),
     ("3xtf32", "float32", ConvShape(2, 12, 15, 17, 24, 5), 2, {"split": 2, "pitch": 20}, 2),
     ("3xtf32", "float16", ConvShape(1, 11, 16, 18, 30, 3), 4, {"split": 2, "rows": 2}, 1),
+    ("3xfp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), 2, {"warps": 3}, 2),
+    ("3xfp16", "float32", ConvShape(2, 12, 14, 14, 24, 7), 2, {"units": 2, "prefetch": 1}, 1),
+    ("3xfp16", "float16", ConvShape(2, 9, 13, 13, 19, 3), 4, {"rows": 2, "pitch": 15}, 1),
 ]
 
 
@@ -484,8 +549,20 @@ def test_kernel_emulated_on_cpu(case: int, tmp_path: Path, rng: np.random.Genera
     y, smem = emulate(tmp_path, shape, pool, precision, in_dtype, x, w, b, params, grid)
     assert smem == fused_wide.wide_plan(shape, pool, precision, params, in_dtype).smem
     check_result(y, x, w, b, pool, precision)
-    if precision == "3xtf32":  # the emulated MMA is exact: the split's ~2^-20 and fp32 sums
+    if precision in fused_wide.EXACT:  # the emulated MMA is exact: the split's ~2^-21, fp32 sums
         assert rel_l2(y, reference_conv_relu_pool(x.astype(np.float32), w, b, 1, pool)) <= 2e-6
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("precision", fused_wide.EXACT)
+def test_exact_kernels_emulated_on_a_wide_dynamic_range(precision: str, tmp_path: Path,
+                                                        rng: np.random.Generator) -> None:
+    """Values 1e-6..1e3 in one image, a tiny image and a zero one: 3xfp16 scales each image
+    by its own maximum, and its lo parts of the small values go subnormal."""
+    shape = ConvShape(3, 12, 14, 15, 24, 5)
+    x, w, b = wide_range_problem(rng, shape)
+    y, _ = emulate(tmp_path, shape, 2, precision, "float32", x, w, b, {}, 2)
+    check_each_image(y, x, w, 2, precision)
 
 
 # ---- GPU -------------------------------------------------------------------------------------
@@ -527,6 +604,17 @@ def test_zoo_wide_layers(precision: str, in_dtype: str, rng: np.random.Generator
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", fused_wide.EXACT)
+@pytest.mark.parametrize("case", range(4))
+def test_exact_precisions_on_a_wide_dynamic_range(case: int, precision: str,
+                                                  rng: np.random.Generator) -> None:
+    shape, pool = (wide_blocks(5) + [random_wide_shape(rng, precision) for _ in range(2)])[case]
+    shape = ConvShape(max(3, shape.B), shape.C, shape.H, shape.W, shape.M, shape.K)
+    x, w, b = wide_range_problem(rng, shape)
+    check_each_image(run_gpu(shape, pool, precision, "float32", x, w, b), x, w, pool, precision)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("params", [{"warps": 2, "units": 1}, {"warps": 5, "units": 3},
                                     {"warps": 8, "minb": 2}, {"bps": 1}, {"rows": 2},
                                     {"rows": 2, "units": 2, "prefetch": 1}, {"prefetch": -1},
@@ -565,17 +653,31 @@ def test_nan_stays_in_its_image(precision: str, rng: np.random.Generator) -> Non
         assert rel_l2(y[i], ref[i]) <= TOLERANCE[precision]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("model", WIDE_MODELS)
-def test_shipped_wide_models_exact_gpu_equals_cpu_on_every_test_image(model: str) -> None:
-    """Exact mode (3xTF32 on rung 28 for conv2) predicts what the CPU framework does."""
+@functools.cache
+def cpu_test_predictions(model: str) -> np.ndarray:
     from convolab import data
-    from convolab.gpu.network import FusedLeNet
     from convolab.models import load, spec
 
-    network = load(model)
+    raw, _ = data.load_split("test")
+    return load(model).predict(data.resize_bilinear(raw, spec(model).input_size))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", fused_wide.EXACT)
+@pytest.mark.parametrize("model", WIDE_MODELS)
+def test_shipped_wide_models_exact_gpu_equals_cpu_on_every_test_image(
+        model: str, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact mode (rung 28 for conv2 in either exact precision; EXACT_PRECISION is the one it
+    ships with) predicts what the CPU framework does."""
+    from convolab import data
+    from convolab.gpu.network import FusedLeNet
+    from convolab.models import load
+
+    monkeypatch.setattr(fused_wide, "EXACT_PRECISION", precision)
     raw, labels = data.load_split("test")
-    gpu = FusedLeNet(network.params(), mode="exact", model=model).forward_chunks(raw, labels=True)
-    cpu = network.predict(data.resize_bilinear(raw, spec(model).input_size))
+    net = FusedLeNet(load(model).params(), mode="exact", model=model)
+    assert net._block_impl(conv_blocks(model, 1)[1]).name.endswith(precision)
+    gpu = net.forward_chunks(raw, labels=True)
+    cpu = cpu_test_predictions(model)
     assert np.array_equal(gpu, cpu)
     assert (gpu == labels).mean() > 0.85

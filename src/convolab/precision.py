@@ -5,28 +5,36 @@ Tolerances are the relative L2 error against an fp64 reference on fresh random i
 (docs/spec.md, "Correctness"). TF32 keeps 10 mantissa bits on both operands: on 49-196-term
 sums with mixed-sign weights its error reaches 5e-4 on a few percent of random draws, so
 every TF32 path promises 1e-3; a 3xTF32 split recovers fp32 accuracy.
+
+3xfp16 is exact in the same way: each operand is scaled by a power of two (exact) so that its
+largest magnitude sits in fp16's top binades, then split hi + lo in fp16 (11 significant bits
+each, ~2^-22 relative together, like 3xTF32's big + small in tf32); the MMAs form
+hi*hi + hi*lo + lo*hi in fp32, dropping lo*lo (~2^-22), and the sum is unscaled by the inverse
+power of two (exact). Values whose lo part falls into fp16's subnormals keep their absolute
+error below 2^-25 of the operand's scale, so the sum's error stays at fp32's level.
 """
 
 from __future__ import annotations
 
-PRECISIONS: tuple[str, ...] = ("fp32", "3xtf32", "tf32", "fp16", "bf16")
+PRECISIONS: tuple[str, ...] = ("fp32", "3xtf32", "3xfp16", "tf32", "fp16", "bf16")
 
 TOLERANCE: dict[str, float] = {
     "fp32": 1e-5,
     "3xtf32": 1e-5,
+    "3xfp16": 1e-5,
     "tf32": 1e-3,
     "fp16": 1e-2,
     "bf16": 1e-2,
 }
 
-# Whole-network modes: 'exact' is fp32-accurate end to end (FFMA, and 3xTF32 on the tensor
+# Whole-network modes: 'exact' is fp32-accurate end to end (FFMA, and 3xfp16 on the tensor
 # cores for the wide layers rung 28 takes: gpu/fused_wide.EXACT_PRECISION); the others put the
 # convolutions on tensor cores in that input precision (fp32 accumulate, fp32 head).
 NETWORK_MODES: dict[str, str] = {"exact": "fp32", "tf32": "tf32", "fp16": "fp16"}
 
 # The accuracy classes `convolab tune` and `auto` key their winners by, tightest first: a class
-# admits every rung whose tolerance is at most TOLERANCE[class] (3xtf32 rungs join fp32, bf16
-# rungs join fp16).
+# admits every rung whose tolerance is at most TOLERANCE[class] (3xtf32 and 3xfp16 rungs join
+# fp32, bf16 rungs join fp16).
 TUNE_MODES: tuple[str, ...] = ("fp32", "tf32", "fp16")
 
 # Modes of the fused trainer (`convolab train --mode`, `Trainer(mode=...)`): 'exact' is fp32

@@ -16,7 +16,7 @@ channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
 (`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
 writes directly (elsewhere a cast follows the block that writes it).
 Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
-in every mode (3xTF32 in 'exact'), reading the map before it in fp16 in mode 'fp16'.
+in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16'.
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
@@ -160,7 +160,7 @@ class FusedLeNet:
     (B, C, S, S) or raw uint8 images (B, h, w), which the first conv kernel resizes on chip.
 
     model: a zoo model (models.MODELS); its conv+ReLU+pool blocks and linear head come from
-    the model's layer list. mode: 'exact' (fp32 FFMA, or 3xTF32 on rung 28 for the wide
+    the model's layer list. mode: 'exact' (fp32 FFMA, or 3xfp16 on rung 28 for the wide
     layers: matches an fp64 forward to ~1e-6), 'tf32' or 'fp16' (tensor cores where a block's
     shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the
     pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
