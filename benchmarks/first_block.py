@@ -29,7 +29,7 @@ import numpy as np
 from convolab import data
 from convolab.check import rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
-from convolab.models import MODELS, conv_blocks, load
+from convolab.models import conv_blocks, load
 from convolab.shapes import ConvShape
 
 BATCH = 10_000
@@ -38,8 +38,9 @@ REPS = 30
 CHECK_IMAGES = 64  # fp64 reference on this many images
 COPY_BYTES = 2 << 30
 # Sweep points (0 = the planner's choice): FFMA (threads, minb), tensor cores (warps, minb).
-SWEEP = {"fp32": ((0, 0), (0, 1), (128, 4), (256, 2), (384, 2)),
-         "fp16": ((2, 0), (4, 0), (8, 0), (4, 2))}
+SWEEP = {"fp32": ((0, 0), (256, 2)),
+         "fp16": ((2, 0), (8, 0), (4, 2), (4, -8)),  # negative minb: rows = -minb
+         "3xfp16": ((2, 0), (8, 0), (4, 2), (4, -8))}
 
 
 def median_ms(fn: Callable[[], Any], reps: int = REPS) -> float:
@@ -128,20 +129,22 @@ def layer_rows(layer: Layer) -> list[dict[str, Any]]:
     old = old_runs(layer)
     rows = [layer.measure(name, run, raw, dtype)[0] for name, (run, raw, dtype) in old.items()]
     checks: dict[str, Any] = {"model": layer.model, "name": "bit checks"}
-    for precision in fused_first.PRECISIONS:
+    for precision, tc in (("fp32", -1), ("fp16", 1), ("fp16", 2), ("3xfp16", 2)):
         outs: dict[tuple[bool, str], Any] = {}
         for raw in (True, False):
             for dtype in fused_first.OUT_DTYPES:
-                run = fused_first.prepare(s, pool, layer.w, layer.b, {},
+                run = fused_first.prepare(s, pool, layer.w, layer.b, {"tc": tc},
                                           (28, 28) if raw else None, dtype, precision)
-                row, outs[raw, dtype] = layer.measure(f"rung 29 {precision}", run, raw, dtype)
+                name = f"rung 29 {precision} {run.plan.kernel_file[:3]}"
+                row, outs[raw, dtype] = layer.measure(name, run, raw, dtype)
                 rows.append({**row, "plan": run.plan.defines})
+        precision = f"{precision}_{tc}"
         f32 = outs[True, "float32"]
         checks[f"{precision}_raw_equals_float"] = bool(
             (f32.view("uint32") == outs[False, "float32"].view("uint32")).all())
         checks[f"{precision}_fp16_is_fp32_rounded"] = bool(
             (outs[True, "float16"].view("uint16") == f32.astype("float16").view("uint16")).all())
-        if precision == "fp32":
+        if precision == "fp32_-1":
             ffma = old[next(k for k in old if k.startswith("before, exact mode ("))][0]
             theirs = layer.cp.full(layer.out_shape, layer.cp.nan, "float32")
             ffma(layer.x_d, theirs)
@@ -158,7 +161,8 @@ def sweep_rows(layer: Layer) -> list[dict[str, Any]]:
     for precision, points in SWEEP.items():
         for a, minb in points:
             params = ({"threads": a, "minb": minb} if precision == "fp32"
-                      else {"warps": a, "minb": minb})
+                      else {"warps": a, "minb": minb} if minb >= 0
+                      else {"warps": a, "rows": -minb})
             try:
                 run = fused_first.prepare(layer.shape, layer.pool, layer.w, layer.b, params,
                                           (28, 28), "float16", precision)
@@ -182,7 +186,7 @@ def network_rows(cp: Any, model: str, rng: np.random.Generator) -> list[dict[str
 
     floats = resize_u8(raw, size)
     rows = []
-    for mode in ("exact", "fp16"):
+    for mode in ("exact", "tf32", "fp16"):
         for first in (1, -1):  # 1: rung 29 wherever it takes the shape
             net = FusedLeNet(params, mode=mode, model=model,
                              kernel_params={"c1": {"first": first}})
@@ -211,15 +215,17 @@ def small_launches() -> None:
     x = rng.random(shape.x_shape, dtype=np.float32)
     sq = ConvShape(5, 1, 23, 23, 20, 5)
     ref_raw = reference_conv_relu_pool(data.resize_bilinear(raw, 23), w, b, 1, 2)
-    for precision in fused_first.PRECISIONS:
+    for precision, tc in (("fp32", -1), ("fp16", 1), ("fp16", 2), ("3xfp16", 2)):
         for dtype in fused_first.OUT_DTYPES:
             y = cp.full(out_shape, cp.nan, dtype)
-            fused_first.prepare(shape, 2, w, b, {}, None, dtype, precision)(cp.asarray(x), y)
+            fused_first.prepare(shape, 2, w, b, {"tc": tc}, None, dtype, precision)(
+                cp.asarray(x), y)
             err = rel_l2(y.get().astype(np.float32), reference_conv_relu_pool(x, w, b, 1, 2))
-            print(f"small float {precision} {dtype}: rel_l2 {err:.2e}")
+            print(f"small float {precision} {tc} {dtype}: rel_l2 {err:.2e}")
         y = cp.full(out_shape[:2] + (sq.H_out // 2, sq.W_out // 2), cp.nan, "float32")
-        fused_first.prepare(sq, 2, w, b, {}, (17, 30), precision=precision)(cp.asarray(raw), y)
-        print(f"small raw {precision} float32: rel_l2 {rel_l2(y.get(), ref_raw):.2e}")
+        fused_first.prepare(sq, 2, w, b, {"tc": tc}, (17, 30), precision=precision)(
+            cp.asarray(raw), y)
+        print(f"small raw {precision} {tc} float32: rel_l2 {rel_l2(y.get(), ref_raw):.2e}")
 
 
 def write_json(path: Path, payload: Any) -> None:
@@ -248,7 +254,7 @@ def main() -> None:
     result: dict[str, Any] = {"device": gpu_name(), "batch": BATCH, "copy_bytes_per_s": bw,
                               "rows": []}
     print(f"{gpu_name()}: device copy {bw / 1e9:.0f} GB/s (read + write)", flush=True)
-    for model in MODELS:
+    for model in WIDE:
         layer = Layer(cp, model, rng)
         rows = layer_rows(layer) + ([] if args.no_sweep or model not in WIDE
                                     else sweep_rows(layer))
@@ -267,6 +273,19 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
             result["rows"] += rows
             write_json(args.out / "first_block.json", result)
+    print_table(result["rows"])
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The timings last, one short line each (the reply carries the end of the output)."""
+    for r in rows:
+        if "ms" not in r:
+            print(r["model"], {k: v for k, v in r.items() if isinstance(v, bool)})
+            continue
+        what = r.get("params") or r.get("mode", "")
+        err = f"{r['rel_l2']:.1e}" if "rel_l2" in r else ""
+        print(f"{r['model'][:8]:8} {r['name'][:34]:34} {r['input'][:3]} {r.get('out', '')[-2:]:2}"
+              f" {r['ms']:6.3f} {err:7} {what}")
 
 
 if __name__ == "__main__":

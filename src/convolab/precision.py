@@ -9,11 +9,12 @@ every TF32 path promises 1e-3; a 3xTF32 split recovers fp32 accuracy.
 
 from __future__ import annotations
 
-PRECISIONS: tuple[str, ...] = ("fp32", "3xtf32", "tf32", "fp16", "bf16")
+PRECISIONS: tuple[str, ...] = ("fp32", "3xtf32", "3xfp16", "tf32", "fp16", "bf16")
 
 TOLERANCE: dict[str, float] = {
     "fp32": 1e-5,
     "3xtf32": 1e-5,
+    "3xfp16": 1e-5,
     "tf32": 1e-3,
     "fp16": 1e-2,
     "bf16": 1e-2,

@@ -1,6 +1,7 @@
 // Rung 29's shared part: the first block's shape defines (one input channel, stride 1), the
-// pooled sizes and the output type; 29_fused_first_conv_pool.cu (FFMA) and
-// 29b_fused_first_conv_pool_mma.cu (fp16 tensor cores) include it.
+// pooled sizes, the output type and the raw input's staging; 29_fused_first_conv_pool.cu
+// (FFMA), 29b_fused_first_conv_pool_mma.cu and 29c_fused_first_conv_pool_rowpair.cu (tensor
+// cores) include it.
 #pragma once
 #include "common.cuh"
 #include "resize.cuh"
@@ -35,3 +36,43 @@ __device__ __forceinline__ ff_out ff_convert(float v) { return __float2half_rn(v
 typedef float ff_out;
 __device__ __forceinline__ ff_out ff_convert(float v) { return v; }
 #endif
+
+// ---- raw input: only the raw rows a band reads ------------------------------------------------
+// A block that convolves resized rows row0 .. row0 + n_rows - 1 needs the raw rows between the
+// first row's low tap and the last row's high tap (taps are monotonic), not the whole image:
+// those bytes are staged as they are, and each is turned into [0, 1] through a 256-entry table
+// of raw_to_unit (the same division, so the same bits as resize_bilinear), computed once per
+// block: 256 divisions instead of one per raw pixel, and no float copy of the image.
+#define FF_RAW_BYTES (RAW_H * RAW_W)
+
+struct FfRawRows {
+  float tab[256];                     // raw_to_unit(v)
+  unsigned char bytes[FF_RAW_BYTES];  // the raw rows lo .. hi (at most the whole image)
+};
+
+// The row pass of resized rows row0 .. row0 + n_rows - 1 of raw image `img` into rows (n_rows x
+// RAW_W floats): resize_rows' arithmetic, reading bytes through the table. Every thread of the
+// block takes part; the caller synchronises before reading rows.
+__device__ __forceinline__ void ff_raw_rows(float* rows, FfRawRows& s,
+                                            const unsigned char* __restrict__ img,
+                                            const ResizeTap* __restrict__ taps, int row0,
+                                            int n_rows, int H, int tid, int threads) {
+  const int lo = taps[min(row0, H - 1)].lo;
+  const int hi = taps[min(row0 + n_rows - 1, H - 1)].hi;
+  const int n = (hi - lo + 1) * RAW_W;
+  for (int v = tid; v < 256; v += threads) s.tab[v] = raw_to_unit(static_cast<unsigned char>(v));
+  const unsigned char* src = img + lo * RAW_W;
+  if (RAW_W % 4 == 0 && (reinterpret_cast<size_t>(src) & 3) == 0) {  // whole words
+    for (int i = tid; i < n / 4; i += threads)
+      reinterpret_cast<unsigned*>(s.bytes)[i] = __ldg(reinterpret_cast<const unsigned*>(src) + i);
+  } else {
+    for (int i = tid; i < n; i += threads) s.bytes[i] = __ldg(src + i);
+  }
+  __syncthreads();
+  for (int i = tid; i < n_rows * RAW_W; i += threads) {
+    const int r = i / RAW_W, j = i - r * RAW_W;
+    const ResizeTap t = taps[min(row0 + r, H - 1)];
+    rows[i] = resize_lerp(s.tab[s.bytes[(t.lo - lo) * RAW_W + j]],
+                          s.tab[s.bytes[(t.hi - lo) * RAW_W + j]], t.t);
+  }
+}
