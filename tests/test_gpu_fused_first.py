@@ -571,3 +571,35 @@ def test_rowpair_kernel_emulated_on_cpu(case: int, tmp_path: Path,
     if raw_hw:
         y_float = emulate(tmp_path, shape, x, w, b, None, split, out_dtype, params)
         assert np.array_equal(y.view(np.uint32), y_float.view(np.uint32))
+
+
+# ---- CPU: the bench's raw per-layer rows (benchmarks/plans/first_block.toml) -----------------
+
+
+def test_first_block_plan_times_rung_29_against_the_path_before() -> None:
+    from convolab.bench.contenders import named_contender, raw_contender
+    from convolab.bench.plan import load_plan
+
+    plan = Path(__file__).parents[1] / "benchmarks" / "plans" / "first_block.toml"
+    runs = load_plan(plan)
+    raw_runs = [r for r in runs if r.inputs == "raw"]
+    assert {r.model for r in raw_runs} == set(WIDE)
+    for run in raw_runs:
+        shape = conv_blocks(run.model, run.batch)[0].shape
+        names = []
+        for spec_ in run.impls:
+            c = raw_contender(named_contender(spec_, gpu=True), (data.IMAGE_SIDE,) * 2)
+            assert c.supports(shape) and not c.supports(conv_blocks(run.model)[1].shape)
+            names.append(c.name)
+        if run.label.endswith("-raw"):  # rung 29's own raw entries, and rung 25 in front
+            assert "fused-first-conv-pool2 (raw)" in names  # of the kernels before it
+            assert "rung 25 + fused-conv-pool2" in names
+    for run in runs:  # the float runs are the same first blocks
+        for text in run.custom_shapes:
+            assert parse(text) in {conv_blocks(m, run.batch)[0].shape for m in WIDE}
+
+
+def parse(text: str) -> ConvShape:
+    from convolab.bench.cases import parse_shape
+
+    return parse_shape(text).shape

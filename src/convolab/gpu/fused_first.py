@@ -522,3 +522,17 @@ FIRST_3X_IMPL = register(ConvImpl(
     compile_variants=lambda: compile_variants("3xfp16", TC_ROWPAIR),
     pool=FIRST_POOL,
 ))
+
+# Each registry entry's precision and family: what its raw entry runs (prepare_registered).
+REGISTERED: dict[str, tuple[str, int]] = {
+    FIRST_IMPL.name: ("fp32", TC_FFMA), FIRST_TC_IMPL.name: ("fp16", TC_TOEPLITZ),
+    FIRST_RP_IMPL.name: ("fp16", TC_ROWPAIR), FIRST_3X_IMPL.name: ("3xfp16", TC_ROWPAIR)}
+
+
+def prepare_registered(name: str, shape: ConvShape, weight: Any, bias: Any,
+                       params: Mapping[str, Any], raw_hw: tuple[int, int] | None) -> Run:
+    """A registry entry's run with its parameters, reading raw images where raw_hw is given
+    (the bench's raw per-layer rows); fp32 output."""
+    precision, tc = REGISTERED[name]
+    return prepare(shape, FIRST_POOL, weight, bias, {**params, "tc": tc}, raw_hw,
+                   precision=precision)
