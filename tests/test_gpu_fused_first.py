@@ -36,8 +36,7 @@ FAMILIES = (("fp32", fused_first.TC_FFMA), ("fp16", fused_first.TC_TOEPLITZ),
 FILES = {fused_first.TC_FFMA: fused_first.KERNEL_FILE,
          fused_first.TC_TOEPLITZ: fused_first.TC_KERNEL_FILE,
          fused_first.TC_ROWPAIR: fused_first.RP_KERNEL_FILE}
-WIDE = tuple(m for m in MODELS if fused_first.preferred(conv_blocks(m)[0].shape,
-                                                       conv_blocks(m)[0].pool))
+WIDE = fused_first.wide_models()
 
 
 def random_shape(rng: np.random.Generator, square: bool) -> ConvShape:
@@ -542,9 +541,9 @@ def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: n
 
 EMULATED = [  # (shape, raw_hw, split, out_dtype, params): odd sizes, K 3/5/7, both families
     (ConvShape(2, 1, 15, 17, 12, 5), None, False, "float32", {}),
-    (ConvShape(2, 1, 15, 17, 12, 5), None, True, "float32", {"rows": 2}),
+    (ConvShape(2, 1, 15, 17, 12, 5), None, True, "float32", {"rows": 2, "early": 1}),
     (ConvShape(1, 1, 20, 19, 13, 7), None, True, "float16", {"warps": 3}),
-    (ConvShape(2, 1, 18, 18, 12, 7), (11, 13), False, "float32", {"rows": 3}),
+    (ConvShape(2, 1, 18, 18, 12, 7), (11, 13), False, "float32", {"rows": 3, "early": 1}),
     (ConvShape(1, 1, 14, 14, 7, 3), (28, 28), True, "float32", {"warps": 2}),
     (ConvShape(1, 1, 13, 13, 5, 5), (9, 9), True, "float32", {}),
 ]
@@ -582,7 +581,7 @@ def test_first_block_plan_times_rung_29_against_the_path_before() -> None:
 
     plan = Path(__file__).parents[1] / "benchmarks" / "plans" / "first_block.toml"
     runs = load_plan(plan)
-    raw_runs = [r for r in runs if r.inputs == "raw"]
+    raw_runs = [r for r in runs if r.inputs == "raw" and not r.network]
     assert {r.model for r in raw_runs} == set(WIDE)
     for run in raw_runs:
         shape = conv_blocks(run.model, run.batch)[0].shape
@@ -594,6 +593,7 @@ def test_first_block_plan_times_rung_29_against_the_path_before() -> None:
         if run.label.endswith("-raw"):  # rung 29's own raw entries, and rung 25 in front
             assert "fused-first-conv-pool2 (raw)" in names  # of the kernels before it
             assert "rung 25 + fused-conv-pool2" in names
+    assert {r.model for r in runs if r.network} == set(WIDE)
     for run in runs:  # the float runs are the same first blocks
         for text in run.custom_shapes:
             assert parse(text) in {conv_blocks(m, run.batch)[0].shape for m in WIDE}

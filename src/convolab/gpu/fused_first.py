@@ -85,17 +85,24 @@ def band_rows(shape: ConvShape, pool: int, threads: int) -> int:
     return min(ceil_div(threads - 1, wp) * pool + pool - 1 + shape.K, shape.H)
 
 
+def raw_stage_bytes(shape: ConvShape, raw_hw: tuple[int, int]) -> int:
+    """first_block.cuh's FfRawRows: the byte -> [0, 1] table, the resize taps (3 words each)
+    and the raw image, 16-aligned."""
+    return ceil_div(FLOAT_BYTES * (256 + 3 * (shape.H + shape.W)) + raw_hw[0] * raw_hw[1],
+                    16) * 16
+
+
 def ffma_smem_bytes(shape: ConvShape, pool: int, threads: int, mt: int,
                     raw_hw: tuple[int, int] | None = None) -> int:
     """Static shared memory of an FFMA block: the band's rows (an even row stride), every
-    group's weights and bias and, reading raw bytes, the raw image as floats (in the band's
-    space) and the band's row pass."""
+    group's weights and bias and, reading raw bytes, the raw staging and the band's row pass."""
     rows = band_rows(shape, pool, threads)
     band = rows * (shape.W + shape.W % 2) + 2
     weights = ceil_div(shape.M, mt) * (shape.K * shape.K + 1) * _round4(mt)
     if raw_hw is None:
         return FLOAT_BYTES * (band + weights)
-    return FLOAT_BYTES * (max(band, raw_hw[0] * raw_hw[1]) + rows * raw_hw[1] + weights)
+    return (FLOAT_BYTES * (band + rows * raw_hw[1] + weights)
+            + raw_stage_bytes(shape, raw_hw))
 
 
 # ---- tensor cores -----------------------------------------------------------------------------
@@ -113,11 +120,13 @@ def tc_rows(shape: ConvShape, pool: int) -> int:
 
 def tc_smem_bytes(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None) -> int:
     """Static shared memory of a tensor-core block (fused_mma.cuh's TOE_IR x TOE_RS fp16 tile,
-    and the raw image and row pass)."""
+    and the raw staging and row pass)."""
     _, wp = pooled_hw(shape, pool)
     in_rows = 2 * tc_rows(shape, pool) - 1 + shape.K
     tile = HALF_BYTES * in_rows * (ceil_div(2 * wp, 8) * 8 + 8)
-    return tile + (FLOAT_BYTES * (raw_hw[0] * raw_hw[1] + in_rows * raw_hw[1]) if raw_hw else 0)
+    if raw_hw is None:
+        return tile
+    return tile + raw_stage_bytes(shape, raw_hw) + FLOAT_BYTES * in_rows * raw_hw[1]
 
 
 def tc_supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None) -> bool:
@@ -148,13 +157,12 @@ def rp_geometry(shape: ConvShape, tph: int) -> dict[str, int]:
 def rp_smem_bytes(shape: ConvShape, tph: int, split: bool,
                   raw_hw: tuple[int, int] | None = None) -> int:
     """Static shared memory of a row-pair block: the fp16 tile (hi and lo with the split), the
-    max's scratch and, reading raw bytes, the byte table, the raw rows and their row pass."""
+    max's scratch and, reading raw bytes, the raw staging and the row pass of the rows."""
     geo = rp_geometry(shape, tph)
     tile = HALF_BYTES * geo["IR"] * geo["RS"] * (2 if split else 1) + FLOAT_BYTES * RP_WARPS
     if raw_hw is None:
         return tile
-    table = ceil_div(256 * FLOAT_BYTES + raw_hw[0] * raw_hw[1], 16) * 16
-    return tile + table + FLOAT_BYTES * geo["IR"] * raw_hw[1]
+    return tile + raw_stage_bytes(shape, raw_hw) + FLOAT_BYTES * geo["IR"] * raw_hw[1]
 
 
 def rp_rows(shape: ConvShape, split: bool, raw_hw: tuple[int, int] | None = None) -> int:
@@ -225,6 +233,13 @@ def supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None)
     return ffma_smem_bytes(shape, pool, min(THREAD_CHOICES), mt, raw_hw) <= SMEM_STATIC_LIMIT
 
 
+def wide_models() -> tuple[str, ...]:
+    """The zoo models whose first block the fused network runs on rung 29 by default."""
+    from convolab.models import MODELS, conv_blocks
+
+    return tuple(m for m in MODELS if preferred(conv_blocks(m)[0].shape, conv_blocks(m)[0].pool))
+
+
 def preferred(shape: ConvShape, pool: int) -> bool:
     """Whether the fused network runs a first block on rung 29 without being asked: where it
     takes the shape and fcp_exact_cw (rung 16: all channels in one thread's multi-window tile,
@@ -277,7 +292,8 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
     29b's Toeplitz operand; params tc = 1 / 2 asks for one, -1 keeps FFMA), '3xfp16' 29c's split
     (else FFMA), 'fp32' FFMA. FFMA params may fix threads (pool windows per block), minb (blocks
     per SM the registers must allow) and mt (channels per group); tensor-core params warps,
-    minb and (29c) rows, pooled rows a block; 0 or absent means choose."""
+    minb and (29c) rows, pooled rows a block, and early = 1, the weights' loads before the
+    staging; 0 or absent means choose."""
     params = params or {}
     if out_dtype not in OUT_DTYPES or precision not in PRECISIONS:
         raise ValueError(f"rung 29: out_dtype must be one of {OUT_DTYPES} and precision one of "
@@ -314,7 +330,8 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
                          f"is not in 1..32")
     defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,
-               "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1)}
+               "FR_WARPS": warps, "FR_EARLY": int(bool(params.get("early"))),
+               "FF_MINB": int(params.get("minb") or 1)}
     return FirstPlan(f"fr_conv_pool_{entry}", defines, 32 * warps, ceil_div(hp, tph), shape.M)
 
 
@@ -498,8 +515,8 @@ FIRST_RP_IMPL = register(ConvImpl(
     device="gpu",
     prepare=_prepare_impl(FIRST_POOL, "fp16", TC_ROWPAIR),
     supports=lambda s: rp_supports(s, FIRST_POOL),
-    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16]},
-    defaults={"warps": 0, "minb": 0, "rows": 0},
+    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16], "early": [0, 1]},
+    defaults={"warps": 0, "minb": 0, "rows": 0, "early": 0},
     tolerance=TOLERANCE["fp16"],
     rung=29,
     kernel_file=RP_KERNEL_FILE,
@@ -514,8 +531,8 @@ FIRST_3X_IMPL = register(ConvImpl(
     device="gpu",
     prepare=_prepare_impl(FIRST_POOL, "3xfp16", TC_ROWPAIR),
     supports=lambda s: rp_supports(s, FIRST_POOL, split=True),
-    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16]},
-    defaults={"warps": 0, "minb": 0, "rows": 0},
+    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16], "early": [0, 1]},
+    defaults={"warps": 0, "minb": 0, "rows": 0, "early": 0},
     tolerance=TOLERANCE["3xfp16"],
     rung=29,
     kernel_file=RP_KERNEL_FILE,

@@ -29,9 +29,11 @@
 // 1.39 with rung 25), eecs498 1.14 / 1.42 (1.25 / 1.37), ~50 % of the FFMA peak; fp16 tensor
 // cores mxnet 0.41 / 0.58 (mode fp16 before: 1.64 / 1.80), eecs498 0.41 / 0.52 (1.14 / 1.27).
 // The raw entries then paid 0.13-0.28 ms for the resize: each block of an image restaged the
-// whole raw image (784 divisions) before its band's rows; now a block stages only the raw rows
-// its band reads, through a 256-entry table (ff_raw_rows). ece408's conv1 (M = 4) is faster
-// on 16 / 17.
+// whole raw image (784 divisions), then its band's rows through taps in global memory: four
+// dependent global round trips before a block could start, with 3 blocks of 7 warps an SM to
+// hide them; a 256-entry table instead of the divisions alone changed nothing (0.99 / 1.41 ms
+// raw), so the bytes, taps and table now come in one round trip (first_block.cuh). ece408's
+// conv1 (M = 4) is faster on 16 / 17.
 
 #include "first_block.cuh"
 
@@ -164,9 +166,9 @@ ff_conv_pool_f32(const float* __restrict__ x, const float* __restrict__ wpack,
   ff_conv_pool(img, w_s, band, y, M);
 }
 
-// The same from raw images (B, RAW_H, RAW_W): the raw rows the band reads (first_block.cuh's
-// ff_raw_rows: bytes through a table, the row pass), then the column pass into the rows the
-// convolution reads (resize.cuh's rule).
+// The same from raw images (B, RAW_H, RAW_W): the image's bytes and taps (first_block.cuh's
+// ff_raw_rows, one round trip), the row pass of the band's rows, then the column pass into the
+// rows the convolution reads (resize.cuh's rule).
 extern "C" __global__ void __launch_bounds__(FF_THREADS, FF_MINB)
 ff_conv_pool_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
                  const float* __restrict__ wpack, ff_out* __restrict__ y, int M) {
@@ -177,12 +179,12 @@ ff_conv_pool_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restr
   const FfBand band = ff_band();
   const int tid = threadIdx.x;
   ff_stage_weights(w_s, wpack);
-  ff_raw_rows(rows, raw_s, raw + band.b * FF_RAW_BYTES, taps, band.r0, band.n_rows, FF_H, tid,
+  ff_raw_rows(rows, raw_s, raw + band.b * FF_RAW_BYTES, taps, band.r0, band.n_rows, tid,
               FF_THREADS);
   __syncthreads();
   for (int i = tid; i < band.n_rows * FF_W; i += FF_THREADS) {
     const int r = i / FF_W, c = i - r * FF_W;
-    img[r * FF_STRIDE + c] = resized_from_row(rows + r * RAW_W, taps[FF_H + c]);
+    img[r * FF_STRIDE + c] = resized_from_row(rows + r * RAW_W, raw_s.taps[FF_H + c]);
   }
   __syncthreads();
   ff_conv_pool(img, w_s, band, y, M);

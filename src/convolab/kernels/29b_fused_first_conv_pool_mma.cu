@@ -114,8 +114,8 @@ ff_toe_f32(const float* __restrict__ x, const uint2* __restrict__ bfrag,
   ff_toe(ToeFloatInput{x, FF_H, FF_W}, bfrag, bias, y, M, m_pad, tiles_h);
 }
 
-// Raw images: only the raw rows the tile reads (first_block.cuh's ff_raw_rows), their row pass,
-// and the column pass as the tile is staged (ToeRawInput).
+// Raw images: the image's bytes and taps in one round trip (first_block.cuh's ff_raw_rows),
+// the row pass of the tile's rows, and the column pass as the tile is staged (ToeRawInput).
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MINB)
 ff_toe_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
            const uint2* __restrict__ bfrag, const float* __restrict__ bias,
@@ -124,7 +124,7 @@ ff_toe_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ 
   __shared__ float rows[TOE_IR * RAW_W];
   const int row0 = (blockIdx.x % tiles_h) * TC_TPH * 2;
   ff_raw_rows(rows, raw_s, raw + (size_t)(blockIdx.x / tiles_h) * FF_RAW_BYTES, taps, row0,
-              TOE_IR, FF_H, threadIdx.x, TC_THREADS);
+              TOE_IR, threadIdx.x, TC_THREADS);
   __syncthreads();
-  ff_toe(ToeRawInput{rows, taps, FF_H, FF_W, row0}, bfrag, bias, y, M, m_pad, tiles_h);
+  ff_toe(ToeRawInput{rows, raw_s.taps, FF_H, FF_W, row0}, bfrag, bias, y, M, m_pad, tiles_h);
 }

@@ -46,6 +46,10 @@
 #ifndef FR_WARPS
 #define FR_WARPS 4
 #endif
+#ifndef FR_EARLY
+#define FR_EARLY 0  // 1: the B fragments' loads before the staging (their latency overlaps it,
+                    // but their registers are live with the staged values': fewer blocks an SM)
+#endif
 
 static_assert(FF_P == 2, "a lane's accumulators are one 2x2 pool window");
 static_assert(FF_K <= 7, "two outputs an A row need k % 8 - 1 < K");
@@ -87,7 +91,7 @@ struct FrFloatInput {  // fp32 (B, 1, H, W) in global memory
 
 struct FrRawInput {  // the row pass of the block's rows (ff_raw_rows), in shared memory
   const float* rows;
-  const ResizeTap* __restrict__ taps;  // FF_H row taps, then FF_W column taps
+  const ResizeTap* taps;  // FF_H row taps, then FF_W column taps (shared memory)
   int row0;
   __device__ __forceinline__ float2 operator()(size_t, int gy, int gx) const {
     float2 v = make_float2(0.f, 0.f);
@@ -152,10 +156,38 @@ __device__ __forceinline__ int fr_stage(Input input, unsigned* tile, size_t b, i
   return e;
 }
 
-// bfrag: [part][s][nt][lane] (gpu/fused_first.py rowpair_fragments); bias: FR_M floats;
-// unscale_e: -(the weights' scale exponent).
+// A lane's B fragments of every k-step and n-tile ([part][s][nt][lane] in bfrag:
+// gpu/fused_first.py rowpair_fragments) and the bias of its channel in each n-tile (n * CN +
+// 2t / D).
+struct FrWeights {
+  uint2 bf[FR_PARTS][FR_KS][FR_NT];
+  float bm[FR_NT];
+};
+
+__device__ __forceinline__ FrWeights fr_weights(const uint2* __restrict__ bfrag,
+                                                const float* __restrict__ bias) {
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  FrWeights wt;
+#pragma unroll
+  for (int h = 0; h < FR_PARTS; ++h)
+#pragma unroll
+    for (int s = 0; s < FR_KS; ++s)
+#pragma unroll
+      for (int n = 0; n < FR_NT; ++n)
+        wt.bf[h][s][n] = __ldg(&bfrag[((h * FR_KS + s) * FR_NT + n) * 32 + lane]);
+#pragma unroll
+  for (int n = 0; n < FR_NT; ++n) {
+    const int c = n * FR_CN + 2 * t / FR_D;
+    wt.bm[n] = c < FR_M ? __ldg(&bias[c]) : 0.f;
+  }
+  return wt;
+}
+
+// wt: the weights when FR_EARLY (loaded here after the staging otherwise); w_e: the weights'
+// scale exponent (0 without the split).
 template <typename Input>
-__device__ __forceinline__ void fr_conv_pool(Input input, const uint2* __restrict__ bfrag,
+__device__ __forceinline__ void fr_conv_pool(Input input, FrWeights& wt,
+                                             const uint2* __restrict__ bfrag,
                                              const float* __restrict__ bias,
                                              ff_out* __restrict__ y, int w_e, int tiles_h) {
   __shared__ __align__(16) unsigned tile[FR_PARTS * FR_PAIRS];
@@ -166,21 +198,8 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint2* __restric
   const int g = lane >> 2, t = lane & 3;
   const int e = fr_stage(input, tile, b, tile_y * FR_TPH * 2, red);
   const float unscale = fr_pow2(-(e + w_e));
-  uint2 bf[FR_PARTS][FR_KS][FR_NT];
-#pragma unroll
-  for (int h = 0; h < FR_PARTS; ++h)
-#pragma unroll
-    for (int s = 0; s < FR_KS; ++s)
-#pragma unroll
-      for (int n = 0; n < FR_NT; ++n)
-        bf[h][s][n] = __ldg(&bfrag[((h * FR_KS + s) * FR_NT + n) * 32 + lane]);
-  // the lane's channel in n-tile n is n * CN + 2t / D; its window 2t % D / 2 of the run
-  float bm[FR_NT];
-#pragma unroll
-  for (int n = 0; n < FR_NT; ++n) {
-    const int c = n * FR_CN + 2 * t / FR_D;
-    bm[n] = c < FR_M ? __ldg(&bias[c]) : 0.f;
-  }
+  if (!FR_EARLY) wt = fr_weights(bfrag, bias);
+  const auto& bf = wt.bf;
   __syncthreads();
   const unsigned* hi_s = tile;
   const unsigned* lo_s = tile + FR_PAIRS;
@@ -223,7 +242,7 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint2* __restric
         if (FR_M % FR_CN != 0 && c >= FR_M) continue;
         float v = fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
         if (FR_SPLIT) v *= unscale;  // exact: a power of two, after the max (monotonic)
-        yp[c * FF_TASKS] = ff_convert(fmax_nan(v + bm[n], 0.f));
+        yp[c * FF_TASKS] = ff_convert(fmax_nan(v + wt.bm[n], 0.f));
       }
     }
   }
@@ -233,11 +252,13 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint2* __restric
 extern "C" __global__ void __launch_bounds__(FR_THREADS, FF_MINB)
 fr_conv_pool_f32(const float* __restrict__ x, const uint2* __restrict__ bfrag,
                  const float* __restrict__ bias, ff_out* __restrict__ y, int w_e, int tiles_h) {
-  fr_conv_pool(FrFloatInput{x}, bfrag, bias, y, w_e, tiles_h);
+  FrWeights wt;
+  if (FR_EARLY) wt = fr_weights(bfrag, bias);
+  fr_conv_pool(FrFloatInput{x}, wt, bfrag, bias, y, w_e, tiles_h);
 }
 
-// raw: (B, RAW_H, RAW_W) uint8: the raw rows the block's tile reads, their row pass, and the
-// column pass as the tile is staged.
+// raw: (B, RAW_H, RAW_W) uint8: the image's bytes and taps in one round trip (ff_raw_rows), the
+// row pass of the block's rows, and the column pass as the tile is staged.
 extern "C" __global__ void __launch_bounds__(FR_THREADS, FF_MINB)
 fr_conv_pool_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
                  const uint2* __restrict__ bfrag, const float* __restrict__ bias,
@@ -245,8 +266,10 @@ fr_conv_pool_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restr
   __shared__ __align__(16) FfRawRows raw_s;
   __shared__ float rows[FR_IR * RAW_W];
   const int row0 = (blockIdx.x % tiles_h) * FR_TPH * 2;
+  FrWeights wt;
+  if (FR_EARLY) wt = fr_weights(bfrag, bias);
   ff_raw_rows(rows, raw_s, raw + (size_t)(blockIdx.x / tiles_h) * FF_RAW_BYTES, taps, row0,
-              FR_IR, FF_H, threadIdx.x, FR_THREADS);
+              FR_IR, threadIdx.x, FR_THREADS);
   __syncthreads();
-  fr_conv_pool(FrRawInput{rows, taps, row0}, bfrag, bias, y, w_e, tiles_h);
+  fr_conv_pool(FrRawInput{rows, raw_s.taps, row0}, wt, bfrag, bias, y, w_e, tiles_h);
 }

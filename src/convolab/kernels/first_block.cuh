@@ -37,42 +37,44 @@ typedef float ff_out;
 __device__ __forceinline__ ff_out ff_convert(float v) { return v; }
 #endif
 
-// ---- raw input: only the raw rows a band reads ------------------------------------------------
-// A block that convolves resized rows row0 .. row0 + n_rows - 1 needs the raw rows between the
-// first row's low tap and the last row's high tap (taps are monotonic), not the whole image:
-// those bytes are staged as they are, and each is turned into [0, 1] through a 256-entry table
-// of raw_to_unit (the same division, so the same bits as resize_bilinear), computed once per
-// block: 256 divisions instead of one per raw pixel, and no float copy of the image.
+// ---- raw input: one round trip ------------------------------------------------------------------
+// A block that reads raw bytes stages, with independent loads all in flight at once, the raw
+// image's bytes (784 at 28x28: less than a tenth of a float band), the resize taps and a
+// 256-entry table of raw_to_unit (the same division, so the same bits as resize_bilinear),
+// then runs the row pass of its rows and the column pass from shared memory alone. Staging the
+// whole image once per block through the divisions, then the rows the band reads through taps
+// in global memory, chained four dependent global round trips before a block could start.
 #define FF_RAW_BYTES (RAW_H * RAW_W)
 
 struct FfRawRows {
   float tab[256];                     // raw_to_unit(v)
-  unsigned char bytes[FF_RAW_BYTES];  // the raw rows lo .. hi (at most the whole image)
+  ResizeTap taps[FF_H + FF_W];        // the row taps, then the column taps
+  unsigned char bytes[FF_RAW_BYTES];  // the raw image
 };
 
-// The row pass of resized rows row0 .. row0 + n_rows - 1 of raw image `img` into rows (n_rows x
-// RAW_W floats): resize_rows' arithmetic, reading bytes through the table. Every thread of the
-// block takes part; the caller synchronises before reading rows.
+// Stage image `img`'s bytes, the taps and the table (every thread of the block takes part),
+// then, after a barrier, the row pass of resized rows row0 .. row0 + n_rows - 1 into rows
+// (n_rows x RAW_W floats; resize_rows' arithmetic; rows past the image repeat its last). The
+// caller synchronises before reading rows.
 __device__ __forceinline__ void ff_raw_rows(float* rows, FfRawRows& s,
                                             const unsigned char* __restrict__ img,
                                             const ResizeTap* __restrict__ taps, int row0,
-                                            int n_rows, int H, int tid, int threads) {
-  const int lo = taps[min(row0, H - 1)].lo;
-  const int hi = taps[min(row0 + n_rows - 1, H - 1)].hi;
-  const int n = (hi - lo + 1) * RAW_W;
+                                            int n_rows, int tid, int threads) {
+  static_assert(sizeof(ResizeTap) == 12, "taps are copied as three words each");
   for (int v = tid; v < 256; v += threads) s.tab[v] = raw_to_unit(static_cast<unsigned char>(v));
-  const unsigned char* src = img + lo * RAW_W;
-  if (RAW_W % 4 == 0 && (reinterpret_cast<size_t>(src) & 3) == 0) {  // whole words
-    for (int i = tid; i < n / 4; i += threads)
-      reinterpret_cast<unsigned*>(s.bytes)[i] = __ldg(reinterpret_cast<const unsigned*>(src) + i);
+  for (int i = tid; i < 3 * (FF_H + FF_W); i += threads)
+    reinterpret_cast<int*>(s.taps)[i] = __ldg(reinterpret_cast<const int*>(taps) + i);
+  if (FF_RAW_BYTES % 4 == 0 && (reinterpret_cast<size_t>(img) & 3) == 0) {  // whole words
+    for (int i = tid; i < FF_RAW_BYTES / 4; i += threads)
+      reinterpret_cast<unsigned*>(s.bytes)[i] = __ldg(reinterpret_cast<const unsigned*>(img) + i);
   } else {
-    for (int i = tid; i < n; i += threads) s.bytes[i] = __ldg(src + i);
+    for (int i = tid; i < FF_RAW_BYTES; i += threads) s.bytes[i] = __ldg(img + i);
   }
   __syncthreads();
   for (int i = tid; i < n_rows * RAW_W; i += threads) {
     const int r = i / RAW_W, j = i - r * RAW_W;
-    const ResizeTap t = taps[min(row0 + r, H - 1)];
-    rows[i] = resize_lerp(s.tab[s.bytes[(t.lo - lo) * RAW_W + j]],
-                          s.tab[s.bytes[(t.hi - lo) * RAW_W + j]], t.t);
+    const ResizeTap t = s.taps[min(row0 + r, FF_H - 1)];
+    rows[i] = resize_lerp(s.tab[s.bytes[t.lo * RAW_W + j]], s.tab[s.bytes[t.hi * RAW_W + j]],
+                          t.t);
   }
 }
