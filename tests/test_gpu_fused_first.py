@@ -541,9 +541,9 @@ def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: n
 
 EMULATED = [  # (shape, raw_hw, split, out_dtype, params): odd sizes, K 3/5/7, both families
     (ConvShape(2, 1, 15, 17, 12, 5), None, False, "float32", {}),
-    (ConvShape(2, 1, 15, 17, 12, 5), None, True, "float32", {"rows": 2, "early": 1}),
+    (ConvShape(2, 1, 15, 17, 12, 5), None, True, "float32", {"rows": 2}),
     (ConvShape(1, 1, 20, 19, 13, 7), None, True, "float16", {"warps": 3}),
-    (ConvShape(2, 1, 18, 18, 12, 7), (11, 13), False, "float32", {"rows": 3, "early": 1}),
+    (ConvShape(2, 1, 18, 18, 12, 7), (11, 13), False, "float32", {"rows": 3}),
     (ConvShape(1, 1, 14, 14, 7, 3), (28, 28), True, "float32", {"warps": 2}),
     (ConvShape(1, 1, 13, 13, 5, 5), (9, 9), True, "float32", {}),
 ]

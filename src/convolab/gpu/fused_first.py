@@ -292,8 +292,7 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
     29b's Toeplitz operand; params tc = 1 / 2 asks for one, -1 keeps FFMA), '3xfp16' 29c's split
     (else FFMA), 'fp32' FFMA. FFMA params may fix threads (pool windows per block), minb (blocks
     per SM the registers must allow) and mt (channels per group); tensor-core params warps,
-    minb and (29c) rows, pooled rows a block, and early = 1, the weights' loads before the
-    staging; 0 or absent means choose."""
+    minb and (29c) rows, pooled rows a block; 0 or absent means choose."""
     params = params or {}
     if out_dtype not in OUT_DTYPES or precision not in PRECISIONS:
         raise ValueError(f"rung 29: out_dtype must be one of {OUT_DTYPES} and precision one of "
@@ -330,8 +329,7 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
                          f"is not in 1..32")
     defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,
-               "FR_WARPS": warps, "FR_EARLY": int(bool(params.get("early"))),
-               "FF_MINB": int(params.get("minb") or 1)}
+               "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1)}
     return FirstPlan(f"fr_conv_pool_{entry}", defines, 32 * warps, ceil_div(hp, tph), shape.M)
 
 
@@ -515,8 +513,8 @@ FIRST_RP_IMPL = register(ConvImpl(
     device="gpu",
     prepare=_prepare_impl(FIRST_POOL, "fp16", TC_ROWPAIR),
     supports=lambda s: rp_supports(s, FIRST_POOL),
-    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16], "early": [0, 1]},
-    defaults={"warps": 0, "minb": 0, "rows": 0, "early": 0},
+    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16]},
+    defaults={"warps": 0, "minb": 0, "rows": 0},
     tolerance=TOLERANCE["fp16"],
     rung=29,
     kernel_file=RP_KERNEL_FILE,
@@ -531,8 +529,8 @@ FIRST_3X_IMPL = register(ConvImpl(
     device="gpu",
     prepare=_prepare_impl(FIRST_POOL, "3xfp16", TC_ROWPAIR),
     supports=lambda s: rp_supports(s, FIRST_POOL, split=True),
-    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16], "early": [0, 1]},
-    defaults={"warps": 0, "minb": 0, "rows": 0, "early": 0},
+    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16]},
+    defaults={"warps": 0, "minb": 0, "rows": 0},
     tolerance=TOLERANCE["3xfp16"],
     rung=29,
     kernel_file=RP_KERNEL_FILE,
