@@ -28,12 +28,11 @@
 // Measured (H100, B = 10,000, float / raw input): FFMA mxnet 0.81 / 0.96 ms (before: 1.25 /
 // 1.39 with rung 25), eecs498 1.14 / 1.42 (1.25 / 1.37), ~50 % of the FFMA peak; fp16 tensor
 // cores mxnet 0.41 / 0.58 (mode fp16 before: 1.64 / 1.80), eecs498 0.41 / 0.52 (1.14 / 1.27).
-// The raw entries then paid 0.13-0.28 ms for the resize: each block of an image restaged the
-// whole raw image (784 divisions), then its band's rows through taps in global memory: four
-// dependent global round trips before a block could start, with 3 blocks of 7 warps an SM to
-// hide them; a 256-entry table instead of the divisions alone changed nothing (0.99 / 1.41 ms
-// raw), so the bytes, taps and table now come in one round trip (first_block.cuh). ece408's
-// conv1 (M = 4) is faster on 16 / 17.
+// The raw entries pay 0.17-0.28 ms for the resize. Neither a 256-entry table instead of the 784
+// divisions a block nor one global round trip instead of four dependent ones (first_block.cuh)
+// moved them (1.00 / 1.43 ms raw): the blocks' bands overlap (1.4x the image's pixels resized)
+// and each resized pixel costs ~30 instructions, 15-20 % of the FFMA work. Modes exact and tf32
+// now run 29c's 3xfp16 instead (0.44-0.52 ms); ece408's conv1 (M = 4) is faster on 16 / 17.
 
 #include "first_block.cuh"
 

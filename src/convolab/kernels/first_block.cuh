@@ -41,9 +41,10 @@ __device__ __forceinline__ ff_out ff_convert(float v) { return v; }
 // A block that reads raw bytes stages, with independent loads all in flight at once, the raw
 // image's bytes (784 at 28x28: less than a tenth of a float band), the resize taps and a
 // 256-entry table of raw_to_unit (the same division, so the same bits as resize_bilinear),
-// then runs the row pass of its rows and the column pass from shared memory alone. Staging the
-// whole image once per block through the divisions, then the rows the band reads through taps
-// in global memory, chained four dependent global round trips before a block could start.
+// then runs the row pass of its rows and the column pass from shared memory alone (before: the
+// whole image through 784 divisions, then the band's rows through taps in global memory, four
+// dependent round trips). Measured (H100): no faster — the resize costs its instructions, not
+// its latency (docs/raw.md, rung 29c).
 #define FF_RAW_BYTES (RAW_H * RAW_W)
 
 struct FfRawRows {
