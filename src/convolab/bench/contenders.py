@@ -97,7 +97,9 @@ def from_impl(impl: Any, params: dict[str, Any]) -> Contender:
     if impl.name == "auto":  # its promise is its mode's: auto:mode=fp16 may run an fp16 rung
         tolerance = TOLERANCE[str(params.get("mode", "fp32"))]
     precision = precision_of(tolerance)
-    if precision == "fp32" and ("tf32" in impl.name or "tensor-core" in impl.name):
+    if precision == "fp32" and "3xfp16" in impl.name:  # split fp16 products: fp16-bound
+        precision = "fp16"
+    elif precision == "fp32" and ("tf32" in impl.name or "tensor-core" in impl.name):
         precision = "tf32"
     return Contender(impl.name, impl.device, precision, tolerance, prepare, impl.supports,
                      impl.rung, impl.pool, impl=impl, params=params)
