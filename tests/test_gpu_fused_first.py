@@ -10,23 +10,33 @@ fp32 output the same bits as the FFMA fused rung's (so the exact network does no
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from cuda_emulator import CUDA_SHIM
 
 from convolab import data
 from convolab.check import rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
 from convolab.gpu import fused_first
+from convolab.gpu.compile import KERNEL_DIR, define_flags
 from convolab.gpu.fused_ffma import ACC_BUDGET
 from convolab.models import MODELS, conv_blocks, spec
 from convolab.precision import TOLERANCE
 from convolab.shapes import ConvShape, ceil_div
 
 POOL = fused_first.FIRST_POOL
-WIDE = tuple(m for m in MODELS if fused_first.preferred(conv_blocks(m)[0].shape,
-                                                       conv_blocks(m)[0].pool))
+# (precision, tc): every family — FFMA, 29b's Toeplitz fp16, 29c's row pairs fp16 and 3xfp16
+FAMILIES = (("fp32", fused_first.TC_FFMA), ("fp16", fused_first.TC_TOEPLITZ),
+            ("fp16", fused_first.TC_ROWPAIR), ("3xfp16", fused_first.TC_ROWPAIR))
+FILES = {fused_first.TC_FFMA: fused_first.KERNEL_FILE,
+         fused_first.TC_TOEPLITZ: fused_first.TC_KERNEL_FILE,
+         fused_first.TC_ROWPAIR: fused_first.RP_KERNEL_FILE}
+WIDE = fused_first.wide_models()
 
 
 def random_shape(rng: np.random.Generator, square: bool) -> ConvShape:
@@ -70,10 +80,20 @@ def pooled_shape(shape: ConvShape, n: int) -> tuple[int, int, int, int]:
 # ---- GPU -------------------------------------------------------------------------------------
 
 
+def takes(shape: ConvShape, raw_hw: tuple[int, int] | None, precision: str, tc: int) -> bool:
+    """Whether the family (precision, tc) runs the shape (rather than a fallback)."""
+    try:
+        plan = fused_first.first_plan(shape, POOL, {"tc": tc}, raw_hw, "float32", precision)
+    except ValueError:
+        return False
+    return plan.kernel_file == FILES[tc]
+
+
 def check_entries(rng: np.random.Generator, shape: ConvShape, raw_hw: tuple[int, int],
-                  precision: str) -> None:
+                  precision: str, tc: int) -> None:
     """Raw entry vs fp64 on the resized images, vs the float entry (bits), fp16 vs fp32 out."""
     params = random_params(rng) if precision == "fp32" else {}
+    params["tc"] = tc
     w, b = weights(rng, shape)
     n = shape.B
     raw = rng.integers(0, 256, (n, *raw_hw), dtype=np.uint8)
@@ -84,7 +104,7 @@ def check_entries(rng: np.random.Generator, shape: ConvShape, raw_hw: tuple[int,
     def entry(raw_in: tuple[int, int] | None, dtype: str = "float32") -> Any:
         return fused_first.prepare(shape, POOL, w, b, params, raw_in, dtype, precision)
 
-    assert entry(raw_hw).plan.tensor_cores == (precision == "fp16")
+    assert entry(raw_hw).plan.kernel_file == FILES[tc]
     from_raw = run_into(entry(raw_hw), raw, out, np.float32)
     from_float = run_into(entry(None), x, out, np.float32)
     assert np.array_equal(from_raw.view(np.uint32), from_float.view(np.uint32)), what
@@ -98,33 +118,36 @@ def check_entries(rng: np.random.Generator, shape: ConvShape, raw_hw: tuple[int,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", fused_first.PRECISIONS)
-def test_raw_entry_matches_fp64_and_the_float_entry(precision: str,
+@pytest.mark.parametrize(("precision", "tc"), FAMILIES)
+def test_raw_entry_matches_fp64_and_the_float_entry(precision: str, tc: int,
                                                     rng: np.random.Generator) -> None:
-    family = fused_first.tc_supports if precision == "fp16" else fused_first.supports
     checked = 0
     while checked < 4:
         shape, raw_hw = random_shape(rng, square=True), random_raw_hw(rng)
-        if family(shape, POOL, raw_hw):
-            check_entries(rng, shape, raw_hw, precision)
+        if takes(shape, raw_hw, precision, tc):
+            check_entries(rng, shape, raw_hw, precision, tc)
             checked += 1
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", fused_first.PRECISIONS)
-def test_float_entry_odd_rectangles_match_fp64(precision: str,
+@pytest.mark.parametrize(("precision", "tc"), FAMILIES)
+def test_float_entry_odd_rectangles_match_fp64(precision: str, tc: int,
                                                rng: np.random.Generator) -> None:
     checked = 0
     while checked < 4:
         shape = random_shape(rng, square=False)
-        if precision == "fp16" and not fused_first.tc_supports(shape, POOL):
+        if not takes(shape, None, precision, tc):
             continue
         checked += 1
-        params = {"minb": int(rng.choice([0, 1, 2, 3]))}
+        params = {"minb": int(rng.choice([0, 1, 2, 3])), "tc": tc}
         if precision == "fp32":
             params |= random_params(rng)
+        elif tc == fused_first.TC_ROWPAIR:
+            params |= {"warps": int(rng.choice([0, 2, 3, 8])), "rows": int(rng.integers(0, 6))}
         w, b = weights(rng, shape)
         x = rng.random(shape.x_shape, dtype=np.float32)
+        # a scale far from 1 (3xfp16's power of two must follow it)
+        x = x * np.float32(rng.choice([1e-3, 1.0, 500.0]))
         got = run_into(fused_first.prepare(shape, POOL, w, b, params, precision=precision), x,
                        pooled_shape(shape, shape.B), np.float32)
         assert np.all(np.isfinite(got)), (shape, params)
@@ -152,7 +175,8 @@ def test_fp32_output_is_the_ffma_rungs_bits(model: str, rng: np.random.Generator
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", [fused_first.FIRST_IMPL, fused_first.FIRST_TC_IMPL],
+@pytest.mark.parametrize("impl", [fused_first.FIRST_IMPL, fused_first.FIRST_TC_IMPL,
+                                  fused_first.FIRST_RP_IMPL, fused_first.FIRST_3X_IMPL],
                          ids=lambda i: i.name)
 def test_registry_entries_run_their_shapes(impl: Any, rng: np.random.Generator) -> None:
     import cupy as cp
@@ -186,13 +210,15 @@ def test_run_checks_its_arrays() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", WIDE)
 def test_shipped_weights_predictions_unchanged(model: str) -> None:
-    """All 10,000 test images from raw bytes: exact mode gives the same bits with rung 29 as
-    with the path before it (rung 25 + the FFMA rung), and fp16 / tf32 the same labels wherever
-    the exact forward's top two classes are not a near-tie."""
+    """All 10,000 test images from raw bytes: exact mode (rung 29 in the precision
+    NETWORK_PRECISION gives it) within fp32's tolerance of the path before it (rung 25 + the
+    FFMA rung) and predicting the CPU framework's class for every image; fp16 / tf32 the same
+    labels wherever the exact forward's top two classes are not a near-tie."""
     from convolab.gpu.network import FusedLeNet
     from convolab.models import load
 
-    params = load(model).params()
+    network = load(model)
+    params = network.params()
     raw, labels = data.load_split("test")
     exact = None
     for mode in ("exact", "tf32", "fp16"):
@@ -200,7 +226,9 @@ def test_shipped_weights_predictions_unchanged(model: str) -> None:
         old = FusedLeNet(params, mode=mode, model=model,
                          kernel_params={"c1": {"first": -1}}).forward_chunks(raw)
         if mode == "exact":
-            assert np.array_equal(new.view(np.uint32), old.view(np.uint32))
+            assert rel_l2(new, old) <= TOLERANCE["fp32"]
+            cpu = network.predict(data.resize_bilinear(raw, spec(model).input_size))
+            np.testing.assert_array_equal(new.argmax(1), cpu)
             exact = new
             assert (new.argmax(1) == labels).mean() > 0.85
             continue
@@ -239,18 +267,64 @@ def test_plan_covers_every_channel_within_the_limits(rng: np.random.Generator) -
 def test_tensor_core_plan_covers_the_pooled_rows(rng: np.random.Generator) -> None:
     for _ in range(30):
         shape = random_shape(rng, square=bool(rng.integers(2)))
-        if not fused_first.tc_supports(shape, POOL):
-            continue
-        plan = fused_first.first_plan(shape, POOL, {}, None, "float16", "fp16")
-        assert plan.tensor_cores and plan.defines["FF_HALF"] == 1
+        raw_hw = random_raw_hw(rng) if rng.integers(2) else None
         hp = shape.H_out // POOL
-        tph = plan.defines["FF_TPH"]
-        assert plan.blocks_per_image * tph >= hp > (plan.blocks_per_image - 1) * tph
-        assert tph <= fused_first.TC_ROWS
-        # tc = -1 keeps FFMA; precision fp32 never runs tensor cores
+        for precision, tc, rows_key in (("fp16", fused_first.TC_TOEPLITZ, "FF_TPH"),
+                                        ("fp16", fused_first.TC_ROWPAIR, "FR_TPH"),
+                                        ("3xfp16", fused_first.TC_ROWPAIR, "FR_TPH")):
+            if not takes(shape, raw_hw, precision, tc):
+                continue
+            plan = fused_first.first_plan(shape, POOL, {"tc": tc}, raw_hw, "float16", precision)
+            assert plan.tensor_cores and plan.defines["FF_HALF"] == 1
+            tph = plan.defines[rows_key]
+            assert plan.blocks_per_image * tph >= hp > (plan.blocks_per_image - 1) * tph
+            if tc == fused_first.TC_TOEPLITZ:
+                assert tph <= fused_first.TC_ROWS
+            else:  # the whole image where it fits, and within the static shared memory
+                split = precision == "3xfp16"
+                assert fused_first.rp_smem_bytes(shape, tph, split, raw_hw) <= (
+                    fused_first.SMEM_STATIC_LIMIT)
+                assert tph == hp or fused_first.rp_smem_bytes(shape, hp, split, raw_hw) > (
+                    fused_first.SMEM_STATIC_LIMIT)
+        # by default fp16 takes the row pairs; tc = -1 keeps FFMA; fp32 never tensor cores
+        if fused_first.rp_supports(shape, POOL):
+            assert fused_first.first_plan(shape, POOL, {}, None, "float16",
+                                          "fp16").kernel_file == fused_first.RP_KERNEL_FILE
         assert not fused_first.first_plan(shape, POOL, {"tc": -1}, None, "float16",
                                           "fp16").tensor_cores
         assert not fused_first.first_plan(shape, POOL, {}, None, "float16").tensor_cores
+
+
+def test_rowpair_fragments_hold_the_weights(rng: np.random.Generator) -> None:
+    """Unpacked from the lanes, B[k][c * D + dx] is w[c][2s + k // 8][k % 8 - dx] (zero
+    elsewhere); the split's parts sum to the weights to ~2^-22 and keep the power of two."""
+    from convolab.gpu.fused_mma import LANE_G, LANE_T
+
+    K = int(rng.choice([3, 5, 7]))
+    M = int(rng.integers(1, 20))
+    w = (rng.standard_normal((M, 1, K, K)) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32)
+    geo = fused_first.rp_geometry(ConvShape(1, 1, K, K, M, K), 1)
+    d, cn = geo["D"], geo["CN"]
+    for split in (False, True):
+        frag, e = fused_first.rowpair_fragments(w, split)
+        assert frag.shape == (1 + split, geo["KS"], geo["NT"], 32, 2)
+        halves = frag.view(np.float16).astype(np.float64)  # (..., 32, 4): k 2t, 2t+1, +8, +9
+        total = halves.sum(axis=0) if split else halves[0]
+        band = np.zeros((geo["KS"], geo["NT"], 16, 8))
+        for i, k in enumerate((0, 1, 8, 9)):
+            band[:, :, 2 * LANE_T + k, LANE_G] = total[:, :, :, i]
+        want = np.zeros_like(band)
+        for s in range(geo["KS"]):
+            for n in range(geo["NT"]):
+                for k in range(16):
+                    for col in range(8):
+                        c, p, j = n * cn + col // d, 2 * s + k // 8, k % 8 - col % d
+                        if c < M and p < K and 0 <= j < K:
+                            want[s, n, k, col] = w[c, 0, p, j] * 2.0 ** e
+        scale = np.abs(want).max()
+        assert np.abs(band - want).max() <= scale * (2.0 ** -21 if split else 2.0 ** -10)
+        if split:
+            assert 2 ** 14 <= np.abs(w).max() * 2.0 ** e < 2 ** 15
 
 
 def test_ffma_weights_pack_groups_and_bias(rng: np.random.Generator) -> None:
@@ -294,3 +368,238 @@ def test_default_threads_leave_fewest_idle(rng: np.random.Generator) -> None:
         assert t in fused_first.THREAD_CHOICES
         assert all(ceil_div(windows, t) * t <= ceil_div(windows, u) * u
                    for u in fused_first.THREAD_CHOICES)
+
+
+# ---- CPU: 29c's source under g++, mma.sync emulated --------------------------------------------
+
+EMU = CUDA_SHIM + r"""
+#undef __shared__
+#define __shared__ static
+#include <memory>
+struct uint2 { unsigned x, y; };
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+typedef _Float16 __half;
+struct __half2 { __half x, y; };
+inline __half __float2half_rn(float f) { return (__half)f; }
+inline float __half2float(__half h) { return (float)h; }
+inline __half2 pack_half2(float lo, float hi) { return {(__half)lo, (__half)hi}; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float fminf(float a, float b) { return std::fmin(a, b); }
+inline float fabsf(float a) { return std::fabs(a); }
+using std::max;
+std::barrier<>* block_bar;
+std::barrier<>* warp_bar[32];
+inline void __syncthreads() { block_bar->arrive_and_wait(); }
+inline void warp_sync() { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
+WarpRegs warp_regs[32];
+static double f16(unsigned bits) {
+  const unsigned short s = bits & 0xFFFF;
+  _Float16 h;
+  std::memcpy(&h, &s, 2);
+  return (double)h;
+}
+// d += A B for one warp, from the PTX fragment layout of m16n8k16 (fp16)
+inline void mma_f16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                             unsigned b0, unsigned b1) {
+  const int l = threadIdx.x % 32;
+  WarpRegs& R = warp_regs[threadIdx.x / 32];
+  R.a[l][0] = a0; R.a[l][1] = a1; R.a[l][2] = a2; R.a[l][3] = a3; R.b[l][0] = b0; R.b[l][1] = b1;
+  warp_sync();
+  double A[16][16] = {}, B[16][8] = {};
+  for (int ln = 0; ln < 32; ++ln) {
+    const int g = ln / 4, t = ln % 4;
+    for (int h = 0; h < 2; ++h) {
+      A[g][2 * t + h] = f16(R.a[ln][0] >> (16 * h));
+      A[g + 8][2 * t + h] = f16(R.a[ln][1] >> (16 * h));
+      A[g][2 * t + 8 + h] = f16(R.a[ln][2] >> (16 * h));
+      A[g + 8][2 * t + 8 + h] = f16(R.a[ln][3] >> (16 * h));
+      B[2 * t + h][g] = f16(R.b[ln][0] >> (16 * h));
+      B[2 * t + 8 + h][g] = f16(R.b[ln][1] >> (16 * h));
+    }
+  }
+  const int g = l / 4, t = l % 4;
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
+    double s = d[r];
+    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+    d[r] = (float)s;
+  }
+  warp_sync();
+}
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+  const int l = threadIdx.x % 32;
+  WarpRegs& R = warp_regs[threadIdx.x / 32];
+  R.v[l] = v;
+  warp_sync();
+  const float r = R.v[l ^ mask];
+  warp_sync();
+  return r;
+}
+#include "kernel.inc"
+template <class T> static T* read(const char* dir, const char* name, size_t n) {
+  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
+  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE* f = fopen(path, "rb");
+  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
+  fclose(f);
+  return p;
+}
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int batch = atoi(argv[2]), tiles_h = atoi(argv[3]), w_e = atoi(argv[4]);
+  const size_t ny = (size_t)batch * FR_M * FF_TASKS;
+#ifdef RAW_INPUT
+  auto* x = read<unsigned char>(dir, "x.bin", (size_t)batch * RAW_H * RAW_W);
+  auto* taps = read<ResizeTap>(dir, "taps.bin", FF_H + FF_W);
+#else
+  auto* x = read<float>(dir, "x.bin", (size_t)batch * FF_H * FF_W);
+#endif
+  auto* frag = read<uint2>(dir, "w.bin", FR_PARTS * FR_KS * FR_NT * 32);
+  auto* bias = read<float>(dir, "b.bin", FR_M);
+  auto* y = read<ff_out>(dir, "y.bin", ny + 64);
+  for (int blk = 0; blk < batch * tiles_h; ++blk) {
+    std::barrier<> bb(FR_THREADS);
+    block_bar = &bb;
+    std::vector<std::unique_ptr<std::barrier<>>> wb;
+    for (int w = 0; w < FR_WARPS; ++w) {
+      wb.emplace_back(new std::barrier<>(32));
+      warp_bar[w] = wb.back().get();
+    }
+    std::vector<std::thread> ts;
+    for (int t = 0; t < FR_THREADS; ++t)
+      ts.emplace_back([=] {
+        threadIdx.x = t;
+        blockIdx.x = blk;
+#ifdef RAW_INPUT
+        fr_conv_pool_raw(x, taps, frag, bias, y, w_e, tiles_h);
+#else
+        fr_conv_pool_f32(x, frag, bias, y, w_e, tiles_h);
+#endif
+      });
+    for (auto& t : ts) t.join();
+  }
+  char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(y, sizeof(ff_out), ny + 64, f); fclose(f);
+}
+"""
+GXX = shutil.which("g++")
+SENTINEL = 64  # outputs past the last, which must stay untouched
+
+
+def kernel_source() -> str:
+    """29c with first_block.cuh and resize.cuh inlined, common.cuh's PTX left to the shim."""
+    def text(name: str) -> str:
+        return (KERNEL_DIR / name).read_text()
+
+    block = text("first_block.cuh").replace('#include "common.cuh"', "").replace(
+        '#include "resize.cuh"', text("resize.cuh"))
+    return text(fused_first.RP_KERNEL_FILE).replace('#include "first_block.cuh"', block)
+
+
+def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: np.ndarray,
+            raw_hw: tuple[int, int] | None, split: bool, out_dtype: str,
+            params: dict[str, int]) -> np.ndarray:
+    """29c's output for (x, w, b) run on the CPU (every block of the batch)."""
+    from convolab.gpu.resize import resize_taps
+
+    precision = "3xfp16" if split else "fp16"
+    plan = fused_first.first_plan(shape, POOL, params, raw_hw, out_dtype, precision)
+    assert plan.kernel_file == fused_first.RP_KERNEL_FILE
+    source = kernel_source()
+    assert "asm" not in source, "inline PTX the emulator does not know"
+    (tmp_path / "kernel.inc").write_text(source)
+    (tmp_path / "emu.cpp").write_text(EMU)
+    exe = tmp_path / "emu"
+    flags = [*define_flags(plan.defines), *(["-DRAW_INPUT"] if raw_hw else [])]
+    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w", *flags, "-o",
+                            str(exe), str(tmp_path / "emu.cpp")], capture_output=True,
+                           text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    x.tofile(tmp_path / "x.bin")
+    if raw_hw:
+        resize_taps(*raw_hw, shape.H, shape.W).tofile(tmp_path / "taps.bin")
+    frag, w_e = fused_first.rowpair_fragments(w, split)
+    frag.tofile(tmp_path / "w.bin")
+    b.astype(np.float32).tofile(tmp_path / "b.bin")
+    out = pooled_shape(shape, shape.B)
+    ny = int(np.prod(out))
+    np.full(ny + SENTINEL, np.nan, out_dtype).tofile(tmp_path / "y.bin")
+    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(plan.blocks_per_image),
+                          str(w_e)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    y = np.fromfile(tmp_path / "y_out.bin", out_dtype)
+    assert np.isnan(y[ny:]).all(), "wrote past the output"
+    return y[:ny].reshape(out).astype(np.float32)
+
+
+EMULATED = [  # (shape, raw_hw, split, out_dtype, params): odd sizes, K 3/5/7, both families
+    (ConvShape(2, 1, 15, 17, 12, 5), None, False, "float32", {}),
+    (ConvShape(2, 1, 15, 17, 12, 5), None, True, "float32", {"rows": 2}),
+    (ConvShape(1, 1, 20, 19, 13, 7), None, True, "float16", {"warps": 3}),
+    (ConvShape(2, 1, 18, 18, 12, 7), (11, 13), False, "float32", {"rows": 3}),
+    (ConvShape(1, 1, 14, 14, 7, 3), (28, 28), True, "float32", {"warps": 2}),
+    (ConvShape(1, 1, 13, 13, 5, 5), (9, 9), True, "float32", {}),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("case", range(len(EMULATED)))
+def test_rowpair_kernel_emulated_on_cpu(case: int, tmp_path: Path,
+                                        rng: np.random.Generator) -> None:
+    """Every output written, within the precision's tolerance of fp64 (3xfp16: within 2e-6,
+    the emulated MMA being exact), and a raw image the same bits as its resized floats."""
+    shape, raw_hw, split, out_dtype, params = EMULATED[case]
+    w, b = weights(rng, shape)
+    if raw_hw:
+        raw = rng.integers(0, 256, (shape.B, *raw_hw), dtype=np.uint8)
+        x = data.resize_bilinear(raw, shape.H)
+    else:  # a scale far from 1: the split's power of two must follow it
+        x = (rng.standard_normal(shape.x_shape) * 300).astype(np.float32)
+    y = emulate(tmp_path, shape, raw if raw_hw else x, w, b, raw_hw, split, out_dtype, params)
+    assert np.isfinite(y).all(), EMULATED[case]
+    ref = reference_conv_relu_pool(x, w, b, 1, POOL)
+    bound = 2e-6 if split and out_dtype == "float32" else TOLERANCE["fp16"]
+    assert rel_l2(y, ref) <= bound, EMULATED[case]
+    if raw_hw:
+        y_float = emulate(tmp_path, shape, x, w, b, None, split, out_dtype, params)
+        assert np.array_equal(y.view(np.uint32), y_float.view(np.uint32))
+
+
+# ---- CPU: the bench's raw per-layer rows (benchmarks/plans/first_block.toml) -----------------
+
+
+def test_first_block_plan_times_rung_29_against_the_path_before() -> None:
+    from convolab.bench.contenders import named_contender, raw_contender
+    from convolab.bench.plan import load_plan
+
+    plan = Path(__file__).parents[1] / "benchmarks" / "plans" / "first_block.toml"
+    runs = load_plan(plan)
+    raw_runs = [r for r in runs if r.inputs == "raw" and not r.network]
+    assert {r.model for r in raw_runs} == set(WIDE)
+    for run in raw_runs:
+        shape = conv_blocks(run.model, run.batch)[0].shape
+        names = []
+        for spec_ in run.impls:
+            c = raw_contender(named_contender(spec_, gpu=True), (data.IMAGE_SIDE,) * 2)
+            assert c.supports(shape) and not c.supports(conv_blocks(run.model)[1].shape)
+            names.append(c.name)
+        if run.label.endswith("-raw"):  # rung 29's own raw entries, and rung 25 in front
+            assert "fused-first-conv-pool2 (raw)" in names  # of the kernels before it
+            assert "rung 25 + fused-conv-pool2" in names
+    assert {r.model for r in runs if r.network} == set(WIDE)
+    for run in runs:  # the float runs are the same first blocks
+        for text in run.custom_shapes:
+            assert parse(text) in {conv_blocks(m, run.batch)[0].shape for m in WIDE}
+
+
+def parse(text: str) -> ConvShape:
+    from convolab.bench.cases import parse_shape
+
+    return parse_shape(text).shape

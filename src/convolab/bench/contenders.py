@@ -4,6 +4,7 @@ module import time."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ class Contender:
     anchor: bool = False  # PyTorch/cuBLAS: the yardsticks the speed-ups are against
     impl: Any = None  # the registry entry behind it (None for the anchors)
     params: dict[str, Any] | None = None
+    raw_hw: tuple[int, int] | None = None  # reads raw uint8 images of this size (raw_contender)
 
 
 def precision_of(tolerance: float) -> str:
@@ -121,7 +123,9 @@ def from_impl(impl: Any, params: dict[str, Any]) -> Contender:
     if impl.name == "auto":  # its promise is its mode's: auto:mode=fp16 may run an fp16 rung
         tolerance = TOLERANCE[str(params.get("mode", "fp32"))]
     precision = precision_of(tolerance)
-    if precision == "fp32" and ("tf32" in impl.name or "tensor-core" in impl.name):
+    if precision == "fp32" and "3xfp16" in impl.name:  # split fp16 products: fp16-bound
+        precision = "fp16"
+    elif precision == "fp32" and ("tf32" in impl.name or "tensor-core" in impl.name):
         precision = "tf32"
     if params.get("layout") == "nhwc":
         prepare = _channels_last_prepare(impl, params)
@@ -257,6 +261,40 @@ def cublas_contender() -> Contender:
 
     return Contender("cublas-sgemm", "gpu", "fp32", TOLERANCE["fp32"], prepare, _is_gemm,
                      anchor=True)
+
+
+def raw_contender(c: Contender, raw_hw: tuple[int, int]) -> Contender:
+    """`c` reading raw uint8 images (n, *raw_hw) resized to the layer's square input: through
+    the implementation's own raw entry where it has one (rung 29), else rung 25's resize into
+    a float buffer first (the path before rung 29)."""
+    from convolab.gpu import fused_first
+
+    native = c.impl is not None and c.impl.name in fused_first.REGISTERED
+    params = c.params or {}
+
+    def prepare(shape: ConvShape, w: Any, b: Any) -> Prepared:
+        cp = cupy_or_none()
+        if native:
+            run = fused_first.prepare_registered(c.impl.name, shape, w, b, params, raw_hw)
+            y = cp.empty(out_shape(shape, c.pool), dtype=np.float32)
+            return Prepared(lambda raw: run(raw, y), lambda: y.get(), lambda: poison(y))
+        from convolab.gpu.resize import resize_u8
+
+        inner = c.prepare(shape, w, b)
+        x = cp.empty(shape.x_shape, dtype=np.float32)
+
+        def op(raw: Any) -> None:
+            resize_u8(raw, shape.H, out=x)
+            inner.op(x)
+
+        return Prepared(op, inner.fetch, inner.poison)
+
+    def supports(shape: ConvShape) -> bool:
+        return (shape.C == 1 and shape.H == shape.W and bool(c.supports(shape))
+                and (not native or fused_first.supports(shape, c.pool, raw_hw)))
+
+    name = f"{c.name} (raw)" if native else f"rung 25 + {c.name}"
+    return dataclasses.replace(c, name=name, prepare=prepare, supports=supports, raw_hw=raw_hw)
 
 
 def named_contender(spec: ImplSpec, gpu: bool) -> Contender:

@@ -101,24 +101,44 @@ def _check_problem(small: ConvShape, pool: int, rng: np.random.Generator
     return _shared_problems[(small, pool)]
 
 
+def _raw_problem(small: ConvShape, pool: int, rng: np.random.Generator,
+                 raw_hw: tuple[int, int]) -> tuple[np.ndarray, ...]:
+    """Raw uint8 images, weights, bias and the fp64 reference on their resize (data's rule)."""
+    from convolab.data import resize_bilinear
+
+    raw = rng.integers(0, 256, (small.B, *raw_hw), dtype=np.uint8)
+    _, w, b = random_problem(small.with_batch(1), rng)
+    x = resize_bilinear(raw, small.H)
+    return raw, w, b, reference_conv_relu_pool(x, w, b, small.S, pool)
+
+
 def check_contender(c: Contender, shape: ConvShape, pool: int, rng: np.random.Generator) -> float:
     """rel L2 error of one run on fresh inputs against the fp64 reference (output poisoned)."""
     per_image = shape.with_batch(1).flops
     n = 1 if per_image * CHECK_BATCH > CHECK_FLOPS_PER_RUN else min(shape.B, CHECK_BATCH)
     small = shape.with_batch(n)
-    x, w, b, ref = _check_problem(small, pool, rng)
+    x, w, b, ref = (_raw_problem(small, pool, rng, c.raw_hw) if c.raw_hw
+                    else _check_problem(small, pool, rng))
     prepared = c.prepare(small, _to(c.device, w), _to(c.device, b))
     prepared.poison()
     prepared.op(_to(c.device, x))
     return rel_l2(prepared.fetch(), ref)
 
 
-def _gpu_buffers(shape: ConvShape) -> list[Any]:
-    """Enough input buffers that cycling through them never finds the input in L2."""
+def _input_bytes(shape: ConvShape, raw_hw: tuple[int, int] | None) -> int:
+    return shape.B * raw_hw[0] * raw_hw[1] if raw_hw else 4 * math.prod(shape.x_shape)
+
+
+def _gpu_buffers(shape: ConvShape, raw_hw: tuple[int, int] | None = None) -> list[Any]:
+    """Enough input buffers that cycling through them never finds the input in L2 (raw uint8
+    images (B, *raw_hw) where given, else float32 ones)."""
     cp = cupy_or_none()
     l2 = int(cp.cuda.Device().attributes.get("L2CacheSize", 50 * 2**20))
-    nbytes = 4 * math.prod(shape.x_shape)
+    nbytes = _input_bytes(shape, raw_hw)
     count = min(MAX_ROTATE_BUFFERS, max(1, math.ceil(L2_ROTATE_FACTOR * l2 / nbytes)))
+    if raw_hw:
+        return [cp.random.randint(0, 256, (shape.B, *raw_hw)).astype(cp.uint8)
+                for _ in range(count)]
     return [cp.random.standard_normal(shape.x_shape, dtype=np.float32) for _ in range(count)]
 
 
@@ -177,7 +197,7 @@ def time_contender(c: Contender, shape: ConvShape, reps: int,
     if c.device == "cpu":
         return _time_cpu_contender(c, shape, reps, w, b, rng), None
     prepared = c.prepare(shape, _to("gpu", w), _to("gpu", b))
-    xs = _gpu_buffers(shape)
+    xs = _gpu_buffers(shape, c.raw_hw)
     # Once on every rotated buffer before timing: contenders that convert an input the first
     # time they see it (cuDNN's fp16 channels-last, a channels-last rung) do so here, untimed;
     # with more buffers than warm-up runs that conversion otherwise lands in the samples.
@@ -219,8 +239,8 @@ def _fill_timings(row: Row, case: LayerCase, shape: ConvShape, c: Contender,
     row.op, row.op_samples_ms = op.as_dict(), op_samples
     if layer_samples:
         row.layer, row.layer_samples_ms = Stats.of(layer_samples).as_dict(), layer_samples
-    nbytes = 4 * (math.prod(shape.x_shape) + math.prod(shape.w_shape) + shape.M
-                  + math.prod(out_shape(shape, c.pool)))
+    nbytes = _input_bytes(shape, c.raw_hw) + 4 * (math.prod(shape.w_shape) + shape.M
+                                                  + math.prod(out_shape(shape, c.pool)))
     row.gflops = shape.flops / (op.median_ms * 1e6)
     row.gbps = nbytes / (op.median_ms * 1e6)
     row.floor_ms = ceil.floor_ms(shape.flops, nbytes, c.precision)

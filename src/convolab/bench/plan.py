@@ -17,7 +17,8 @@ with no `[[run]]` is one run). Keys of a run:
     variants = ["exact", "fp16:head.imgs=32"]   # as --variant (network runs)
     per_layer = true                # network runs: the unfused rung-per-layer rows
     torch = true                    # network runs: the PyTorch rows
-    input = "raw"                   # GPU network runs: raw uint8 bytes or float (default)
+    input = "raw"                   # GPU runs: raw uint8 bytes or float (default); per layer,
+                                    # the first blocks (C = 1) from Fashion-MNIST-sized bytes
 
     [run.impl."fused-conv-pool2"]   # a parameter grid: one row per point of the product
     pipe = [-1, 1]
@@ -87,9 +88,8 @@ class RunConfig:
                                 "--network (per-layer runs time every usable implementation)")
         if self.device == "cpu" and self.variants:
             raise ConvolabError("--variant selects GPU network variants; the CPU network has one")
-        if self.inputs is not None and (not self.network or self.device == "cpu"):
-            raise ConvolabError("--input picks the GPU whole-network forward's input: add "
-                                "--network (and leave --device gpu)")
+        if self.inputs is not None and self.device == "cpu":
+            raise ConvolabError("--input picks a GPU run's input: leave --device gpu")
         if self.inputs not in (None, "float", "raw"):
             raise ConvolabError(f"input must be 'float' or 'raw', not {self.inputs!r}")
         if self.network and (self.impls or self.custom_shapes or self.shapes):

@@ -65,9 +65,28 @@ def prepare_run(config: RunConfig, gpu: bool) -> Prepared:
         return Prepared(config, [], [], [])
     cases = layer_cases(config.shapes, config.model, config.batch, config.custom_shapes)
     contenders, notes = select_contenders(config.impls, gpu, config.anchors)
+    if config.inputs == "raw":
+        cases, contenders = _raw_layers(cases, contenders, notes)
     if config.reps < 20:
         notes.append(f"reps={config.reps} < 20: medians are indicative only")
     return Prepared(config, cases, contenders, notes)
+
+
+def _raw_layers(cases: list[LayerCase], contenders: list[Contender], notes: list[str]
+                ) -> tuple[list[LayerCase], list[Contender]]:
+    """Per-layer rows from raw bytes: the first blocks (one input channel) only, every GPU
+    contender reading Fashion-MNIST-sized uint8 images (its own raw entry, or rung 25 first)."""
+    from convolab.bench.contenders import raw_contender
+    from convolab.data import IMAGE_SIDE
+
+    raw_hw = (IMAGE_SIDE, IMAGE_SIDE)
+    firsts = [c for c in cases if c.shape.C == 1]
+    if not firsts:
+        raise ConvolabError("--input raw times first blocks (one input channel): no layer of "
+                            "this run has one")
+    notes.append(f"raw input: {raw_hw[0]}x{raw_hw[1]} uint8 images resized on the GPU; "
+                 f"layers with C > 1 and CPU contenders left out")
+    return firsts, [raw_contender(c, raw_hw) for c in contenders if c.device == "gpu"]
 
 
 def measure_ceilings(gpu: bool, console: Any) -> dict[str, Ceilings]:

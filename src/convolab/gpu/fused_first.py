@@ -4,8 +4,11 @@ writing the pooled map in fp32 or fp16:
 
     ff_conv_pool_raw / _f32   FFMA (precision fp32: modes 'exact' and 'tf32'),
                               kernels/29_fused_first_conv_pool.cu
-    ff_toe_raw / _f32         fp16 tensor cores, Toeplitz mapping in channel groups ('fp16'),
+    ff_toe_raw / _f32         fp16 tensor cores, Toeplitz mapping in channel groups,
                               kernels/29b_fused_first_conv_pool_mma.cu
+    fr_conv_pool_raw / _f32   fp16 tensor cores, two filter rows per MMA and the channels in
+                              its n ('fp16'), or each operand split in two fp16 parts
+                              ('3xfp16': fp32 accuracy), kernels/29c_..._rowpair.cu
 
 `first_plan` picks the family, its defines and its launch geometry; `prepare(...)` returns
 run(x, out), reading raw images (n, h, w) uint8 when prepared with `raw_hw`, else float images
@@ -29,9 +32,15 @@ from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
 KERNEL_FILE = "29_fused_first_conv_pool.cu"  # FFMA
-TC_KERNEL_FILE = "29b_fused_first_conv_pool_mma.cu"  # fp16 tensor cores
+TC_KERNEL_FILE = "29b_fused_first_conv_pool_mma.cu"  # fp16 tensor cores, Toeplitz
+RP_KERNEL_FILE = "29c_fused_first_conv_pool_rowpair.cu"  # fp16 tensor cores, row pairs
 OUT_DTYPES = ("float32", "float16")
-PRECISIONS = ("fp32", "fp16")  # FFMA, or fp16 tensor cores
+PRECISIONS = ("fp32", "fp16", "3xfp16")  # FFMA; fp16 tensor cores; split fp16 (fp32-accurate)
+# The `tc` parameter: which family runs a precision that has more than one.
+TC_FFMA, TC_CHOOSE, TC_TOEPLITZ, TC_ROWPAIR = -1, 0, 1, 2
+# What the fused network asks of rung 29 per precision of its mode (gpu/network.py): the split
+# fp16 tensor cores are fp32-accurate, so they serve the exact and tf32 modes.
+NETWORK_PRECISION = {"fp32": "3xfp16", "tf32": "3xfp16", "fp16": "fp16"}
 # FFMA block sizes the planner chooses from: pool windows (one per thread) of a block.
 THREAD_CHOICES = tuple(range(128, 513, 32))
 # FFMA registers a thread needs, fitted to what ptxas used without spills (mxnet 88, eecs498
@@ -76,17 +85,24 @@ def band_rows(shape: ConvShape, pool: int, threads: int) -> int:
     return min(ceil_div(threads - 1, wp) * pool + pool - 1 + shape.K, shape.H)
 
 
+def raw_stage_bytes(shape: ConvShape, raw_hw: tuple[int, int]) -> int:
+    """first_block.cuh's FfRawRows: the byte -> [0, 1] table, the resize taps (3 words each)
+    and the raw image, 16-aligned."""
+    return ceil_div(FLOAT_BYTES * (256 + 3 * (shape.H + shape.W)) + raw_hw[0] * raw_hw[1],
+                    16) * 16
+
+
 def ffma_smem_bytes(shape: ConvShape, pool: int, threads: int, mt: int,
                     raw_hw: tuple[int, int] | None = None) -> int:
     """Static shared memory of an FFMA block: the band's rows (an even row stride), every
-    group's weights and bias and, reading raw bytes, the raw image as floats (in the band's
-    space) and the band's row pass."""
+    group's weights and bias and, reading raw bytes, the raw staging and the band's row pass."""
     rows = band_rows(shape, pool, threads)
     band = rows * (shape.W + shape.W % 2) + 2
     weights = ceil_div(shape.M, mt) * (shape.K * shape.K + 1) * _round4(mt)
     if raw_hw is None:
         return FLOAT_BYTES * (band + weights)
-    return FLOAT_BYTES * (max(band, raw_hw[0] * raw_hw[1]) + rows * raw_hw[1] + weights)
+    return (FLOAT_BYTES * (band + rows * raw_hw[1] + weights)
+            + raw_stage_bytes(shape, raw_hw))
 
 
 # ---- tensor cores -----------------------------------------------------------------------------
@@ -104,17 +120,103 @@ def tc_rows(shape: ConvShape, pool: int) -> int:
 
 def tc_smem_bytes(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None) -> int:
     """Static shared memory of a tensor-core block (fused_mma.cuh's TOE_IR x TOE_RS fp16 tile,
-    and the raw image and row pass)."""
+    and the raw staging and row pass)."""
     _, wp = pooled_hw(shape, pool)
     in_rows = 2 * tc_rows(shape, pool) - 1 + shape.K
     tile = HALF_BYTES * in_rows * (ceil_div(2 * wp, 8) * 8 + 8)
-    return tile + (FLOAT_BYTES * (raw_hw[0] * raw_hw[1] + in_rows * raw_hw[1]) if raw_hw else 0)
+    if raw_hw is None:
+        return tile
+    return tile + raw_stage_bytes(shape, raw_hw) + FLOAT_BYTES * in_rows * raw_hw[1]
 
 
 def tc_supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None) -> bool:
     return (shape.C == 1 and shape.S == 1 and pool == 2 and shape.K <= TC_MAX_K
             and min(pooled_hw(shape, pool)) >= 1
             and tc_smem_bytes(shape, pool, raw_hw) <= SMEM_STATIC_LIMIT)
+
+
+# ---- tensor cores, row pairs (29c) ------------------------------------------------------------
+
+RP_MAX_K = 7  # two outputs an A row: 8 - K + 1 >= 2
+RP_WARPS = 4
+RP_SCALE = 14  # the largest |operand| scaled into [2^RP_SCALE, 2^(RP_SCALE + 1)) for 3xfp16
+RP_EMAX = 60  # the kernel's FR_EMAX: both scale exponents stay within +-RP_EMAX
+
+
+def rp_geometry(shape: ConvShape, tph: int) -> dict[str, int]:
+    """The kernel's derived sizes (FR_D, FR_CN, FR_NT, FR_KS, FR_NR, FR_IR, FR_RS) for tph
+    pooled rows a block."""
+    _, wp = pooled_hw(shape, 2)
+    d = 4 if shape.K <= 5 else 2
+    nr = ceil_div(2 * wp, d)
+    ks = ceil_div(shape.K, 2)
+    return {"D": d, "CN": 8 // d, "NT": ceil_div(shape.M, 8 // d), "KS": ks, "NR": nr,
+            "IR": 2 * tph + 2 * ks - 1, "RS": (nr - 1) * d + 8}
+
+
+def rp_smem_bytes(shape: ConvShape, tph: int, split: bool,
+                  raw_hw: tuple[int, int] | None = None) -> int:
+    """Static shared memory of a row-pair block: the fp16 tile (hi and lo with the split), the
+    max's scratch and, reading raw bytes, the raw staging and the row pass of the rows."""
+    geo = rp_geometry(shape, tph)
+    tile = HALF_BYTES * geo["IR"] * geo["RS"] * (2 if split else 1) + FLOAT_BYTES * RP_WARPS
+    if raw_hw is None:
+        return tile
+    return tile + raw_stage_bytes(shape, raw_hw) + FLOAT_BYTES * geo["IR"] * raw_hw[1]
+
+
+def rp_rows(shape: ConvShape, split: bool, raw_hw: tuple[int, int] | None = None) -> int:
+    """Pooled rows of a block: the whole image (the raw bytes staged once) where it fits the
+    static shared memory, else the image's in as few even tiles as fit."""
+    hp, _ = pooled_hw(shape, 2)
+    for tiles in range(1, hp + 1):
+        tph = ceil_div(hp, tiles)
+        if rp_smem_bytes(shape, tph, split, raw_hw) <= SMEM_STATIC_LIMIT:
+            return tph
+    return 0
+
+
+def rp_supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None,
+                split: bool = False) -> bool:
+    return (shape.C == 1 and shape.S == 1 and pool == 2 and shape.K <= RP_MAX_K
+            and min(pooled_hw(shape, pool)) >= 1 and rp_rows(shape, split, raw_hw) > 0)
+
+
+def pow2_exponent(largest: float) -> int:
+    """e with largest * 2^e in [2^RP_SCALE, 2^(RP_SCALE + 1)), within +-RP_EMAX (0 for 0)."""
+    if not np.isfinite(largest) or largest <= 0:
+        return 0
+    return int(np.clip(RP_SCALE - np.floor(np.log2(largest)), -RP_EMAX, RP_EMAX))
+
+
+def rowpair_fragments(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
+    """The row-pair B operand per lane, uint32 (parts, KS, NT, 32 lanes, 2 registers), and the
+    weights' scale exponent (0 without the split). B[k][c * D + dx] = w[c][2s + k // 8][k % 8 -
+    dx] of n-tile channels c; with the split, part 0 is hi = fp16(w 2^e), part 1 lo = fp16(w 2^e
+    - hi)."""
+    from convolab.gpu.fused_mma import LANE_G, LANE_T, pack_half2
+
+    M, _, K, _ = w.shape
+    geo = rp_geometry(ConvShape(1, 1, K, K, M, K), 1)
+    d, cn, nt, ks = geo["D"], geo["CN"], geo["NT"], geo["KS"]
+    wpad = np.zeros((nt * cn, 2 * ks, K), np.float64)
+    wpad[:M, :K] = np.asarray(w, np.float64)[:, 0]
+    e = pow2_exponent(float(np.abs(wpad).max())) if split else 0
+    band = np.zeros((ks, nt, 16, 8), np.float64)  # [s][n-tile][k][n]
+    for k in range(16):
+        for n in range(8):
+            j = k % 8 - n % d  # the tap of output dx = n % d
+            if 0 <= j < K:
+                band[:, :, k, n] = wpad[np.arange(nt)[None, :] * cn + n // d,
+                                        2 * np.arange(ks)[:, None] + k // 8, j]
+    scaled = (band * 2.0 ** e).astype(np.float32)
+    hi = scaled.astype(np.float16).astype(np.float32)
+    parts = [hi, (scaled - hi)] if split else [scaled]
+    g, t = LANE_G, LANE_T
+    frags = [np.stack([pack_half2(p[:, :, 2 * t, g], p[:, :, 2 * t + 1, g]),
+                       pack_half2(p[:, :, 2 * t + 8, g], p[:, :, 2 * t + 9, g])], axis=-1)
+             for p in parts]
+    return np.ascontiguousarray(np.stack(frags).astype(np.uint32)), e
 
 
 # ---- either -----------------------------------------------------------------------------------
@@ -131,6 +233,13 @@ def supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None)
     return ffma_smem_bytes(shape, pool, min(THREAD_CHOICES), mt, raw_hw) <= SMEM_STATIC_LIMIT
 
 
+def wide_models() -> tuple[str, ...]:
+    """The zoo models whose first block the fused network runs on rung 29 by default."""
+    from convolab.models import MODELS, conv_blocks
+
+    return tuple(m for m in MODELS if preferred(conv_blocks(m)[0].shape, conv_blocks(m)[0].pool))
+
+
 def preferred(shape: ConvShape, pool: int) -> bool:
     """Whether the fused network runs a first block on rung 29 without being asked: where it
     takes the shape and fcp_exact_cw (rung 16: all channels in one thread's multi-window tile,
@@ -145,24 +254,45 @@ def preferred(shape: ConvShape, pool: int) -> bool:
 class FirstPlan:
     """Compile-time defines and launch geometry of one rung-29 kernel."""
 
-    kernel: str  # ff_conv_pool_{raw,f32} or ff_toe_{raw,f32}
+    kernel: str  # ff_conv_pool_{raw,f32}, ff_toe_{raw,f32} or fr_conv_pool_{raw,f32}
     defines: dict[str, int]
     threads: int
     blocks_per_image: int
-    channels: int  # output channels of a group (FF_MT or FF_GC)
+    channels: int  # output channels of a group (FF_MT, FF_GC; the layer's M for row pairs)
 
     @property
     def tensor_cores(self) -> bool:
-        return self.kernel.startswith("ff_toe")
+        return not self.kernel.startswith("ff_conv")
+
+    @property
+    def kernel_file(self) -> str:
+        return {"ff_conv": KERNEL_FILE, "ff_toe_": TC_KERNEL_FILE,
+                "fr_conv": RP_KERNEL_FILE}[self.kernel[:7]]
+
+
+def _family(shape: ConvShape, pool: int, params: Mapping[str, Any],
+            raw_hw: tuple[int, int] | None, precision: str) -> str:
+    """'rowpair' (29c), 'toe' (29b) or 'ffma' (29) for a precision and the `tc` parameter:
+    each tensor-core precision takes the first family of its order that takes the shape."""
+    tc = int(params.get("tc") or TC_CHOOSE)
+    split = precision == "3xfp16"
+    if precision == "fp32" or tc == TC_FFMA:
+        return "ffma"
+    if tc in (TC_CHOOSE, TC_ROWPAIR) and rp_supports(shape, pool, raw_hw, split):
+        return "rowpair"
+    if not split and tc in (TC_CHOOSE, TC_TOEPLITZ) and tc_supports(shape, pool, raw_hw):
+        return "toe"
+    return "ffma"
 
 
 def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = None,
                raw_hw: tuple[int, int] | None = None, out_dtype: str = "float32",
                precision: str = "fp32") -> FirstPlan:
-    """precision 'fp16' runs the tensor-core family where it takes the shape (params tc = -1
-    keeps FFMA); 'fp32' FFMA. FFMA params may fix threads (pool windows per block), minb
-    (blocks per SM the registers must allow) and mt (channels per group); tensor-core params
-    warps and minb; 0 or absent means choose."""
+    """precision 'fp16' runs fp16 tensor cores where they take the shape (29c's row pairs, else
+    29b's Toeplitz operand; params tc = 1 / 2 asks for one, -1 keeps FFMA), '3xfp16' 29c's split
+    (else FFMA), 'fp32' FFMA. FFMA params may fix threads (pool windows per block), minb (blocks
+    per SM the registers must allow) and mt (channels per group); tensor-core params warps,
+    minb and (29c) rows, pooled rows a block; 0 or absent means choose."""
     params = params or {}
     if out_dtype not in OUT_DTYPES or precision not in PRECISIONS:
         raise ValueError(f"rung 29: out_dtype must be one of {OUT_DTYPES} and precision one of "
@@ -172,8 +302,10 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
             "FF_HALF": int(out_dtype == "float16")}
     if raw_hw is not None:
         base |= {"RAW_H": raw_hw[0], "RAW_W": raw_hw[1]}
-    if precision == "fp16" and int(params.get("tc") or 0) >= 0 and tc_supports(shape, pool,
-                                                                                 raw_hw):
+    family = _family(shape, pool, params, raw_hw, precision)
+    if family == "rowpair":
+        return _rowpair_plan(shape, params, base, entry, precision == "3xfp16", raw_hw)
+    if family == "toe":
         warps = int(params.get("warps") or TC_WARPS)
         tph = tc_rows(shape, pool)
         defines = {**base, "FF_GC": tc_group(shape), "FF_TPH": tph,
@@ -185,6 +317,20 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
                          f"{pool}" + (f" from raw {raw_hw[0]}x{raw_hw[1]} images" if raw_hw
                                       else ""))
     return _ffma_plan(shape, pool, params, base, entry)
+
+
+def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, int],
+                  entry: str, split: bool, raw_hw: tuple[int, int] | None) -> FirstPlan:
+    hp, _ = pooled_hw(shape, 2)
+    tph = min(int(params.get("rows") or rp_rows(shape, split, raw_hw)), hp)
+    warps = int(params.get("warps") or RP_WARPS)
+    if not 1 <= warps <= 32 or rp_smem_bytes(shape, tph, split, raw_hw) > SMEM_STATIC_LIMIT:
+        raise ValueError(f"rung 29c: {tph} pooled rows a block of {shape} exceed the static "
+                         f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
+                         f"is not in 1..32")
+    defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,
+               "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1)}
+    return FirstPlan(f"fr_conv_pool_{entry}", defines, 32 * warps, ceil_div(hp, tph), shape.M)
 
 
 def _ffma_plan(shape: ConvShape, pool: int, params: Mapping[str, Any], base: dict[str, int],
@@ -239,7 +385,8 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
     """run(x, out): x raw uint8 images (n, *raw_hw) when raw_hw is given (resized on chip to
     shape.H x shape.W, the rule of data.resize_bilinear), else float32 images (n, 1, H, W);
     out (n, M, Hp, Wp) in out_dtype. n may be any batch size. precision 'fp16' runs fp16
-    tensor cores where they take the shape, 'fp32' FFMA (first_plan)."""
+    tensor cores where they take the shape, '3xfp16' split fp16 ones (fp32 accuracy), 'fp32'
+    FFMA (first_plan)."""
     from convolab.backend import require_cupy, to_numpy
     from convolab.gpu.compile import get_kernel
     from convolab.gpu.resize import device_taps
@@ -250,10 +397,13 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
         raise InputError(f"rung 29: weight {w.shape} and bias {b.shape} do not fit {shape} "
                          f"(want {shape.w_shape} and ({shape.M},))")
     cp = require_cupy()
-    kernel = get_kernel(TC_KERNEL_FILE if plan.tensor_cores else KERNEL_FILE, plan.kernel,
-                        plan.defines)
+    kernel = get_kernel(plan.kernel_file, plan.kernel, plan.defines)
     i32 = np.int32
-    if plan.tensor_cores:
+    if plan.kernel_file == RP_KERNEL_FILE:
+        frag, w_e = rowpair_fragments(w, bool(plan.defines["FR_SPLIT"]))
+        args = (cp.asarray(frag), cp.asarray(b))
+        tail = (i32(w_e), i32(plan.blocks_per_image))
+    elif plan.tensor_cores:
         frag, m_pad = toe_weights(w, plan.channels)
         args: tuple[Any, ...] = (cp.asarray(frag), cp.asarray(b))
         tail: tuple[Any, ...] = (i32(shape.M), i32(m_pad), i32(plan.blocks_per_image))
@@ -297,24 +447,25 @@ def first_layers() -> list[tuple[ConvShape, int]]:
     return [(s, p) for s, p in zoo_fused_layers() if supports(s, p)]
 
 
-def compile_variants(precision: str) -> list[dict[str, int]]:
-    """Every define set the host compiles for the zoo's first layers in one precision: fp32
-    and fp16 output, float input and Fashion-MNIST's 28x28 raw images."""
+def compile_variants(precision: str, tc: int) -> list[dict[str, int]]:
+    """Every define set the host compiles for the zoo's first layers in one precision and
+    family (`tc`): fp32 and fp16 output, float input and Fashion-MNIST's 28x28 raw images."""
     from convolab.data import IMAGE_SIDE
 
+    file = {TC_FFMA: KERNEL_FILE, TC_TOEPLITZ: TC_KERNEL_FILE, TC_ROWPAIR: RP_KERNEL_FILE}[tc]
     variants: list[dict[str, int]] = []
     for shape, pool in first_layers():
         for out_dtype in OUT_DTYPES:
             for raw_hw in (None, (IMAGE_SIDE, IMAGE_SIDE)):
-                plan = first_plan(shape, pool, {}, raw_hw, out_dtype, precision)
-                if plan.defines not in variants and plan.tensor_cores == (precision == "fp16"):
+                plan = first_plan(shape, pool, {"tc": tc}, raw_hw, out_dtype, precision)
+                if plan.defines not in variants and plan.kernel_file == file:
                     variants.append(plan.defines)
     return variants
 
 
-def _prepare_impl(pool: int, precision: str) -> Any:
+def _prepare_impl(pool: int, precision: str, tc: int) -> Any:
     def prepare_impl(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
-        return prepare(shape, pool, w, b, params, precision=precision)
+        return prepare(shape, pool, w, b, {**params, "tc": tc}, precision=precision)
 
     return prepare_impl
 
@@ -327,14 +478,14 @@ FIRST_IMPL = register(ConvImpl(
                   "input band staged once, coalesced pooled stores; raw uint8 input resized on "
                   "chip, fp16 output for an fp16 next layer"),
     device="gpu",
-    prepare=_prepare_impl(FIRST_POOL, "fp32"),
+    prepare=_prepare_impl(FIRST_POOL, "fp32", TC_FFMA),
     supports=lambda s: supports(s, FIRST_POOL),
     space={"threads": [128, 160, 224, 256, 288], "minb": [1, 2, 3, 4], "mt": [4, 8, 12, 16]},
     defaults={"threads": 0, "minb": 0, "mt": 0},
     tolerance=TOLERANCE["fp32"],
     rung=29,
     kernel_file=KERNEL_FILE,
-    compile_variants=lambda: compile_variants("fp32"),
+    compile_variants=lambda: compile_variants("fp32", TC_FFMA),
     pool=FIRST_POOL,
 ))
 FIRST_TC_IMPL = register(ConvImpl(
@@ -343,13 +494,60 @@ FIRST_TC_IMPL = register(ConvImpl(
                   "rows, banded weights as B) for many output channels, in channel groups over "
                   "one staged fp16 tile"),
     device="gpu",
-    prepare=_prepare_impl(FIRST_POOL, "fp16"),
+    prepare=_prepare_impl(FIRST_POOL, "fp16", TC_TOEPLITZ),
     supports=lambda s: tc_supports(s, FIRST_POOL),
     space={"warps": [2, 4, 8], "minb": [1, 2, 3]},
     defaults={"warps": 0, "minb": 0},
     tolerance=TOLERANCE["fp16"],
     rung=29,
     kernel_file=TC_KERNEL_FILE,
-    compile_variants=lambda: compile_variants("fp16"),
+    compile_variants=lambda: compile_variants("fp16", TC_TOEPLITZ),
     pool=FIRST_POOL,
 ))
+FIRST_RP_IMPL = register(ConvImpl(
+    name=f"fused-first-conv-pool{FIRST_POOL}-rowpair",
+    demonstrates=("rung 29 on fp16 tensor cores with two filter rows per MMA (an A row is 8 "
+                  "pixels of two input rows) and the output channels in its n: 10-14 of 16 "
+                  "k-terms useful instead of K, every channel's fragments in registers, one "
+                  "pass over the staged image"),
+    device="gpu",
+    prepare=_prepare_impl(FIRST_POOL, "fp16", TC_ROWPAIR),
+    supports=lambda s: rp_supports(s, FIRST_POOL),
+    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16]},
+    defaults={"warps": 0, "minb": 0, "rows": 0},
+    tolerance=TOLERANCE["fp16"],
+    rung=29,
+    kernel_file=RP_KERNEL_FILE,
+    compile_variants=lambda: compile_variants("fp16", TC_ROWPAIR),
+    pool=FIRST_POOL,
+))
+FIRST_3X_IMPL = register(ConvImpl(
+    name=f"fused-first-conv-pool{FIRST_POOL}-3xfp16",
+    demonstrates=("rung 29c at fp32 accuracy on fp16 tensor cores: each operand split into "
+                  "power-of-two-scaled hi and lo fp16 parts, three MMAs per product (lo*hi, "
+                  "hi*lo, hi*hi), fp32 accumulation"),
+    device="gpu",
+    prepare=_prepare_impl(FIRST_POOL, "3xfp16", TC_ROWPAIR),
+    supports=lambda s: rp_supports(s, FIRST_POOL, split=True),
+    space={"warps": [2, 4, 8], "minb": [1, 2, 3], "rows": [0, 4, 8, 16]},
+    defaults={"warps": 0, "minb": 0, "rows": 0},
+    tolerance=TOLERANCE["3xfp16"],
+    rung=29,
+    kernel_file=RP_KERNEL_FILE,
+    compile_variants=lambda: compile_variants("3xfp16", TC_ROWPAIR),
+    pool=FIRST_POOL,
+))
+
+# Each registry entry's precision and family: what its raw entry runs (prepare_registered).
+REGISTERED: dict[str, tuple[str, int]] = {
+    FIRST_IMPL.name: ("fp32", TC_FFMA), FIRST_TC_IMPL.name: ("fp16", TC_TOEPLITZ),
+    FIRST_RP_IMPL.name: ("fp16", TC_ROWPAIR), FIRST_3X_IMPL.name: ("3xfp16", TC_ROWPAIR)}
+
+
+def prepare_registered(name: str, shape: ConvShape, weight: Any, bias: Any,
+                       params: Mapping[str, Any], raw_hw: tuple[int, int] | None) -> Run:
+    """A registry entry's run with its parameters, reading raw images where raw_hw is given
+    (the bench's raw per-layer rows); fp32 output."""
+    precision, tc = REGISTERED[name]
+    return prepare(shape, FIRST_POOL, weight, bias, {**params, "tc": tc}, raw_hw,
+                   precision=precision)

@@ -9,8 +9,8 @@ For ece408:
     F5 + ReLU, F6, softmax            kernel 20, kernels/20_lenet_head.cu: 10 floats out
 
 and kernel 30 (gpu/dense_head.py) is the head of the other models. The wider models' first
-block (one input channel, 12 output channels) runs rung 29 (gpu/fused_first.py: FFMA, or fp16
-tensor cores in mode 'fp16'). The only full-size intermediates are the pooled maps between
+block (one input channel, 12 output channels) runs rung 29 (gpu/fused_first.py: fp16
+tensor cores, 3xfp16 in exact/tf32). The only full-size intermediates are the pooled maps between
 blocks (ece408: 25.6 KB an image in fp32 NCHW; in mode 'fp16' ece408's pair passes it as fp16
 channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
 (`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
@@ -265,10 +265,10 @@ class FusedLeNet:
 
     def _first_run(self, block: ConvBlock, raw_hw: tuple[int, int] | None,
                    out_dtype: str) -> Callable | None:
-        """Rung 29 for the first block, from raw bytes or floats, writing `out_dtype` (fp16
-        tensor cores in mode 'fp16', FFMA otherwise): where it takes the shape and measured
-        faster than the block's other kernels (or the block's kernel parameters ask for it:
-        first = 1; first = -1 turns it off); None elsewhere."""
+        """Rung 29 for the first block, from raw bytes or floats, writing `out_dtype` (in
+        the precision fused_first.NETWORK_PRECISION gives the mode): where it takes the shape
+        and measured faster than the block's other kernels (or the block's kernel parameters
+        ask for it: first = 1; first = -1 turns it off); None elsewhere."""
         from convolab.gpu import fused_first
 
         kp = self._kernel_params.get(block.name, {})
@@ -278,7 +278,7 @@ class FusedLeNet:
                 or (choice == 0 and not fused_first.preferred(block.shape, block.pool))):
             return None
         p = self.params
-        precision = "fp16" if NETWORK_MODES[self.mode] == "fp16" else "fp32"  # tf32: FFMA
+        precision = fused_first.NETWORK_PRECISION[NETWORK_MODES[self.mode]]
         return fused_first.prepare(block.shape, block.pool, p[f"{block.name}.weight"],
                                    p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision)
 

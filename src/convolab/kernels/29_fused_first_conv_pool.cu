@@ -28,8 +28,11 @@
 // Measured (H100, B = 10,000, float / raw input): FFMA mxnet 0.81 / 0.96 ms (before: 1.25 /
 // 1.39 with rung 25), eecs498 1.14 / 1.42 (1.25 / 1.37), ~50 % of the FFMA peak; fp16 tensor
 // cores mxnet 0.41 / 0.58 (mode fp16 before: 1.64 / 1.80), eecs498 0.41 / 0.52 (1.14 / 1.27).
-// The raw entries' extra 0.13-0.28 ms is the resize: each block of an image restages the whole
-// raw image (784 divisions) and its band's rows. ece408's conv1 (M = 4) is faster on 16 / 17.
+// The raw entries pay 0.17-0.28 ms for the resize. Neither a 256-entry table instead of the 784
+// divisions a block nor one global round trip instead of four dependent ones (first_block.cuh)
+// moved them (1.00 / 1.43 ms raw): the blocks' bands overlap (1.4x the image's pixels resized)
+// and each resized pixel costs ~30 instructions, 15-20 % of the FFMA work. Modes exact and tf32
+// now run 29c's 3xfp16 instead (0.44-0.52 ms); ece408's conv1 (M = 4) is faster on 16 / 17.
 
 #include "first_block.cuh"
 
@@ -162,29 +165,25 @@ ff_conv_pool_f32(const float* __restrict__ x, const float* __restrict__ wpack,
   ff_conv_pool(img, w_s, band, y, M);
 }
 
-// The same from raw images (B, RAW_H, RAW_W): the bytes as floats in [0, 1], the row pass of
-// the band's rows, then the column pass into the rows the convolution reads (resize.cuh's rule).
-#define FF_UNIT (RAW_H * RAW_W)
-#define FF_LOW (FF_IMG > FF_UNIT ? FF_IMG : FF_UNIT)  // the band, over the dead raw floats
-
+// The same from raw images (B, RAW_H, RAW_W): the image's bytes and taps (first_block.cuh's
+// ff_raw_rows, one round trip), the row pass of the band's rows, then the column pass into the
+// rows the convolution reads (resize.cuh's rule).
 extern "C" __global__ void __launch_bounds__(FF_THREADS, FF_MINB)
 ff_conv_pool_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
                  const float* __restrict__ wpack, ff_out* __restrict__ y, int M) {
-  __shared__ __align__(16) float low[FF_LOW];
+  __shared__ __align__(16) float img[FF_IMG];
   __shared__ float rows[FF_ROWS * RAW_W];
   __shared__ __align__(16) float w_s[FF_WALL];
-  float* img = low;
-  float* unit = low;  // read only by the row pass, before the band is written over it
+  __shared__ __align__(16) FfRawRows raw_s;
   const FfBand band = ff_band();
   const int tid = threadIdx.x;
-  stage_unit_image(unit, raw + band.b * FF_UNIT, FF_UNIT, tid, FF_THREADS);
   ff_stage_weights(w_s, wpack);
-  __syncthreads();
-  resize_rows(rows, unit, taps, band.r0, band.n_rows, FF_H, tid, FF_THREADS);
+  ff_raw_rows(rows, raw_s, raw + band.b * FF_RAW_BYTES, taps, band.r0, band.n_rows, tid,
+              FF_THREADS);
   __syncthreads();
   for (int i = tid; i < band.n_rows * FF_W; i += FF_THREADS) {
     const int r = i / FF_W, c = i - r * FF_W;
-    img[r * FF_STRIDE + c] = resized_from_row(rows + r * RAW_W, taps[FF_H + c]);
+    img[r * FF_STRIDE + c] = resized_from_row(rows + r * RAW_W, raw_s.taps[FF_H + c]);
   }
   __syncthreads();
   ff_conv_pool(img, w_s, band, y, M);

@@ -114,12 +114,17 @@ ff_toe_f32(const float* __restrict__ x, const uint2* __restrict__ bfrag,
   ff_toe(ToeFloatInput{x, FF_H, FF_W}, bfrag, bias, y, M, m_pad, tiles_h);
 }
 
+// Raw images: the image's bytes and taps in one round trip (first_block.cuh's ff_raw_rows),
+// the row pass of the tile's rows, and the column pass as the tile is staged (ToeRawInput).
 extern "C" __global__ void __launch_bounds__(TC_THREADS, TC_MINB)
 ff_toe_raw(const unsigned char* __restrict__ raw, const ResizeTap* __restrict__ taps,
            const uint2* __restrict__ bfrag, const float* __restrict__ bias,
            ff_out* __restrict__ y, int M, int m_pad, int tiles_h) {
-  __shared__ float unit[RAW_H * RAW_W];
+  __shared__ __align__(16) FfRawRows raw_s;
   __shared__ float rows[TOE_IR * RAW_W];
-  ff_toe(toe_stage_raw(unit, rows, raw, taps, FF_H, FF_W, tiles_h), bfrag, bias, y, M, m_pad,
-         tiles_h);
+  const int row0 = (blockIdx.x % tiles_h) * TC_TPH * 2;
+  ff_raw_rows(rows, raw_s, raw + (size_t)(blockIdx.x / tiles_h) * FF_RAW_BYTES, taps, row0,
+              TOE_IR, threadIdx.x, TC_THREADS);
+  __syncthreads();
+  ff_toe(ToeRawInput{rows, raw_s.taps, FF_H, FF_W, row0}, bfrag, bias, y, M, m_pad, tiles_h);
 }
