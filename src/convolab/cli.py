@@ -382,23 +382,10 @@ def bench(
 
     command = "convolab " + " ".join(sys.argv[1:])
     if replot:
-        if plan is not None or train or network:
-            fail("--replot times nothing: it takes no --plan, --train or --network")
-        _replot(replot, out)
+        _replot(replot, out, others=plan is not None or train or network)
         return
     if train:
-        from convolab.bench import train as train_bench
-
-        if plan is not None or network:
-            fail("--train times training steps: it takes no --plan or --network")
-        modes, engines = variant or tuple(TRAIN_MODES), engine or train_bench.ENGINES
-        train_bench.check_choices(modes, engines)
-        resolve_device("gpu")
-        if batch is not None:
-            check_batch(batch, limit=4096)
-        train_bench.main((batch,) if batch is not None else train_bench.BATCHES,
-                         reps if reps is not None else BENCH_REPS, out, modes=tuple(modes),
-                         engines=tuple(engines))
+        _bench_train(batch, reps, out, variant, engine, conflicts=plan is not None or network)
         return
     if engine:
         fail("--engine picks the training engines of --train")
@@ -423,10 +410,28 @@ def bench(
     run.main([config], out=out, command=command)
 
 
-def _replot(files: list[Path], out: Path | None) -> None:
+def _bench_train(batch: int | None, reps: int | None, out: Path | None,
+                 variant: list[str] | None, engine: list[str] | None, conflicts: bool) -> None:
+    from convolab.bench import train as train_bench
+
+    if conflicts:
+        fail("--train times training steps: it takes no --plan or --network")
+    modes, engines = variant or tuple(TRAIN_MODES), engine or train_bench.ENGINES
+    train_bench.check_choices(modes, engines)
+    resolve_device("gpu")
+    if batch is not None:
+        check_batch(batch, limit=4096)
+    train_bench.main((batch,) if batch is not None else train_bench.BATCHES,
+                     reps if reps is not None else BENCH_REPS, out, modes=tuple(modes),
+                     engines=tuple(engines))
+
+
+def _replot(files: list[Path], out: Path | None, others: bool) -> None:
     from convolab import outputs
     from convolab.bench import report
 
+    if others:
+        fail("--replot times nothing: it takes no --plan, --train or --network")
     if out is None:
         fail("--replot needs --out DIR (where the figures go)")
     out = outputs.check_dir(out, "--out")
