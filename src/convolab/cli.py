@@ -368,8 +368,9 @@ def bench(
     ] = None,
     input_kind: Annotated[
         str | None,
-        typer.Option("--input", help="--network on the GPU: raw (uint8 bytes, resized on chip; "
-                     "adds host->host and 60,000-image streaming rows) or float (default)"),
+        typer.Option("--input", help="GPU runs: raw (uint8 bytes, resized on chip; with "
+                     "--network adds host->host and 60,000-image streaming rows; per layer, the "
+                     "first blocks only) or float (default)"),
     ] = None,
     device: Annotated[
         str | None,

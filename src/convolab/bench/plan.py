@@ -61,7 +61,7 @@ class RunConfig:
     variants: tuple[VariantSpec, ...] = ()
     per_layer: bool = True
     torch: bool = True
-    inputs: str | None = None  # network runs: "float" (default) or "raw" uint8 bytes
+    inputs: str | None = None  # GPU runs: "float" (default) or "raw" uint8 bytes
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def check(self) -> None:
