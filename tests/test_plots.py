@@ -98,3 +98,8 @@ def test_plot_sweeps_needs_two_batches(tmp_path):
     one = _sweep_file(tmp_path / "a.json", (4,), 1.0)
     with pytest.raises(report.ConvolabError, match="fewer than two batch sizes"):
         report.plot_sweeps([one, one], tmp_path)
+
+
+def test_sweep_case_drops_an_explicit_shapes_batch():
+    assert report._sweep_case("shape/16x4096x1x1-M1024K1S1") == "shape/Bx4096x1x1-M1024K1S1"
+    assert report._sweep_case("vgg/fc7") == "vgg/fc7"

@@ -309,6 +309,12 @@ def plot_roofline(path: Path, rows: Sequence[Row | dict[str, Any]], ceilings: di
     return path
 
 
+def _sweep_case(label: str) -> str:
+    """A layer's label without its batch: an explicit shape's label ("shape/16x4096x1x1-…")
+    names the batch, a named layer's ("vgg/fc7") does not."""
+    return re.sub(r"^shape/\d+x", "shape/Bx", label)
+
+
 def _sweep_lines(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[tuple[int, Row]]]]:
     """case label -> implementation -> [(batch, row)] over every run, timed GPU rows only; where
     two runs time the same (case, implementation, batch), the later run's row is kept."""
@@ -316,7 +322,7 @@ def _sweep_lines(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, list[tup
     for run in runs:
         for r in (_as_row(d) for d in run.get("rows", [])):
             if r.op and r.gflops and r.device == "gpu":
-                points.setdefault(r.case, {}).setdefault(r.impl, {})[r.batch] = r
+                points.setdefault(_sweep_case(r.case), {}).setdefault(r.impl, {})[r.batch] = r
     return {case: {impl: sorted(by_batch.items(), key=lambda p: p[0])
                    for impl, by_batch in impls.items()}
             for case, impls in points.items()}
@@ -378,11 +384,15 @@ def plot_sweeps(json_paths: Sequence[Path], out_dir: Path) -> list[Path]:
     if not json_paths:
         raise ConvolabError("plot_sweeps: no results files given")
     runs = [run for path in json_paths for run in _load_runs(path)[0]]
-    if len({(run.get("config") or {}).get("batch") for run in runs}) < 2:
+    if len({row.get("batch") for run in runs for row in run.get("rows", [])}) < 2:
         raise ConvolabError(f"{', '.join(map(str, json_paths))}: fewer than two batch sizes, "
                             "no sweep to plot")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return plot_batch_sweep(Path(out_dir), runs)
+    written = plot_batch_sweep(Path(out_dir), runs)
+    if not written:
+        raise ConvolabError(f"{', '.join(map(str, json_paths))}: no layer was timed at two or "
+                            "more batch sizes")
+    return written
 
 
 def plot_results(json_path: Path, out_dir: Path) -> list[Path]:
