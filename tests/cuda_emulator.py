@@ -35,3 +35,30 @@ inline float fmax_nan(float a, float b) { return (a != a || b != b) ? NAN : std:
 inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
 inline float expf(float a) { return std::exp(a); }
 """
+
+# Block-level sync for kernels that also sync warps (the mma emulations' warp_sync), and one
+# block's launch: `threads` std::threads with blockIdx.x = blk, each running body().
+BLOCK_SHIM = r"""
+#include <memory>
+std::barrier<>* block_bar;
+std::barrier<>* warp_bar[32];
+inline void __syncthreads() { block_bar->arrive_and_wait(); }
+inline void warp_sync() { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+template <class F> void run_block(int blk, int threads, F body) {
+  std::barrier<> bb(threads);
+  block_bar = &bb;
+  std::vector<std::unique_ptr<std::barrier<>>> wb;
+  for (int w = 0; w < threads / 32; ++w) {
+    wb.emplace_back(new std::barrier<>(32));
+    warp_bar[w] = wb.back().get();
+  }
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([=] {
+      threadIdx.x = t;
+      blockIdx.x = blk;
+      body();
+    });
+  for (auto& t : ts) t.join();
+}
+"""

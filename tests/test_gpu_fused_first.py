@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_emulator import CUDA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM
 
 from convolab import data
 from convolab.check import rel_l2
@@ -372,7 +372,7 @@ def test_default_threads_leave_fewest_idle(rng: np.random.Generator) -> None:
 
 # ---- CPU: 29c's source under g++, mma.sync emulated --------------------------------------------
 
-EMU = CUDA_SHIM + r"""
+EMU = CUDA_SHIM + BLOCK_SHIM + r"""
 #undef __shared__
 #define __shared__ static
 #include <memory>
@@ -393,10 +393,6 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float fminf(float a, float b) { return std::fmin(a, b); }
 inline float fabsf(float a) { return std::fabs(a); }
 using std::max;
-std::barrier<>* block_bar;
-std::barrier<>* warp_bar[32];
-inline void __syncthreads() { block_bar->arrive_and_wait(); }
-inline void warp_sync() { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
 WarpRegs warp_regs[32];
 static double f16(unsigned bits) {
@@ -465,25 +461,14 @@ int main(int argc, char** argv) {
   auto* bias = read<float>(dir, "b.bin", FR_M);
   auto* y = read<ff_out>(dir, "y.bin", ny + 64);
   for (int blk = 0; blk < batch * tiles_h; ++blk) {
-    std::barrier<> bb(FR_THREADS);
-    block_bar = &bb;
-    std::vector<std::unique_ptr<std::barrier<>>> wb;
-    for (int w = 0; w < FR_WARPS; ++w) {
-      wb.emplace_back(new std::barrier<>(32));
-      warp_bar[w] = wb.back().get();
-    }
-    std::vector<std::thread> ts;
-    for (int t = 0; t < FR_THREADS; ++t)
-      ts.emplace_back([=] {
-        threadIdx.x = t;
-        blockIdx.x = blk;
+    static_assert(FR_THREADS == 32 * FR_WARPS);
+    run_block(blk, FR_THREADS, [=] {
 #ifdef RAW_INPUT
-        fr_conv_pool_raw(x, taps, frag, bias, y, w_e, tiles_h);
+      fr_conv_pool_raw(x, taps, frag, bias, y, w_e, tiles_h);
 #else
-        fr_conv_pool_f32(x, frag, bias, y, w_e, tiles_h);
+      fr_conv_pool_f32(x, frag, bias, y, w_e, tiles_h);
 #endif
-      });
-    for (auto& t : ts) t.join();
+    });
   }
   char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
   FILE* f = fopen(path, "wb"); fwrite(y, sizeof(ff_out), ny + 64, f); fclose(f);

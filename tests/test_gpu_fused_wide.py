@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import CUDA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM
 
 from convolab.check import poison, rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
@@ -333,7 +333,7 @@ def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
 
 # ---- CPU: the kernel source under g++, mma.sync emulated -------------------------------------
 
-EMU = CUDA_SHIM + r"""
+EMU = CUDA_SHIM + BLOCK_SHIM + r"""
 #include <memory>
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
@@ -369,10 +369,6 @@ inline void cp_async8(void* dst, const void* src, bool) { std::memcpy(dst, src, 
 inline void cp_async4(void* dst, const void* src, bool) { std::memcpy(dst, src, 4); }
 inline void cp_async_commit() {}
 inline void cp_async_wait_all() {}
-std::barrier<>* block_bar;
-std::barrier<>* warp_bar[32];
-inline void __syncthreads() { block_bar->arrive_and_wait(); }
-inline void warp_sync() { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
 struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
 WarpRegs warp_regs[32];
 static double bf16(unsigned bits) { return (double)__uint_as_float((bits & 0xFFFF) << 16); }
@@ -468,21 +464,8 @@ int main(int argc, char** argv) {
   gridDim.x = grid;
   for (int blk = 0; blk < grid; ++blk) {
     std::memset(fw_smem, 0xFF, sizeof fw_smem);  // NaN in fp16 and fp32: unstaged reads show
-    std::barrier<> bb(FW_THREADS);
-    block_bar = &bb;
-    std::vector<std::unique_ptr<std::barrier<>>> wb;
-    for (int w = 0; w < FW_WARPS; ++w) {
-      wb.emplace_back(new std::barrier<>(32));
-      warp_bar[w] = wb.back().get();
-    }
-    std::vector<std::thread> ts;
-    for (int t = 0; t < FW_THREADS; ++t)
-      ts.emplace_back([=] {
-        threadIdx.x = t;
-        blockIdx.x = blk;
-        fcp_wide(x, wfrag, bias, y, batch, w_unscale);
-      });
-    for (auto& t : ts) t.join();
+    static_assert(FW_THREADS == 32 * FW_WARPS);
+    run_block(blk, FW_THREADS, [=] { fcp_wide(x, wfrag, bias, y, batch, w_unscale); });
   }
   char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
   FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
