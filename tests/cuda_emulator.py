@@ -44,6 +44,28 @@ std::barrier<>* block_bar;
 std::barrier<>* warp_bar[32];
 inline void __syncthreads() { block_bar->arrive_and_wait(); }
 inline void warp_sync() { warp_bar[threadIdx.x / 32]->arrive_and_wait(); }
+// A warp's registers, exchanged through memory between two warp barriers (mma fragments,
+// shuffles).
+struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
+WarpRegs warp_regs[32];
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+  const int l = threadIdx.x % 32;
+  WarpRegs& R = warp_regs[threadIdx.x / 32];
+  R.v[l] = v;
+  warp_sync();
+  const float r = R.v[l ^ mask];
+  warp_sync();
+  return r;
+}
+// A test's input file, 16-byte aligned like cudaMalloc's memory.
+template <class T> static T* read(const char* dir, const char* name, size_t n) {
+  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
+  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE* f = fopen(path, "rb");
+  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
+  fclose(f);
+  return p;
+}
 template <class F> void run_block(int blk, int threads, F body) {
   std::barrier<> bb(threads);
   block_bar = &bb;

@@ -393,8 +393,6 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float fminf(float a, float b) { return std::fmin(a, b); }
 inline float fabsf(float a) { return std::fabs(a); }
 using std::max;
-struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
-WarpRegs warp_regs[32];
 static double f16(unsigned bits) {
   const unsigned short s = bits & 0xFFFF;
   _Float16 h;
@@ -429,24 +427,7 @@ inline void mma_f16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a
   }
   warp_sync();
 }
-inline float __shfl_xor_sync(unsigned, float v, int mask) {
-  const int l = threadIdx.x % 32;
-  WarpRegs& R = warp_regs[threadIdx.x / 32];
-  R.v[l] = v;
-  warp_sync();
-  const float r = R.v[l ^ mask];
-  warp_sync();
-  return r;
-}
 #include "kernel.inc"
-template <class T> static T* read(const char* dir, const char* name, size_t n) {
-  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
-  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE* f = fopen(path, "rb");
-  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
-  fclose(f);
-  return p;
-}
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int batch = atoi(argv[2]), tiles_h = atoi(argv[3]), w_e = atoi(argv[4]);

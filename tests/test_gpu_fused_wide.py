@@ -369,8 +369,6 @@ inline void cp_async8(void* dst, const void* src, bool) { std::memcpy(dst, src, 
 inline void cp_async4(void* dst, const void* src, bool) { std::memcpy(dst, src, 4); }
 inline void cp_async_commit() {}
 inline void cp_async_wait_all() {}
-struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
-WarpRegs warp_regs[32];
 static double bf16(unsigned bits) { return (double)__uint_as_float((bits & 0xFFFF) << 16); }
 static double f16(unsigned bits) {
   const unsigned short s = bits & 0xFFFF;
@@ -430,25 +428,8 @@ inline void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1, unsigned a
                              unsigned b0, unsigned b1) {
   emu_mma<kTF32>(d, a0, a1, a2, a3, b0, b1);
 }
-inline float __shfl_xor_sync(unsigned, float v, int mask) {
-  const int l = threadIdx.x % 32;
-  WarpRegs& R = warp_regs[threadIdx.x / 32];
-  R.v[l] = v;
-  warp_sync();
-  const float r = R.v[l ^ mask];
-  warp_sync();
-  return r;
-}
 alignas(16) unsigned char fw_smem[232448];
 #include "kernel.inc"
-template <class T> static T* read(const char* dir, const char* name, size_t n) {
-  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
-  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE* f = fopen(path, "rb");
-  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
-  fclose(f);
-  return p;
-}
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int batch = atoi(argv[2]), grid = atoi(argv[3]);
