@@ -25,6 +25,10 @@
 // bytes of probabilities and/or 1 byte of label an image, staged in shared memory and written
 // coalesced.
 //
+// DH_IN_HALF 1: the features are fp16 (mode fp16's last conv block writes them so): half the
+// bytes of the bound above; the sums stay fp32. DH_VEC counts features a load: 4 (16 bytes of
+// fp32, 8 of fp16) or, for fp16, 8 (16 bytes).
+//
 // NaN policy (conv_cpu): a NaN feature makes every first-layer output of its image NaN (NaN
 // times any weight, zero included, is NaN), ReLU is fmax_nan, so the image's probabilities are
 // NaN and its label is DH_NAN_LABEL; no other image is touched. Features past F in the last
@@ -76,7 +80,15 @@
 #define DH_KC 64  // k a chunk
 #endif
 #ifndef DH_VEC
-#define DH_VEC 4  // features loaded 4 at a time (needs DH_F % 4 == 0 and 16-byte aligned rows)
+#define DH_VEC 4  // features loaded DH_VEC at a time (needs DH_F % DH_VEC == 0, aligned rows)
+#endif
+#ifndef DH_IN_HALF
+#define DH_IN_HALF 0
+#endif
+#if DH_IN_HALF
+typedef __half dh_in_t;
+#else
+typedef float dh_in_t;
 #endif
 
 #define DH_THREADS 256
@@ -110,11 +122,11 @@
 #if DH_XFL % 2 != 0
 #error "DH_IMGS must be even (the weight buffers are read as float4)"
 #endif
-#if DH_VEC != 1 && DH_VEC != 4
-#error "DH_VEC must be 1 or 4"
+#if DH_VEC != 1 && DH_VEC != 4 && !(DH_VEC == 8 && DH_IN_HALF)
+#error "DH_VEC must be 1 or 4 (or 8 with fp16 features)"
 #endif
-#if DH_VEC == 4 && DH_F % 4 != 0
-#error "DH_VEC 4 needs DH_F % 4 == 0"
+#if DH_F % DH_VEC != 0
+#error "DH_VEC 4 or 8 needs DH_F % DH_VEC == 0"
 #endif
 #if DH_SMEM_BYTES > 227 * 1024
 #error "shared memory over the 227 KB a block may have on sm_90"
@@ -132,9 +144,37 @@ __device__ constexpr int dh_woff(int l) {  // layer l >= 1 (0-based), weights (N
 }
 __device__ constexpr int dh_boff(int l) { return l <= 1 ? 0 : dh_boff(l - 1) + dh_dim(l); }
 
+// DH_VEC features at src (aligned to their size) as floats.
+__device__ __forceinline__ void dh_load(const dh_in_t* src, float* v) {
+#if DH_IN_HALF && DH_VEC > 1
+#if DH_VEC == 8
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+#else
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
+#endif
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < DH_VEC / 2; ++i) {
+    const float2 f = __half22float2(h[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+#elif DH_IN_HALF
+  v[0] = __half2float(__ldg(src));
+#elif DH_VEC == 4
+  const float4 f = __ldg(reinterpret_cast<const float4*>(src));
+  v[0] = f.x;
+  v[1] = f.y;
+  v[2] = f.z;
+  v[3] = f.w;
+#else
+  v[0] = __ldg(src);
+#endif
+}
+
 // flags: bit 0 write probs (B, N_classes) fp32; bit 1 write labels (B,) uint8.
 extern "C" __global__ void __launch_bounds__(DH_THREADS)
-dense_head(const float* __restrict__ feat, const float* __restrict__ w1t,
+dense_head(const dh_in_t* __restrict__ feat, const float* __restrict__ w1t,
            const float* __restrict__ b1, const float* __restrict__ wtail,
            const float* __restrict__ btail, float* __restrict__ probs,
            unsigned char* __restrict__ labels, int B, int flags) {
@@ -156,17 +196,12 @@ dense_head(const float* __restrict__ feat, const float* __restrict__ w1t,
       const int e = t + r * DH_THREADS;
       const int row = e / (DH_KC / DH_VEC), k = k0 + (e % (DH_KC / DH_VEC)) * DH_VEC;
       const long long img = min(img0 + row, B - 1);
-      const float* src = feat + img * DH_F + k;
-#if DH_VEC == 4
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (k < DH_F) v = __ldg(reinterpret_cast<const float4*>(src));
-      xr[4 * r] = v.x;
-      xr[4 * r + 1] = v.y;
-      xr[4 * r + 2] = v.z;
-      xr[4 * r + 3] = v.w;
-#else
-      xr[r] = k < DH_F ? __ldg(src) : 0.f;
-#endif
+      if (k < DH_F) {
+        dh_load(feat + img * DH_F + k, &xr[DH_VEC * r]);
+      } else {
+#pragma unroll
+        for (int v = 0; v < DH_VEC; ++v) xr[DH_VEC * r + v] = 0.f;
+      }
     }
 #pragma unroll
     for (int r = 0; r < DH_WLD; ++r) {
