@@ -16,8 +16,8 @@ channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
 (`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
 writes directly (elsewhere a cast follows the block that writes it).
 Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
-in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16' and
-writing its features for kernel 30 in fp16 too (half of the bytes that bound the head).
+in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16' (and, asked
+with head.half = 1, writing the head's features in fp16).
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
@@ -163,12 +163,12 @@ class FusedLeNet:
     model: a zoo model (models.MODELS); its conv+ReLU+pool blocks and linear head come from
     the model's layer list. mode: 'exact' (fp32 FFMA, or 3xfp16 on rung 28 for the wide
     layers: matches an fp64 forward to ~1e-6), 'tf32' or 'fp16' (tensor cores where a block's
-    shape takes them, fp32 accumulate; the head computes in fp32, and in mode 'fp16' kernel 30
-    reads the last block's features as fp16 where rung 28 writes them). For ece408, mode 'fp16'
-    hands the pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
+    shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the
+    pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
-    head: kernel 20's imgs, or kernel 30's imgs, kc and half: 0 keeps fp32 features in mode
-    'fp16') for benchmarks; what is left out is each kernel's measured default.
+    head: kernel 20's imgs, or kernel 30's imgs, kc and half: 1 hands it fp16 features in mode
+    'fp16' where rung 28 writes them) for benchmarks; what is left out is each kernel's
+    measured default.
     """
 
     def __init__(self, params: Mapping[str, Any], mode: str = "exact",
@@ -268,10 +268,11 @@ class FusedLeNet:
         return runs, buffers
 
     def _features_dtype(self) -> str:
-        """What the last block writes for the head, where its kernel can: fp16 in mode 'fp16'
-        for kernel 30 (half the bytes written and read: the head's sums stay fp32); kernel
-        parameter head.half = 0 keeps fp32."""
-        half = int(self._kernel_params.get("head", {}).get("half", 1))
+        """What the last block writes for the head, where its kernel can: fp32, or with kernel
+        parameter head.half = 1 in mode 'fp16' fp16 for kernel 30 (half the bytes, the head's
+        sums in fp32). Off by default: on the wide models the forward measured 1-2 % slower
+        with it (docs/raw.md)."""
+        half = int(self._kernel_params.get("head", {}).get("half", 0))
         return ("float16" if self.mode == "fp16" and self._lenet_head is None and half
                 else "float32")
 
