@@ -139,11 +139,6 @@ def tc_supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = No
 
 RP_MAX_K = 7  # two outputs an A row: 8 - K + 1 >= 2
 RP_WARPS = 4
-# Warps an SM the registers must allow (FF_MINB = this / warps): fp16's 95 registers held 5
-# blocks of 4 warps, issue-bound (ncu); capped for 6 (80 registers) the raw forward ran 0.770 /
-# 0.815 ms against 0.802 / 0.851 (eecs498 / mxnet, B = 10,000, H200, docs/raw.md). The split
-# (3xfp16, 138 registers) asks for nothing (3 blocks).
-RP_SM_WARPS = {False: 24, True: 0}
 RP_SCALE = 14  # the largest |operand| scaled into [2^RP_SCALE, 2^(RP_SCALE + 1)) for 3xfp16
 RP_EMAX = 60  # the kernel's FR_EMAX: both scale exponents stay within +-RP_EMAX
 
@@ -333,9 +328,8 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
         raise ValueError(f"rung 29c: {tph} pooled rows a block of {shape} exceed the static "
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
                          f"is not in 1..32")
-    minb = int(params.get("minb") or max(1, RP_SM_WARPS[split] // warps))
     defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,
-               "FR_WARPS": warps, "FF_MINB": minb}
+               "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1)}
     return FirstPlan(f"fr_conv_pool_{entry}", defines, 32 * warps, ceil_div(hp, tph), shape.M)
 
 
