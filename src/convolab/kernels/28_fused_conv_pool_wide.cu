@@ -36,7 +36,7 @@
 // 1 / (s_w s_a), exactly (powers of two). Accumulation is fp32.
 // FW_IN_HALF 1: the input is fp16 NCHW (a previous layer's fp16 output), else fp32 NCHW.
 // FW_OUT_HALF 1: the pooled output is stored as fp16 (rounded to nearest even) for a reader
-// of fp16 features: half the bytes written here and read by the head.
+// of fp16 activations (kernel 30 takes them; the zoo's forward was no faster with it).
 // Only finite reads: the padded tail of a run reads the next pixel's channels (weight 0), so a
 // NaN input pixel may also spread to the horizontally adjacent window (tensor-core rungs'
 // NaN policy: a NaN window is NaN, other images are untouched).
