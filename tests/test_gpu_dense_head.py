@@ -150,11 +150,6 @@ def test_head_defines_cover_the_outputs(rng: np.random.Generator) -> None:
         assert dh.THREADS % (d["DH_IMGS"] // d["DH_TI"] * og) == 0
     assert dh.head_defines([DenseLayer("a", 1023, 10, False)])["DH_VEC"] == 1
     assert dh.head_defines([DenseLayer("a", 1024, 10, False)])["DH_VEC"] == 4
-    # fp16 features: 16-byte loads (8) where the row and the chunk split into them, else 8-byte
-    half = [DenseLayer("a", n, 10, False) for n in (1024, 1020, 1023)]
-    assert [dh.head_defines([x], half=True)["DH_VEC"] for x in half] == [8, 4, 1]
-    assert dh.head_defines(half[:1], imgs=16, kc=64, half=True)["DH_VEC"] == 4
-    assert dh.head_defines(half[:1], vec=1, half=True)["DH_VEC"] == 1
     with pytest.raises(ValueError, match="outputs in the first layer"):
         dh.head_defines([DenseLayer("a", 100, 300, False)])
     with pytest.raises(ValueError, match="shared memory"):
@@ -224,8 +219,6 @@ def test_smem_bytes_agree_with_kernel(rng: np.random.Generator) -> None:
     ({"DH_OG": 1}, "cover DH_N1"),
     ({"DH_KC": 60}, "DH_KC"),
     ({"DH_F": 1023}, "DH_VEC 4"),
-    ({"DH_VEC": 8}, "DH_VEC must be 1 or 4"),  # 8 only with fp16 features
-    ({"DH_VEC": 8, "DH_IN_HALF": 1, "DH_F": 1020}, "DH_VEC 4 or 8"),
     ({"DH_L": 5}, "DH_L"),
 ])
 def test_kernel_rejects_bad_defines(defines: dict[str, int], message: str) -> None:
@@ -236,13 +229,6 @@ def test_kernel_rejects_bad_defines(defines: dict[str, int], message: str) -> No
 # ---- the kernel source on the CPU -----------------------------------------------------------
 
 EMU = CUDA_SHIM + r"""
-struct float2 { float x, y; };
-struct uint2 { unsigned x, y; };
-struct uint4 { unsigned x, y, z, w; };
-typedef _Float16 __half;
-struct __half2 { __half x, y; };
-inline float __half2float(__half h) { return (float)h; }
-inline float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
 std::barrier<>* block_bar;
 inline void __syncthreads() { block_bar->arrive_and_wait(); }
 alignas(16) float dh_smem[227 * 1024 / 4];
@@ -266,7 +252,7 @@ static size_t count(const char* dir, const char* name, size_t size) {
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int B = atoi(argv[2]), flags = atoi(argv[3]);
-  dh_in_t* feat = read<dh_in_t>(dir, "feat.bin", count(dir, "feat.bin", sizeof(dh_in_t)));
+  float* feat = read<float>(dir, "feat.bin", count(dir, "feat.bin", 4));
   float* w1t = read<float>(dir, "w1t.bin", count(dir, "w1t.bin", 4));
   float* b1 = read<float>(dir, "b1.bin", count(dir, "b1.bin", 4));
   float* wtail = read<float>(dir, "wtail.bin", count(dir, "wtail.bin", 4));
@@ -300,8 +286,7 @@ SENTINEL = 7  # rows past B in the outputs, which must stay untouched
 
 def _emulate(tmp_path: Path, layers: list[DenseLayer], p: dict[str, np.ndarray],
              feat: np.ndarray, imgs: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's (probs, labels) on the CPU; fp16 features run its fp16 define set."""
-    d = dh.head_defines(layers, imgs, kc=kc, half=feat.dtype == np.float16)
+    d = dh.head_defines(layers, imgs, kc=kc)
     source = KERNEL.read_text().replace('#include "common.cuh"', "")
     assert "asm" not in source, "inline PTX the emulator does not know"
     (tmp_path / "kernel.inc").write_text(source)
@@ -314,10 +299,10 @@ def _emulate(tmp_path: Path, layers: list[DenseLayer], p: dict[str, np.ndarray],
     batch, classes = len(feat), layers[-1].out_features
     arrays = dict(zip(("w1t", "b1", "wtail", "btail"), dh.pack_weights(layers, p, d),
                       strict=True))
+    arrays["feat"] = feat
     arrays["probs"] = np.full((batch + SENTINEL, classes), np.nan, np.float32)
     for name, a in arrays.items():
         np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
-    np.ascontiguousarray(feat).tofile(tmp_path / "feat.bin")  # float32 or float16
     np.full(batch + SENTINEL, 77, np.uint8).tofile(tmp_path / "labels.bin")
     run = subprocess.run([str(exe), str(tmp_path), str(batch), "3"], capture_output=True,
                          text=True, timeout=300)
@@ -348,10 +333,8 @@ def check_head(probs: np.ndarray, labels: np.ndarray | None, feat: np.ndarray,
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize("features", ["float32", "float16"])
 @pytest.mark.parametrize("case", list(MODELS) + ["random-odd", "random-deep"])
-def test_kernel_emulated_on_cpu(case: str, features: str, tmp_path: Path,
-                                rng: np.random.Generator) -> None:
+def test_kernel_emulated_on_cpu(case: str, tmp_path: Path, rng: np.random.Generator) -> None:
     if case in MODELS:
         layers, p = head_layers(case), zoo_params(case, rng)
     else:  # an odd F (scalar loads) or a deeper head with hidden widths off the tile sizes
@@ -364,11 +347,11 @@ def test_kernel_emulated_on_cpu(case: str, features: str, tmp_path: Path,
         p = random_params(rng, layers)
     imgs, kc = int(rng.choice(dh.IMGS_CHOICES)), int(rng.choice(dh.KC_CHOICES))
     batch = int(rng.choice([1, imgs - 1, imgs + 1, 2 * imgs + 3]))
-    feat = random_features(rng, batch, layers[0].in_features).astype(features)
+    feat = random_features(rng, batch, layers[0].in_features)
     if batch > 2:
         feat[batch // 2, 0] = np.nan  # also poisons a neighbour that reads past its row end
     probs, labels = _emulate(tmp_path, layers, p, feat, imgs, kc)
-    check_head(probs, labels, feat, layers, p)  # against fp64 of the features as given
+    check_head(probs, labels, feat, layers, p)
 
 
 # ---- on the GPU -------------------------------------------------------------------------------
@@ -387,13 +370,11 @@ def _gpu_run(cp: object, head: object, feat: np.ndarray, classes: int) -> tuple:
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("batch", [1, 31, 33, 1000, 10007])
-@pytest.mark.parametrize("features", ["float32", "float16"])
-def test_zoo_head_matches_fp64(model: str, batch: int, features: str,
-                               rng: np.random.Generator) -> None:
+def test_zoo_head_matches_fp64(model: str, batch: int, rng: np.random.Generator) -> None:
     import cupy as cp
 
     layers, p = head_layers(model), zoo_params(model, rng)
-    feat = random_features(rng, batch, layers[0].in_features).astype(features)
+    feat = random_features(rng, batch, layers[0].in_features)
     if batch > 2:
         feat[batch // 2, 5] = np.nan  # one image with a NaN feature: only its row is NaN
     probs, labels = _gpu_run(cp, dh.prepare_dense_head(model, p), feat, 10)
@@ -417,8 +398,7 @@ def test_random_heads_match_fp64(imgs: int, kc: int, rng: np.random.Generator) -
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("features", ["float32", "float16"])
-def test_head_is_deterministic_per_image_and_alignment(model: str, features: str,
+def test_head_is_deterministic_per_image_and_alignment(model: str,
                                                        rng: np.random.Generator) -> None:
     """Each image's sums run in a fixed order whatever its tile, batch or load width: the
     first 1000 images alone, a second launch, and a misaligned copy (scalar loads) give the
@@ -428,14 +408,14 @@ def test_head_is_deterministic_per_image_and_alignment(model: str, features: str
     layers, p = head_layers(model), zoo_params(model, rng)
     head = dh.prepare_dense_head(model, {k: cp.asarray(v) for k, v in p.items()})
     n = layers[0].in_features
-    feat = cp.asarray(random_features(rng, 5000, n).astype(features))
+    feat = cp.asarray(random_features(rng, 5000, n))
     full, again = cp.empty((5000, 10), cp.float32), cp.empty((5000, 10), cp.float32)
     labels, part = cp.empty(5000, cp.uint8), cp.empty((1000, 10), cp.float32)
     head(feat, full)
     head(feat, again, labels)
     head(feat[:1000], part)
-    flat = cp.empty(1000 * n + 1, features)
-    odd = flat[1:].reshape(1000, n)  # one element past a 16-byte boundary
+    flat = cp.empty(1000 * n + 1, cp.float32)
+    odd = flat[1:].reshape(1000, n)  # 4 bytes past a 16-byte boundary
     odd[...] = feat[:1000]
     shifted, only_labels = cp.empty((1000, 10), cp.float32), cp.empty(1000, cp.uint8)
     head(odd, shifted)

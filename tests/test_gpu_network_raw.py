@@ -213,10 +213,9 @@ def test_plan_chains_the_blocks(model: str, mode: str, raw_first: str | None,
     net = object.__new__(network.FusedLeNet)
     net._cp = SimpleNamespace(empty=np.empty, float16=np.float16, float32=np.float32)
     net.model, net.mode, net._kernel_params = model, mode, {}
-    net._lenet_head = True if network._uses_lenet_head(model) else None
     net.channels_last = network._channels_last_pair(model, mode)
     net.params = zoo_params(model, 0)
-    monkeypatch.setattr(net, "_float_run", lambda i, block, out_dtype="float32": ("float", i))
+    monkeypatch.setattr(net, "_float_run", lambda i, block: ("float", i))
     monkeypatch.setattr(net, "_first_run", lambda block, hw, out_dtype: None)
     monkeypatch.setattr(net, "_raw_first_block",
                         lambda block, hw: ("raw", 0) if raw_first == "fused" else None)
@@ -260,7 +259,6 @@ def _fake_net(model: str, mode: str) -> object:
     net = object.__new__(network.FusedLeNet)
     net._cp = SimpleNamespace(empty=np.empty, float16=np.float16, float32=np.float32)
     net.model, net.mode, net._kernel_params = model, mode, {}
-    net._lenet_head = True if network._uses_lenet_head(model) else None
     net.channels_last = network._channels_last_pair(model, mode)
     net.params = zoo_params(model, 0)
     return net
@@ -291,7 +289,7 @@ def test_plan_buffer_dtype_follows_the_next_run(model: str, raw: bool, next_read
                         else "float32")
 
     monkeypatch.setattr(net, "_first_run", first_run)
-    monkeypatch.setattr(net, "_float_run", lambda i, block, out_dtype="float32": _FakeRun(
+    monkeypatch.setattr(net, "_float_run", lambda i, block: _FakeRun(
         ("float", i), in_dtype=next_reads if i == 1 else None))
     monkeypatch.setattr(net, "_raw_first_block", lambda block, hw: pytest.fail("not asked"))
     blocks = conv_blocks(model, 7)

@@ -27,22 +27,11 @@ KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a t
 DEFAULT_KC = 64
 
 
-def load_width(n_in: int, chunk: int, half: bool = False, vector: bool = True) -> int:
-    """Features a thread loads at once (DH_VEC): 16 bytes where the row length allows and a
-    chunk of `chunk` features splits into whole loads of the block's threads (4 fp32 or 8 fp16
-    features; else 4 fp16, 8 bytes), else one."""
-    for width in ((8, 4) if half else (4,)) if vector else ():
-        if n_in % width == 0 and chunk % (width * THREADS) == 0:
-            return width
-    return 1
-
-
 def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: int = 4,
-                 kc: int = DEFAULT_KC, half: bool = False) -> dict[str, int]:
+                 kc: int = DEFAULT_KC) -> dict[str, int]:
     """The kernel's define set for a head: layer widths, ReLU bits, and the first layer's
     register tile (N1 outputs as OG groups of TO: the fewest groups with TO <= 8, a power of
-    two so that they divide the 256 threads). vec > 1: vector loads (load_width), 1: scalar;
-    half: the features are fp16."""
+    two so that they divide the 256 threads)."""
     if not 1 <= len(layers) <= MAX_LAYERS:
         raise ValueError(f"dense head: 1..{MAX_LAYERS} linear layers, got {len(layers)}")
     if imgs not in IMGS_CHOICES or kc not in KC_CHOICES:
@@ -55,13 +44,13 @@ def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: in
     if og * imgs // TI > THREADS:
         raise ValueError(f"dense head: {n1} outputs in the first layer is over the "
                          f"{THREADS // (imgs // TI) * MAX_TO} a tile of {imgs} images allows")
-    vec = load_width(layers[0].in_features, imgs * kc, half, vec > 1)
+    vec = 4 if vec == 4 and layers[0].in_features % 4 == 0 else 1
     widths = [layer.out_features for layer in layers] + [0] * (MAX_LAYERS - len(layers))
     d = {"DH_F": layers[0].in_features, "DH_L": len(layers),
          **{f"DH_N{i + 1}": w for i, w in enumerate(widths)},
          "DH_RELU": sum(1 << i for i, layer in enumerate(layers) if layer.relu),
          "DH_IMGS": imgs, "DH_TI": TI, "DH_TO": ceil_div(n1, og), "DH_OG": og, "DH_KC": kc,
-         "DH_VEC": vec, "DH_IN_HALF": int(half)}
+         "DH_VEC": vec}
     smem = smem_bytes(d)
     if smem > MAX_SMEM:
         raise ValueError(f"dense head: {smem} bytes of shared memory (widest layer "
@@ -125,9 +114,8 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
     """`dense_head` for these layers, weights packed and uploaded once:
     run(features, probs=None, labels=None).
 
-    features: (B, F) fp32 or fp16 device array (or any C-contiguous (B, ...) holding F values
-    an image, e.g. the last conv block's pooled (B, C, H, W) output as is; fp16 features are
-    read as such, the sums stay fp32); probs: (B, classes) fp32 and
+    features: (B, F) fp32 device array (or any C-contiguous (B, ...) holding F values an image,
+    e.g. the last conv block's pooled (B, C, H, W) output as is); probs: (B, classes) fp32 and
     labels: (B,) uint8, device arrays, written (at least one). A label is the first index of
     the largest probability, or NAN_LABEL where the probabilities are NaN.
     """
@@ -139,17 +127,14 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
     base = head_defines(layers, imgs, kc=kc)
     packed = [cp.asarray(a) for a in pack_weights(layers, params, base)]
     n_in, n_classes = layers[0].in_features, layers[-1].out_features
-    kernels: dict[tuple[bool, bool], tuple[Any, int]] = {}
+    kernels: dict[int, Any] = {}
 
-    def kernel(half: bool, vector: bool) -> tuple[Any, int]:
-        """The define set's kernel and its load width: vector loads for aligned rows, else
-        scalar ones."""
-        if (half, vector) not in kernels:
-            d = head_defines(layers, imgs, 4 if vector else 1, kc, half)
-            k = get_kernel(KERNEL_FILE, "dense_head", d)
-            k.max_dynamic_shared_size_bytes = smem_bytes(d)
-            kernels[half, vector] = k, d["DH_VEC"]
-        return kernels[half, vector]
+    def kernel(vec: int) -> Any:  # the float4 variant for aligned rows, else the scalar one
+        if vec not in kernels:
+            d = head_defines(layers, imgs, vec, kc)
+            kernels[vec] = get_kernel(KERNEL_FILE, "dense_head", d)
+            kernels[vec].max_dynamic_shared_size_bytes = smem_bytes(d)
+        return kernels[vec]
 
     smem = smem_bytes(base)
     dummy_probs, dummy_labels = cp.empty(1, cp.float32), cp.empty(1, cp.uint8)
@@ -158,23 +143,19 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
         if probs is None and labels is None:
             raise ValueError("dense head: ask for probs, labels or both")
         batch = int(features.shape[0]) if features.ndim else -1
-        if (features.dtype not in (cp.float32, cp.float16) or not features.flags.c_contiguous
-                or batch < 0 or features.size != batch * n_in):
-            raise ValueError(f"dense head: features must be a contiguous float32 or float16 "
-                             f"device array of shape (B, {n_in}), got {features.dtype} "
-                             f"{features.shape}")
+        if (features.dtype != cp.float32 or not features.flags.c_contiguous or batch < 0
+                or features.size != batch * n_in):
+            raise ValueError(f"dense head: features must be a contiguous float32 device array "
+                             f"of shape (B, {n_in}), got {features.dtype} {features.shape}")
         _check("probs", probs, (batch, n_classes), cp.float32)
         _check("labels", labels, (batch,), cp.uint8)
         if labels is not None and n_classes > NAN_LABEL:
             raise ValueError(f"dense head: uint8 labels hold at most {NAN_LABEL} classes")
         if batch == 0:
             return
-        half = features.dtype == cp.float16
-        fn, width = kernel(half, True)
-        if features.data.ptr % (width * features.itemsize):
-            fn, _ = kernel(half, False)
+        vec = base["DH_VEC"] if features.data.ptr % 16 == 0 else 1
         flags = (probs is not None) | (labels is not None) << 1
-        fn((ceil_div(batch, imgs),), (THREADS,),
+        kernel(vec)((ceil_div(batch, imgs),), (THREADS,),
                     (features, *packed, dummy_probs if probs is None else probs,
                      dummy_labels if labels is None else labels, np.int32(batch),
                      np.int32(flags)), shared_mem=smem)
@@ -191,10 +172,8 @@ def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int = DEFAUL
 
 
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
-    """Every zoo model's head, vector and scalar loads of fp32 and fp16 features
-    (tests/test_nvcc_compile.py)."""
+    """Every zoo model's head, float4 and scalar loads (tests/test_nvcc_compile.py)."""
     from convolab.models import MODELS
 
-    return {f"dense-head {m} (dense_head)": [
-        (KERNEL_FILE, head_defines(head_layers(m), vec=v, half=h))
-        for h in (False, True) for v in (4, 1)] for m in MODELS}
+    return {f"dense-head {m} (dense_head)": [(KERNEL_FILE, head_defines(head_layers(m), vec=v))
+                                             for v in (4, 1)] for m in MODELS}

@@ -5,8 +5,8 @@ C*K*K reduction: the wider zoo models' conv2), in fp16, tf32, or fp32-exact as 3
 
 `wide_plan` sizes the kernel (its defines mirror the kernel's FW_* arithmetic, and the CPU
 emulator test checks that they agree); `wide_fragments` packs the weights in the kernel's
-per-lane B-fragment order; `prepare(shape, weight, bias, kernel_params, precision, in_dtype,
-out_dtype=)` returns run(x, out) for fp32 or fp16 NCHW input and output. The registry entries
+per-lane B-fragment order; `prepare(shape, weight, bias, kernel_params, precision, in_dtype)`
+returns run(x, out) for fp32 or fp16 NCHW input. The registry entries
 `fused-conv-pool{2,4}-wide-{tc,tf32,3xtf32,3xfp16}` wrap it for fp32 input. Nothing here imports
 CuPy at module import time.
 """
@@ -234,11 +234,10 @@ def block_warps(smem: int) -> tuple[int, int]:
     return warps, max(1, min(blocks, SM_WARPS // warps))
 
 
-def _in_dtype_name(dtype: Any, what: str = "input") -> str:
-    """The name of an input (or output) dtype rung 28 takes (IN_DTYPES)."""
-    name = np.dtype(dtype).name
+def _in_dtype_name(in_dtype: Any) -> str:
+    name = np.dtype(in_dtype).name
     if name not in IN_DTYPES:
-        raise InputError(f"fcp_wide: {what} dtype must be one of {IN_DTYPES}, got {name}")
+        raise InputError(f"fcp_wide: input dtype must be one of {IN_DTYPES}, got {name}")
     return name
 
 
@@ -272,17 +271,15 @@ def _split(precision: str, params: Mapping[str, Any]) -> int:
 
 
 def wide_plan(shape: ConvShape, pool: int, precision: str,
-              params: Mapping[str, Any] | None = None, in_dtype: Any = "float32",
-              out_dtype: Any = "float32") -> WidePlan:
+              params: Mapping[str, Any] | None = None, in_dtype: Any = "float32") -> WidePlan:
     """Defines and launch geometry; params (SPACE) may fix warps, units, rows, prefetch, minb,
-    bps (0: chosen here). out_dtype float16 stores the pooled output rounded to fp16."""
+    bps (0: chosen here)."""
     reason = why_not(shape, pool, precision)
     if reason is not None:
         raise InputError(f"fcp_wide does not take {shape} with pool {pool}: {reason}")
     params = params or {}
     _check_params(params)
     in_name = _in_dtype_name(in_dtype)
-    out_name = _in_dtype_name(out_dtype, "output")
     rows = int(params.get("rows") or 1)
     if (shape.H_out // pool) < rows:
         rows = 1  # the output is lower than one unit
@@ -296,7 +293,6 @@ def wide_plan(shape: ConvShape, pool: int, precision: str,
         warps, minb = int(params["warps"]), 1
     defines = {
         "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_name == "float16"),
-        "FW_OUT_HALF": int(out_name == "float16"),
         "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_WS": pitch,
         "FW_M": shape.M, "FW_K": shape.K,
         "FW_P": pool, "FW_WARPS": warps, "FW_UNITS": units, "FW_RP": rows,
@@ -349,23 +345,21 @@ def weight_exponent(w: np.ndarray) -> int:
 
 
 def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str, Any],
-            precision: str, in_dtype: Any = "float32", *, pool: int,
-            out_dtype: Any = "float32") -> Run:
+            precision: str, in_dtype: Any = "float32", *, pool: int) -> Run:
     """run(x, out): x (B, C, H, W) NCHW in `in_dtype` (float32 or float16), out
-    (B, M, Ho // pool, Wo // pool) in `out_dtype` (float32, or float16 rounded to nearest
-    even), written with maxpool(relu(conv(x, weight) + bias)).
+    (B, M, Ho // pool, Wo // pool) float32, written with maxpool(relu(conv(x, weight) + bias)).
     kernel_params may fix warps, units, rows, prefetch, minb, bps (SPACE; 0 or absent: chosen)."""
-    return _prepare(shape, pool, precision, weight, bias, kernel_params, in_dtype, out_dtype)
+    return _prepare(shape, pool, precision, weight, bias, kernel_params, in_dtype)
 
 
 def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any,
-             params: Mapping[str, Any], in_dtype: Any, out_dtype: Any = "float32") -> Run:
+             params: Mapping[str, Any], in_dtype: Any) -> Run:
     from convolab.backend import require_cupy, to_numpy
     from convolab.gpu.compile import get_kernel
     from convolab.gpu.device import occupancy, sm_count
 
-    plan = wide_plan(shape, pool, precision, params, in_dtype, out_dtype)
-    in_name, out_name = _in_dtype_name(in_dtype), _in_dtype_name(out_dtype, "output")
+    plan = wide_plan(shape, pool, precision, params, in_dtype)
+    in_name = _in_dtype_name(in_dtype)
     w_h = np.asarray(to_numpy(weight), np.float32)
     if w_h.shape != shape.w_shape:
         raise InputError(f"fcp_wide: weights have shape {w_h.shape}, {shape} needs "
@@ -392,8 +386,7 @@ def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any
             kernel(grid, (threads,), (x, frag, b_d, y, batch, w_unscale), shared_mem=plan.smem)
 
     run.grid = grid  # type: ignore[attr-defined]  # for tests and benchmarks
-    run.in_dtype = in_name  # type: ignore[attr-defined]  # FusedLeNet's plan reads them
-    run.out_dtype = out_name  # type: ignore[attr-defined]
+    run.in_dtype = in_name  # type: ignore[attr-defined]  # FusedLeNet's plan reads it
     return run
 
 
@@ -438,18 +431,15 @@ def zoo_wide_layers() -> list[tuple[ConvShape, int]]:
 
 
 def compile_variants(pool: int, precision: str) -> list[dict[str, int]]:
-    """The define sets the host compiles: each zoo layer's default plan, fp32 and fp16 input,
-    and in fp16 the network's fp16 output as well."""
+    """The define sets the host compiles: each zoo layer's default plan, fp32 and fp16 input."""
     out: list[dict[str, int]] = []
-    outs = IN_DTYPES if precision == "fp16" else ("float32",)
     for shape, p in zoo_wide_layers():
         if p != pool or not supports(shape, p, precision):
             continue
         for in_dtype in IN_DTYPES:
-            for out_dtype in outs:
-                defines = wide_plan(shape, p, precision, {}, in_dtype, out_dtype).defines
-                if defines not in out:
-                    out.append(defines)
+            defines = wide_plan(shape, p, precision, {}, in_dtype).defines
+            if defines not in out:
+                out.append(defines)
     return out
 
 

@@ -16,8 +16,7 @@ channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
 (`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
 writes directly (elsewhere a cast follows the block that writes it).
 Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
-in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16' (and, asked
-with head.half = 1, writing the head's features in fp16).
+in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16'.
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
@@ -166,9 +165,8 @@ class FusedLeNet:
     shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the
     pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
-    head: kernel 20's imgs, or kernel 30's imgs, kc and half: 1 hands it fp16 features in mode
-    'fp16' where rung 28 writes them) for benchmarks; what is left out is each kernel's
-    measured default.
+    head: kernel 20's imgs, or kernel 30's imgs and kc) for benchmarks; what is left out is each
+    kernel's measured default.
     """
 
     def __init__(self, params: Mapping[str, Any], mode: str = "exact",
@@ -236,10 +234,8 @@ class FusedLeNet:
         where it cannot, a cast follows it."""
         cp = self._cp
         blocks = conv_blocks(self.model, batch)
-        features = self._features_dtype()
-        later = [self._float_run(i, block, features if i == len(blocks) - 1 else "float32")
-                 for i, block in enumerate(blocks) if i > 0]
-        reads = [_in_dtype(run) for run in later] + [features]
+        later = [self._float_run(i, block) for i, block in enumerate(blocks) if i > 0]
+        reads = [_in_dtype(run) for run in later] + ["float32"]  # the head reads fp32
         runs: list[Callable] = []
         buffers: list[Any] = [None]
         first = self._first_run(blocks[0], raw_hw, reads[0])
@@ -262,19 +258,10 @@ class FusedLeNet:
                 continue
             writes = str(getattr(run, "out_dtype", "float32"))
             buffers.append(cp.empty((batch, b.M, hp, wp), writes))
-            if writes != reads[i] and i + 1 < len(blocks):  # the head reads either
+            if writes != reads[i]:
                 runs.append(cast_into)
                 buffers.append(cp.empty((batch, b.M, hp, wp), reads[i]))
         return runs, buffers
-
-    def _features_dtype(self) -> str:
-        """What the last block writes for the head, where its kernel can: fp32, or with kernel
-        parameter head.half = 1 in mode 'fp16' fp16 for kernel 30 (half the bytes, the head's
-        sums in fp32). Off by default: on the wide models the forward measured 1-2 % slower
-        with it (docs/raw.md)."""
-        half = int(self._kernel_params.get("head", {}).get("half", 0))
-        return ("float16" if self.mode == "fp16" and self._lenet_head is None and half
-                else "float32")
 
     def _first_run(self, block: ConvBlock, raw_hw: tuple[int, int] | None,
                    out_dtype: str) -> Callable | None:
@@ -295,10 +282,9 @@ class FusedLeNet:
         return fused_first.prepare(block.shape, block.pool, p[f"{block.name}.weight"],
                                    p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision)
 
-    def _float_run(self, i: int, block: ConvBlock, out_dtype: str = "float32") -> Callable:
+    def _float_run(self, i: int, block: ConvBlock) -> Callable:
         """Block i's run on float input (fp16 channels-last for ece408's fp16 pair; rung 28
-        declares the input it reads, fp16 in mode 'fp16', and writes `out_dtype`; the other
-        rungs write fp32)."""
+        declares the input it reads, fp16 in mode 'fp16')."""
         p, kp = self.params, self._kernel_params.get(block.name, {})
         w, bias = p[f"{block.name}.weight"], p[f"{block.name}.bias"]
         if self.channels_last:
@@ -311,8 +297,7 @@ class FusedLeNet:
         wide = fused_wide.network_precision(block.shape, block.pool, NETWORK_MODES[self.mode])
         if wide is not None:
             return fused_wide.prepare(block.shape, w, bias, kp, wide,
-                                      fused_wide.network_in_dtype(wide), pool=block.pool,
-                                      out_dtype=out_dtype)
+                                      fused_wide.network_in_dtype(wide), pool=block.pool)
         return self._block_impl(block).prepare(block.shape, w, bias, kp)
 
     def _block_impl(self, block: ConvBlock) -> Any:

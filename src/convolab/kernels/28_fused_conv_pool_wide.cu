@@ -35,8 +35,6 @@
 // split once as it is staged into two images, hi and lo; the pooled sum is multiplied by
 // 1 / (s_w s_a), exactly (powers of two). Accumulation is fp32.
 // FW_IN_HALF 1: the input is fp16 NCHW (a previous layer's fp16 output), else fp32 NCHW.
-// FW_OUT_HALF 1: the pooled output is stored as fp16 (rounded to nearest even) for a reader
-// of fp16 activations (kernel 30 takes them; the zoo's forward was no faster with it).
 // Only finite reads: the padded tail of a run reads the next pixel's channels (weight 0), so a
 // NaN input pixel may also spread to the horizontally adjacent window (tensor-core rungs'
 // NaN policy: a NaN window is NaN, other images are untouched).
@@ -68,9 +66,6 @@
 #endif
 #ifndef FW_WS
 #define FW_WS FW_W  // staged row pitch in pixels (>= FW_W): the host pads it against conflicts
-#endif
-#ifndef FW_OUT_HALF
-#define FW_OUT_HALF 0
 #endif
 #ifndef FW_M
 #define FW_M 24
@@ -114,11 +109,6 @@ typedef float fw_t;
 typedef __half fw_in_t;
 #else
 typedef float fw_in_t;
-#endif
-#if FW_OUT_HALF
-typedef __half fw_out_t;
-#else
-typedef float fw_out_t;
 #endif
 
 #define FW_THREADS (FW_WARPS * 32)
@@ -491,7 +481,7 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
 // factors are powers of two (> 0): they commute with the max, and each product is exact.
 __device__ __forceinline__ void fw_store(const float (&acc)[FW_T][FW_NT][4], FwRows rows,
                                          int lane, const float* __restrict__ bias,
-                                         fw_out_t* __restrict__ y, size_t b, float w_unscale,
+                                         float* __restrict__ y, size_t b, float w_unscale,
                                          float a_unscale) {
   const int g = lane >> 2, t = lane & 3;
   const bool writer = rows.valid && (FW_P == 2 || (g & 1) == 0);
@@ -514,7 +504,7 @@ __device__ __forceinline__ void fw_store(const float (&acc)[FW_T][FW_NT][4], FwR
         const int m = n * 8 + 2 * t + e;
         if (writer && r >= rows.skip && m < FW_M)
           y[((b * FW_M + m) * FW_HP + rows.wy + r) * (size_t)FW_WP + rows.wx] =
-              fw_out_t(fmax_nan(v + __ldg(bias + m), 0.f));
+              fmax_nan(v + __ldg(bias + m), 0.f);
       }
 }
 
@@ -524,8 +514,7 @@ __device__ __forceinline__ void fw_store(const float (&acc)[FW_T][FW_NT][4], FwR
 // (ignored otherwise).
 extern "C" __global__ void __launch_bounds__(FW_THREADS, FW_MINB)
 fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
-         const float* __restrict__ bias, fw_out_t* __restrict__ y, int batch,
-         float w_unscale) {
+         const float* __restrict__ bias, float* __restrict__ y, int batch, float w_unscale) {
   extern __shared__ __align__(16) unsigned char fw_smem[];
   const uint2* w_s = reinterpret_cast<const uint2*>(fw_smem);
   fw_t* img = reinterpret_cast<fw_t*>(fw_smem + FW_WBYTES);

@@ -18,19 +18,12 @@
 // the remaining layers (weights from L1/L2, tiny), softmax, and the argmax, each image's sums in
 // a fixed order whatever its tile: results are deterministic and independent of B.
 //
-// What bounds it: reading the features, F x 4 bytes an image from HBM (188 MB for ece408-mxnet
+// What it costs: reading the features, F x 4 bytes an image from HBM (188 MB for ece408-mxnet
 // at B=10000, ~60 us at 3.2 TB/s); the first layer's weights are re-read from L2 once a tile,
 // F x N1P x 4 / DH_IMGS bytes an image (1.2-4 B per feature at the zoo's shapes), and its
 // F x N1 FMAs an image are 0.1-0.5 G at B=10000 (5-15 us of FMA pipes). Outputs: N_classes x 4
 // bytes of probabilities and/or 1 byte of label an image, staged in shared memory and written
 // coalesced.
-//
-// DH_IN_HALF 1: the features are fp16 (e.g. a conv block's fp16 output); the sums stay fp32.
-// Half the feature bytes did not make the zoo heads faster (H200, ece408-mxnet: 99 us against
-// 92): Nsight Compute puts them at 43 % of DRAM bandwidth but 82 % of L1 (the shared-memory
-// reads of the k loop, 9 a thread for 20 FMAs) with 2-3 blocks an SM (313 tiles on 132 SMs,
-// SMs active 79 % of the time). DH_VEC counts features a load: 4 (16 bytes of fp32, 8 of
-// fp16) or, for fp16, 8 (16 bytes).
 //
 // NaN policy (conv_cpu): a NaN feature makes every first-layer output of its image NaN (NaN
 // times any weight, zero included, is NaN), ReLU is fmax_nan, so the image's probabilities are
@@ -42,7 +35,11 @@
 //
 // Measured (H100, B=10000, imgs 32, kc 64, probs + labels): ece408 0.057 ms (kernel 20: 0.037,
 // its 128 KB of F5 weights stay in shared memory), ece408-mxnet 0.100 ms (1.9 TB/s of
-// features), eecs498 0.069 ms (1.7 TB/s); max |p - p_fp64| <= 4e-7.
+// features), eecs498 0.069 ms (1.7 TB/s); max |p - p_fp64| <= 4e-7. Not the feature bytes:
+// Nsight Compute (H200, mxnet, 91 us) has DRAM at 43 % and L1 at 82 % (the k loop's 9
+// shared-memory reads for 20 FMAs a thread), and 313 tiles fill 2-3 of the 4 blocks an SM
+// holds (SMs active 79 % of the time); fp16 features were slower (99 us), other tiles too
+// (docs/raw.md).
 
 #include "common.cuh"
 
@@ -83,15 +80,7 @@
 #define DH_KC 64  // k a chunk
 #endif
 #ifndef DH_VEC
-#define DH_VEC 4  // features loaded DH_VEC at a time (needs DH_F % DH_VEC == 0, aligned rows)
-#endif
-#ifndef DH_IN_HALF
-#define DH_IN_HALF 0
-#endif
-#if DH_IN_HALF
-typedef __half dh_in_t;
-#else
-typedef float dh_in_t;
+#define DH_VEC 4  // features loaded 4 at a time (needs DH_F % 4 == 0 and 16-byte aligned rows)
 #endif
 
 #define DH_THREADS 256
@@ -125,11 +114,11 @@ typedef float dh_in_t;
 #if DH_XFL % 2 != 0
 #error "DH_IMGS must be even (the weight buffers are read as float4)"
 #endif
-#if DH_VEC != 1 && DH_VEC != 4 && !(DH_VEC == 8 && DH_IN_HALF)
-#error "DH_VEC must be 1 or 4 (or 8 with fp16 features)"
+#if DH_VEC != 1 && DH_VEC != 4
+#error "DH_VEC must be 1 or 4"
 #endif
-#if DH_F % DH_VEC != 0
-#error "DH_VEC 4 or 8 needs DH_F % DH_VEC == 0"
+#if DH_VEC == 4 && DH_F % 4 != 0
+#error "DH_VEC 4 needs DH_F % 4 == 0"
 #endif
 #if DH_SMEM_BYTES > 227 * 1024
 #error "shared memory over the 227 KB a block may have on sm_90"
@@ -147,37 +136,9 @@ __device__ constexpr int dh_woff(int l) {  // layer l >= 1 (0-based), weights (N
 }
 __device__ constexpr int dh_boff(int l) { return l <= 1 ? 0 : dh_boff(l - 1) + dh_dim(l); }
 
-// DH_VEC features at src (aligned to their size) as floats.
-__device__ __forceinline__ void dh_load(const dh_in_t* src, float* v) {
-#if DH_IN_HALF && DH_VEC > 1
-#if DH_VEC == 8
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
-#else
-  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
-#endif
-  const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-  for (int i = 0; i < DH_VEC / 2; ++i) {
-    const float2 f = __half22float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-#elif DH_IN_HALF
-  v[0] = __half2float(__ldg(src));
-#elif DH_VEC == 4
-  const float4 f = __ldg(reinterpret_cast<const float4*>(src));
-  v[0] = f.x;
-  v[1] = f.y;
-  v[2] = f.z;
-  v[3] = f.w;
-#else
-  v[0] = __ldg(src);
-#endif
-}
-
 // flags: bit 0 write probs (B, N_classes) fp32; bit 1 write labels (B,) uint8.
 extern "C" __global__ void __launch_bounds__(DH_THREADS)
-dense_head(const dh_in_t* __restrict__ feat, const float* __restrict__ w1t,
+dense_head(const float* __restrict__ feat, const float* __restrict__ w1t,
            const float* __restrict__ b1, const float* __restrict__ wtail,
            const float* __restrict__ btail, float* __restrict__ probs,
            unsigned char* __restrict__ labels, int B, int flags) {
@@ -199,12 +160,17 @@ dense_head(const dh_in_t* __restrict__ feat, const float* __restrict__ w1t,
       const int e = t + r * DH_THREADS;
       const int row = e / (DH_KC / DH_VEC), k = k0 + (e % (DH_KC / DH_VEC)) * DH_VEC;
       const long long img = min(img0 + row, B - 1);
-      if (k < DH_F) {
-        dh_load(feat + img * DH_F + k, &xr[DH_VEC * r]);
-      } else {
-#pragma unroll
-        for (int v = 0; v < DH_VEC; ++v) xr[DH_VEC * r + v] = 0.f;
-      }
+      const float* src = feat + img * DH_F + k;
+#if DH_VEC == 4
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (k < DH_F) v = __ldg(reinterpret_cast<const float4*>(src));
+      xr[4 * r] = v.x;
+      xr[4 * r + 1] = v.y;
+      xr[4 * r + 2] = v.z;
+      xr[4 * r + 3] = v.w;
+#else
+      xr[r] = k < DH_F ? __ldg(src) : 0.f;
+#endif
     }
 #pragma unroll
     for (int r = 0; r < DH_WLD; ++r) {
