@@ -1,7 +1,8 @@
 """`convolab bench --network`: a zoo model's whole forward at one batch, as rows.
 
 * fused variants: FusedLeNet(params, mode, kernel_params, model) for each `--variant`, from
-  float images on the device (`--input float`), or from raw uint8 bytes (`--input raw`):
+  float images on the device (`--input float`: a row replaying its CUDA graph, the default,
+  and one launching every kernel from the host), or from raw uint8 bytes (`--input raw`):
   device->device, host->host (pinned bytes in, labels out, chunks overlapping copies and
   kernels) and streaming 60,000 images host->host;
 * per-layer rows: a conv rung per layer (unfused) + CuPy ReLU/pool/linears/softmax, the
@@ -33,6 +34,8 @@ PER_LAYER_PLAIN = ("register-tiled", "fused-gemm", "tiled", "basic")
 PER_LAYER_FUSED = {2: "fused-conv-pool2", 4: "fused-conv-pool4"}
 DEFAULT_VARIANTS = (VariantSpec("exact"), VariantSpec("tf32"), VariantSpec("fp16"))
 BACK_TO_BACK = 10  # forwards between one pair of events for the back-to-back time
+# The row of a variant whose every forward launches its kernels from the host (no CUDA graph).
+LAUNCHES = " (kernel launches)"
 
 
 def _error_row(name: str, err: Exception) -> dict[str, Any]:
@@ -78,15 +81,18 @@ def variant_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarra
 
     rows = []
     for v in variants:
-        try:
-            net = FusedLeNet(params, mode=v.mode, kernel_params=v.kernel_params_dict(),
-                             model=model)
-        except Exception as err:
-            rows.append(_error_row(f"convolab {v.label}", err))
-            continue
-        row = _cupy_timed(f"convolab {v.label}", lambda net=net: net(x), batch, reps, ref)
-        rows.append({**row, "mode": v.mode, "kernel_params": v.kernel_params_dict(),
-                     "inputs": "float", "io": "device"})
+        for graphs in (True, False):
+            name = f"convolab {v.label}" + ("" if graphs else LAUNCHES)
+            try:
+                net = FusedLeNet(params, mode=v.mode, kernel_params=v.kernel_params_dict(),
+                                 model=model, graphs=graphs)
+            except Exception as err:
+                rows.append(_error_row(name, err))
+                break
+            row = _cupy_timed(name, lambda net=net: net(x), batch, reps, ref)
+            rows.append({**row, "mode": v.mode, "kernel_params": v.kernel_params_dict(),
+                         "inputs": "float", "io": "device", "graphs": graphs,
+                         **({"graph_error": net.graph_error} if net.graph_error else {})})
     return rows
 
 

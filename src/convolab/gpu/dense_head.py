@@ -21,35 +21,39 @@ MAX_TO = 8  # outputs a thread in the first layer: DH_TI x MAX_TO accumulators a
 MAX_SMEM = 227 * 1024
 NAN_LABEL = 255  # DH_NAN_LABEL: the label of an image whose probabilities are NaN
 DEFAULT_IMGS = 32  # images a tile: 313 tiles at B=10000, ~2.4 a SM on 132 SMs
-TI = 4  # images a thread
+TI = 4  # images a thread (default)
+TI_CHOICES = (2, 4, 8)  # 8: 13 shared-memory reads for 40 FMAs a k instead of 9 for 20
 IMGS_CHOICES = (16, 32, 64)
 KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a thread
 DEFAULT_KC = 64
 
 
 def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: int = 4,
-                 kc: int = DEFAULT_KC) -> dict[str, int]:
+                 kc: int = DEFAULT_KC, ti: int = TI) -> dict[str, int]:
     """The kernel's define set for a head: layer widths, ReLU bits, and the first layer's
-    register tile (N1 outputs as OG groups of TO: the fewest groups with TO <= 8, a power of
-    two so that they divide the 256 threads)."""
+    register tile (`ti` images by N1 outputs as OG groups of TO: the fewest groups with
+    TO <= 8, a power of two so that they divide the 256 threads)."""
     if not 1 <= len(layers) <= MAX_LAYERS:
         raise ValueError(f"dense head: 1..{MAX_LAYERS} linear layers, got {len(layers)}")
-    if imgs not in IMGS_CHOICES or kc not in KC_CHOICES:
-        raise ValueError(f"dense head: imgs must be one of {IMGS_CHOICES} and kc one of "
-                         f"{KC_CHOICES}, got {imgs}, {kc}")
+    if imgs not in IMGS_CHOICES or kc not in KC_CHOICES or ti not in TI_CHOICES:
+        raise ValueError(f"dense head: imgs must be one of {IMGS_CHOICES}, kc one of "
+                         f"{KC_CHOICES} and ti one of {TI_CHOICES}, got {imgs}, {kc}, {ti}")
     n1 = layers[0].out_features
     og = 1
     while ceil_div(n1, og) > MAX_TO:
         og *= 2
-    if og * imgs // TI > THREADS:
+    if og * imgs // ti > THREADS:
         raise ValueError(f"dense head: {n1} outputs in the first layer is over the "
-                         f"{THREADS // (imgs // TI) * MAX_TO} a tile of {imgs} images allows")
+                         f"{THREADS // (imgs // ti) * MAX_TO} a tile of {imgs} images allows")
+    if kc % (THREADS // (og * imgs // ti)) != 0:
+        raise ValueError(f"dense head: a tile of {imgs} images, {ti} a thread, splits k in "
+                         f"{THREADS // (og * imgs // ti)} groups, which kc = {kc} does not fill")
     vec = 4 if vec == 4 and layers[0].in_features % 4 == 0 else 1
     widths = [layer.out_features for layer in layers] + [0] * (MAX_LAYERS - len(layers))
     d = {"DH_F": layers[0].in_features, "DH_L": len(layers),
          **{f"DH_N{i + 1}": w for i, w in enumerate(widths)},
          "DH_RELU": sum(1 << i for i, layer in enumerate(layers) if layer.relu),
-         "DH_IMGS": imgs, "DH_TI": TI, "DH_TO": ceil_div(n1, og), "DH_OG": og, "DH_KC": kc,
+         "DH_IMGS": imgs, "DH_TI": ti, "DH_TO": ceil_div(n1, og), "DH_OG": og, "DH_KC": kc,
          "DH_VEC": vec}
     smem = smem_bytes(d)
     if smem > MAX_SMEM:
@@ -110,7 +114,8 @@ def _check(name: str, a: Any, shape: tuple[int, ...], dtype: Any) -> None:
 
 
 def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
-                   imgs: int = DEFAULT_IMGS, kc: int = DEFAULT_KC) -> Callable[..., None]:
+                   imgs: int = DEFAULT_IMGS, kc: int = DEFAULT_KC,
+                   ti: int = TI) -> Callable[..., None]:
     """`dense_head` for these layers, weights packed and uploaded once:
     run(features, probs=None, labels=None).
 
@@ -124,14 +129,14 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
     cp = require_cupy()
     layers = list(layers)
-    base = head_defines(layers, imgs, kc=kc)
+    base = head_defines(layers, imgs, kc=kc, ti=ti)
     packed = [cp.asarray(a) for a in pack_weights(layers, params, base)]
     n_in, n_classes = layers[0].in_features, layers[-1].out_features
     kernels: dict[int, Any] = {}
 
     def kernel(vec: int) -> Any:  # the float4 variant for aligned rows, else the scalar one
         if vec not in kernels:
-            d = head_defines(layers, imgs, vec, kc)
+            d = head_defines(layers, imgs, vec, kc, ti)
             kernels[vec] = get_kernel(KERNEL_FILE, "dense_head", d)
             kernels[vec].max_dynamic_shared_size_bytes = smem_bytes(d)
         return kernels[vec]
@@ -165,15 +170,18 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
 
 def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int = DEFAULT_IMGS,
-                       kc: int = DEFAULT_KC) -> Callable[..., None]:
+                       kc: int = DEFAULT_KC, ti: int = TI) -> Callable[..., None]:
     """The zoo model's head (`models.head_layers(model)`) on its parameters (Network.params()
     names, host or device arrays): run(features, probs=None, labels=None), see prepare_layers."""
-    return prepare_layers(head_layers(model), params, imgs, kc)
+    return prepare_layers(head_layers(model), params, imgs, kc, ti)
 
 
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
-    """Every zoo model's head, float4 and scalar loads (tests/test_nvcc_compile.py)."""
+    """Every zoo model's head, float4 and scalar loads, and the 8-image register tile
+    (tests/test_nvcc_compile.py)."""
     from convolab.models import MODELS
 
-    return {f"dense-head {m} (dense_head)": [(KERNEL_FILE, head_defines(head_layers(m), vec=v))
-                                             for v in (4, 1)] for m in MODELS}
+    return {f"dense-head {m} (dense_head)": [(KERNEL_FILE, head_defines(head_layers(m), vec=v,
+                                                                      ti=ti))
+                                             for v, ti in ((4, TI), (1, TI), (4, 8))]
+            for m in MODELS}

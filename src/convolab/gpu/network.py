@@ -24,6 +24,13 @@ while it stages its tile (kernels/resize.cuh, the rule of data.resize_bilinear, 
 mode's output is the same bits either way). A first layer whose kernel has no raw variant gets
 rung 25's standalone resize in front of it.
 
+Repeated calls replay a CUDA graph: the second forward of one batch size whose input and output
+lie where they lay before is captured (on a private stream) and from then on launched as one
+graph, so the host's per-kernel launch work (0.10-0.13 ms a forward, more than the head kernel
+takes) no longer runs ahead of the GPU. A graph reads its input where it was captured, so a
+replay is exact whatever the array there holds; it is dropped with the buffers it was captured
+on (`graphs=False` launches every kernel from the host every time).
+
 `FusedLeNet` takes a plain dict {name: array} (see models.param_shapes) so it does not depend on
 the framework's classes; `from_network(net)` adapts anything with a `params()` mapping. Nothing
 imports CuPy at module import time.
@@ -31,6 +38,7 @@ imports CuPy at module import time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -58,6 +66,9 @@ MAX_RAW_PIXELS = 96 * 96
 # larger steps spend less of the job filling and draining the pipeline).
 STREAM_CHUNK = 20_000
 STREAM_SLOTS = 3
+# Graphs kept per plan (one per input and output address pair): a caller whose arrays move
+# around gets a few, not one per call.
+GRAPHS_PER_PLAN = 4
 
 
 def image_shape(model: str = MODEL) -> tuple[int, int, int]:
@@ -165,13 +176,15 @@ class FusedLeNet:
     shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the
     pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
-    head: kernel 20's imgs, or kernel 30's imgs and kc) for benchmarks; what is left out is each
+    head: kernel 20's imgs, or kernel 30's imgs, kc and ti) for benchmarks; what is left out is each
     kernel's measured default.
+    graphs: replay a captured CUDA graph from the second forward with the same batch size and
+    input/output addresses (see the module docstring); False launches each kernel every time.
     """
 
     def __init__(self, params: Mapping[str, Any], mode: str = "exact",
                  kernel_params: Mapping[str, Mapping[str, Any]] | None = None,
-                 model: str = MODEL) -> None:
+                 model: str = MODEL, graphs: bool = True) -> None:
         if mode not in NETWORK_MODES:
             raise ValueError(f"FusedLeNet: mode must be one of {tuple(NETWORK_MODES)}, "
                              f"got {mode!r}")
@@ -192,6 +205,11 @@ class FusedLeNet:
                        for k, v in params.items() if k in want}
         self.classes = _classes(model)
         self._plans: dict[tuple[Any, ...], tuple[list[Callable], list[Any]]] = {}
+        self.graphs = graphs
+        self.graph_error: str | None = None  # why capturing failed, where it did
+        # per plan key: {(input address, output address): captured graph, or None once seen}
+        self._graphs: dict[tuple[Any, ...], dict[tuple[int, int], Any]] = {}
+        self._capture_stream: Any = None
         self._head = self._prepare_head()
 
     def _prepare_head(self) -> Callable[[Any, Any], None]:
@@ -202,11 +220,11 @@ class FusedLeNet:
             w5t = self._cp.ascontiguousarray(p["f5.weight"].T)
             return lambda feat, probs: run(feat, w5t, p["f5.bias"], p["f6.weight"],
                                            p["f6.bias"], probs)
-        from convolab.gpu.dense_head import DEFAULT_IMGS, DEFAULT_KC, prepare_dense_head
+        from convolab.gpu.dense_head import DEFAULT_IMGS, DEFAULT_KC, TI, prepare_dense_head
 
         head = self._kernel_params.get("head", {})
         return prepare_dense_head(self.model, p, int(head.get("imgs", DEFAULT_IMGS)),
-                                  int(head.get("kc", DEFAULT_KC)))
+                                  int(head.get("kc", DEFAULT_KC)), int(head.get("ti", TI)))
 
     # ---- device forward -------------------------------------------------------------------
     def _plan(self, batch: int, slot: int = 0,
@@ -218,7 +236,7 @@ class FusedLeNet:
             try:
                 self._plans[key] = self._new_plan(batch, raw_hw)
             except self._cp.cuda.memory.OutOfMemoryError:
-                self._plans.clear()  # cached buffers of other sizes go first
+                self._drop_plans()  # cached buffers of other sizes go first
                 self._cp.get_default_memory_pool().free_all_blocks()
                 raise _out_of_memory("the intermediates", batch, batch * bytes_per_image(
                     self.mode, False, self.model, raw_hw)) from None
@@ -334,16 +352,65 @@ class FusedLeNet:
 
         return fused_ffma.prepare_exact_raw(block.shape, block.pool, w, bias, kp, raw_hw)
 
+    def _drop_plans(self, key: tuple[Any, ...] | None = None) -> None:
+        """Forget one plan (or all) and the graphs captured on its buffers."""
+        for k in list(self._plans) if key is None else [key]:
+            self._plans.pop(k, None)
+            self._graphs.pop(k, None)
+
     def forward_into(self, x: Any, probs: Any, slot: int = 0) -> None:
         """Enqueue the forward of device batch x (float images, or raw uint8 images) on the
-        current stream, writing probs."""
-        batch = int(x.shape[0])
-        runs, buffers = self._plan(batch, slot, _raw_hw(x))
+        current stream, writing probs: as a captured graph where x and probs lie where they
+        lay in an earlier call with this plan (see the module docstring)."""
+        key = (int(x.shape[0]), slot, _raw_hw(x))
+        runs, buffers = self._plan(*key)
+        if not self.graphs:
+            self._launch(runs, buffers, x, probs)
+            return
+        graphs = self._graphs.setdefault(key, {})
+        where = (int(x.data.ptr), int(probs.data.ptr))
+        graph = graphs.get(where)
+        if graph is None and where in graphs:  # the second time here: capture
+            graph = graphs[where] = self._capture(runs, buffers, x, probs)
+        if graph is None or not self.graphs:
+            if len(graphs) >= GRAPHS_PER_PLAN:
+                graphs.pop(next(iter(graphs)))
+            graphs[where] = None
+            self._launch(runs, buffers, x, probs)
+        else:
+            graph.launch(self._cp.cuda.get_current_stream())
+
+    def _launch(self, runs: list[Callable], buffers: list[Any], x: Any, probs: Any) -> None:
         source = x
         for run, out in zip(runs, buffers[1:], strict=True):
             run(source, out)
             source = out
         self._head(source, probs)
+
+    def _capture(self, runs: list[Callable], buffers: list[Any], x: Any, probs: Any) -> Any:
+        """The forward's launches as a CUDA graph, captured on a private stream (capture
+        cannot run on the default stream); nothing runs until it is launched. Every kernel
+        ran once before (the first call), so nothing compiles or allocates during capture."""
+        cp = self._cp
+        if self._capture_stream is None:
+            self._capture_stream = cp.cuda.Stream(non_blocking=True)
+        stream = self._capture_stream
+        cuda_errors = (cp.cuda.runtime.CUDARuntimeError, cp.cuda.driver.CUDADriverError)
+        with stream:
+            stream.begin_capture()
+            ended = False
+            try:
+                self._launch(runs, buffers, x, probs)
+                ended = True
+                return stream.end_capture()
+            except cuda_errors as err:
+                # Something in the forward cannot be captured: say why, launch from the host.
+                self.graphs, self.graph_error = False, f"{type(err).__name__}: {err}"
+                return None
+            finally:
+                if not ended:  # a run raised mid-capture: end it, keep the run's error
+                    with contextlib.suppress(*cuda_errors):
+                        stream.end_capture()
 
     def __call__(self, x: Any) -> Any:
         cp = self._cp
@@ -368,10 +435,10 @@ class FusedLeNet:
         full, rest = divmod(n, step)
         for i in range(full):
             self.forward_into(x[i * step:(i + 1) * step], probs[i * step:(i + 1) * step])
-        self._plans.pop((step, 0, raw_hw), None)
+        self._drop_plans((step, 0, raw_hw))
         if rest:
             self.forward_into(x[full * step:], probs[full * step:])
-            self._plans.pop((rest, 0, raw_hw), None)
+            self._drop_plans((rest, 0, raw_hw))
         return probs
 
     def _check_batch(self, x: Any) -> None:
