@@ -376,6 +376,8 @@ EMU = CUDA_SHIM + BLOCK_SHIM + r"""
 #undef __shared__
 #define __shared__ static
 #include <memory>
+alignas(16) unsigned char fr_dyn_emu[64 * 1024];  // the dynamic shared memory (FR_OUT_SMEM)
+#define FR_DYN_SMEM fr_dyn_emu
 struct uint2 { unsigned x, y; };
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
@@ -443,6 +445,7 @@ int main(int argc, char** argv) {
   auto* y = read<ff_out>(dir, "y.bin", ny + 64);
   for (int blk = 0; blk < batch * tiles_h; ++blk) {
     static_assert(FR_THREADS == 32 * FR_WARPS);
+    std::memset(fr_dyn_emu, 0xFF, sizeof fr_dyn_emu);  // NaN in fp16 and fp32: unwritten shows
     run_block(blk, FR_THREADS, [=] {
 #ifdef RAW_INPUT
       fr_conv_pool_raw(x, taps, frag, bias, y, w_e, tiles_h);
@@ -512,6 +515,11 @@ EMULATED = [  # (shape, raw_hw, split, out_dtype, params): odd sizes, K 3/5/7, b
     (ConvShape(2, 1, 18, 18, 12, 7), (11, 13), False, "float32", {"rows": 3}),
     (ConvShape(1, 1, 14, 14, 7, 3), (28, 28), True, "float32", {"warps": 2}),
     (ConvShape(1, 1, 13, 13, 5, 5), (9, 9), True, "float32", {}),
+    # the output through shared memory: bands of rows, and fp32 whole images
+    (ConvShape(3, 1, 21, 19, 12, 7), None, False, "float16", {"rows": 3}),
+    (ConvShape(2, 1, 17, 17, 11, 5), (13, 11), True, "float32", {"osm": 1}),
+    (ConvShape(2, 1, 16, 16, 12, 5), None, False, "float16", {"osm": 0}),
+    (ConvShape(3, 1, 18, 18, 12, 7), (28, 28), False, "float16", {}),  # 8-byte runs
 ]
 
 

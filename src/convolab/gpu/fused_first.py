@@ -259,6 +259,7 @@ class FirstPlan:
     threads: int
     blocks_per_image: int
     channels: int  # output channels of a group (FF_MT, FF_GC; the layer's M for row pairs)
+    smem: int = 0  # dynamic shared memory a block (29c's staged output, FR_OUT_SMEM)
 
     @property
     def tensor_cores(self) -> bool:
@@ -292,7 +293,8 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
     29b's Toeplitz operand; params tc = 1 / 2 asks for one, -1 keeps FFMA), '3xfp16' 29c's split
     (else FFMA), 'fp32' FFMA. FFMA params may fix threads (pool windows per block), minb (blocks
     per SM the registers must allow) and mt (channels per group); tensor-core params warps,
-    minb and (29c) rows, pooled rows a block; 0 or absent means choose."""
+    minb and (29c) rows, pooled rows a block, and osm (1: the output through shared memory, the
+    default for fp16 output); 0 or absent means choose."""
     params = params or {}
     if out_dtype not in OUT_DTYPES or precision not in PRECISIONS:
         raise ValueError(f"rung 29: out_dtype must be one of {OUT_DTYPES} and precision one of "
@@ -328,9 +330,17 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
         raise ValueError(f"rung 29c: {tph} pooled rows a block of {shape} exceed the static "
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
                          f"is not in 1..32")
+    # The output through shared memory (osm = 1): whole sectors to L2, which fp16 output needs
+    # (an m-tile writes 16 bytes a channel); fp32's 32-byte runs do without (osm = 0).
+    half = base["FF_HALF"] == 1
+    osm = int(params.get("osm", int(half)))
+    if osm not in (0, 1):
+        raise ValueError(f"rung 29c: osm (output through shared memory) is 0 or 1, got {osm}")
     defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,
-               "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1)}
-    return FirstPlan(f"fr_conv_pool_{entry}", defines, 32 * warps, ceil_div(hp, tph), shape.M)
+               "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1), "FR_OUT_SMEM": osm}
+    smem = osm * shape.M * tph * pooled_hw(shape, 2)[1] * (HALF_BYTES if half else FLOAT_BYTES)
+    return FirstPlan(f"fr_conv_pool_{entry}", defines, 32 * warps, ceil_div(hp, tph), shape.M,
+                     smem)
 
 
 def _ffma_plan(shape: ConvShape, pool: int, params: Mapping[str, Any], base: dict[str, int],
@@ -398,6 +408,8 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
                          f"(want {shape.w_shape} and ({shape.M},))")
     cp = require_cupy()
     kernel = get_kernel(plan.kernel_file, plan.kernel, plan.defines)
+    if plan.smem:
+        kernel.max_dynamic_shared_size_bytes = plan.smem
     i32 = np.int32
     if plan.kernel_file == RP_KERNEL_FILE:
         frag, w_e = rowpair_fragments(w, bool(plan.defines["FR_SPLIT"]))
@@ -431,7 +443,8 @@ def _checked_run(kernel: Any, plan: FirstPlan, args: tuple[Any, ...], tail: tupl
             raise InputError(f"rung 29: out must be {out_dtype} {(n, *out_tail)}, got "
                              f"{out.dtype} {tuple(out.shape)}")
         if n:
-            kernel((n * plan.blocks_per_image,), (plan.threads,), (x, *args, out, *tail))
+            kernel((n * plan.blocks_per_image,), (plan.threads,), (x, *args, out, *tail),
+                   shared_mem=plan.smem)
 
     run.in_dtype = in_dtype.name  # type: ignore[attr-defined]
     run.out_dtype = out_dtype  # type: ignore[attr-defined]

@@ -28,6 +28,12 @@
 //
 // A block stages FR_TPH pooled rows' input (one image by default: the raw image's bytes once,
 // first_block.cuh) as fp16 (hi and lo with FR_SPLIT), then its warps take m-tiles of 8 runs.
+//
+// FR_OUT_SMEM = 1: the pooled maps go to dynamic shared memory first and leave the block as
+// whole sectors (one contiguous run of 8-byte stores where a block holds a whole image). Written
+// from the MMA fragments, an m-tile's outputs are 8 values of each of 12 channel planes: 16
+// bytes of a 32-byte sector per channel in fp16, so L2 took every sector's write as a partial
+// one (ncu, eecs498 fp16: 17.9M sectors written for 6.3M of output, L2 80 % busy, DRAM 36 %).
 // Zero weights meet the pixels right of a run and the row below the last filter row, so a NaN
 // there also reaches the neighbouring windows (tensor-core rungs may widen a NaN; FFMA rungs
 // do not).
@@ -53,6 +59,9 @@
 #ifndef FR_WARPS
 #define FR_WARPS 4
 #endif
+#ifndef FR_OUT_SMEM
+#define FR_OUT_SMEM 0  // 1: stage the pooled output in dynamic shared memory (host sizes it)
+#endif
 
 static_assert(FF_P == 2, "a lane's accumulators are one 2x2 pool window");
 static_assert(FF_K <= 7, "two outputs an A row need k % 8 - 1 < K");
@@ -72,6 +81,11 @@ static_assert(FF_K <= 7, "two outputs an A row need k % 8 - 1 < K");
 #define FR_PER ((FR_PAIRS + FR_THREADS - 1) / FR_THREADS)  // pairs a thread stages
 #define FR_PARTS (FR_SPLIT ? 2 : 1)
 #define FR_EMAX 60  // |input scale exponent|: the host keeps the weights' within the same
+
+#if FR_OUT_SMEM && !defined(FR_DYN_SMEM)  // (the CPU emulator supplies its own buffer)
+extern __shared__ __align__(16) unsigned char fr_dyn_smem[];  // FR_M x FR_TPH x FF_WP ff_out
+#define FR_DYN_SMEM fr_dyn_smem
+#endif
 
 // The minimal pitch is also conflict-free: a warp's 8 runs read at most 8 * D / 2 + 4
 // consecutive words of a row, continuing into the next pooled row where a tile crosses one.
@@ -186,6 +200,25 @@ __device__ __forceinline__ FrWeights fr_weights(const uint2* __restrict__ bfrag,
   return wt;
 }
 
+#if FR_OUT_SMEM
+// The block's pooled maps (out_s[c][row][pw], `rows` pooled rows from tile_y's first) to y: a
+// whole image's maps are one contiguous run, copied 8 bytes a thread where it is aligned; a
+// band of rows is one run per channel.
+__device__ __forceinline__ void fr_write_out(ff_out* __restrict__ y, const ff_out* out_s,
+                                             size_t b, int tile_y, int rows) {
+  ff_out* const dst = y + b * FR_M * FF_TASKS + tile_y * FR_TPH * FF_WP;
+  constexpr int kImageBytes = FR_M * FF_TASKS * static_cast<int>(sizeof(ff_out));
+  if (FR_TPH == FF_HP && kImageBytes % 8 == 0 && (reinterpret_cast<size_t>(dst) & 7) == 0) {
+    for (int i = threadIdx.x; i < kImageBytes / 8; i += FR_THREADS)
+      reinterpret_cast<uint2*>(dst)[i] = reinterpret_cast<const uint2*>(out_s)[i];
+    return;
+  }
+  for (int c = 0; c < FR_M; ++c)
+    for (int i = threadIdx.x; i < rows * FF_WP; i += FR_THREADS)
+      dst[c * FF_TASKS + i] = out_s[c * FR_TPH * FF_WP + i];
+}
+#endif
+
 // w_e: the weights' scale exponent (0 without the split). The weights are loaded after the
 // staging: loaded before it (their latency overlapping it) they kept their registers live with
 // the staged values' (104-110 instead of 95 at mxnet), ran as fast or up to 8 % slower.
@@ -238,17 +271,28 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint2* __restric
     }
     const int ph = tile_y * FR_TPH + ph_l, pw = run * (FR_D / 2) + (2 * t % FR_D) / 2;
     if (mt * 8 + g < FR_COMBOS && ph < FF_HP && pw < FF_WP) {
+#if FR_OUT_SMEM
+      ff_out* yp = reinterpret_cast<ff_out*>(FR_DYN_SMEM) + ph_l * FF_WP + pw;
+      constexpr int kPlane = FR_TPH * FF_WP;
+#else
       ff_out* yp = y + b * FR_M * FF_TASKS + ph * FF_WP + pw;
+      constexpr int kPlane = FF_TASKS;
+#endif
 #pragma unroll
       for (int n = 0; n < FR_NT; ++n) {
         const int c = n * FR_CN + 2 * t / FR_D;
         if (FR_M % FR_CN != 0 && c >= FR_M) continue;
         float v = fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
         if (FR_SPLIT) v *= unscale;  // exact: a power of two, after the max (monotonic)
-        yp[c * FF_TASKS] = ff_convert(fmax_nan(v + wt.bm[n], 0.f));
+        yp[c * kPlane] = ff_convert(fmax_nan(v + wt.bm[n], 0.f));
       }
     }
   }
+#if FR_OUT_SMEM
+  __syncthreads();
+  fr_write_out(y, reinterpret_cast<const ff_out*>(FR_DYN_SMEM), b, tile_y,
+               min(FR_TPH, FF_HP - tile_y * FR_TPH));
+#endif
 }
 
 // x: (B, 1, FF_H, FF_W) fp32; y: (B, FR_M, HP, WP). Grid: B * tiles_h blocks.
