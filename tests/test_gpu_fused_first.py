@@ -519,7 +519,7 @@ EMULATED = [  # (shape, raw_hw, split, out_dtype, params): odd sizes, K 3/5/7, b
     (ConvShape(3, 1, 21, 19, 12, 7), None, False, "float16", {"rows": 3}),
     (ConvShape(2, 1, 17, 17, 11, 5), (13, 11), True, "float32", {"osm": 1}),
     (ConvShape(2, 1, 16, 16, 12, 5), None, False, "float16", {"osm": 0}),
-    (ConvShape(3, 1, 18, 18, 12, 7), (28, 28), False, "float16", {}),  # 8-byte runs
+    (ConvShape(3, 1, 18, 18, 12, 7), (28, 28), False, "float16", {"osm": 1}),  # 8-byte runs
 ]
 
 
