@@ -162,6 +162,10 @@ def test_head_defines_cover_the_outputs(rng: np.random.Generator) -> None:
         dh.head_defines(head_layers("ece408"), kc=32)
     with pytest.raises(ValueError, match="ti"):
         dh.head_defines(head_layers("ece408"), ti=3)
+    with pytest.raises(ValueError, match="ti to divide imgs"):
+        dh.head_defines(head_layers("ece408-mxnet"), 64, ti=5)
+    with pytest.raises(ValueError, match="split evenly"):
+        dh.head_defines(head_layers("ece408-mxnet"), 40, kc=64, ti=5)
     # 16 images, 2 a thread, 4 output groups: 8 k groups; kc 64 fills them
     assert dh.head_defines([DenseLayer("a", 100, 32, False)], 16, kc=64, ti=2)["DH_TI"] == 2
     with pytest.raises(ValueError, match="outputs in the first layer"):

@@ -22,8 +22,10 @@ MAX_SMEM = 227 * 1024
 NAN_LABEL = 255  # DH_NAN_LABEL: the label of an image whose probabilities are NaN
 DEFAULT_IMGS = 32  # images a tile: 313 tiles at B=10000, ~2.4 a SM on 132 SMs
 TI = 4  # images a thread (default)
-TI_CHOICES = (2, 4, 8)  # 8: 13 shared-memory reads for 40 FMAs a k instead of 9 for 20
-IMGS_CHOICES = (16, 32, 64)
+TI_CHOICES = (2, 4, 5, 8)  # 8: 13 shared-memory reads for 40 FMAs a k instead of 9 for 20
+# 40 (with ti 5, kc 128): 250 tiles at B = 10,000, 1.9 an SM, against 32's 313 (2.4: SMs with
+# 3 tiles finish last)
+IMGS_CHOICES = (16, 32, 40, 64)
 KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a thread
 DEFAULT_KC = 64
 
@@ -38,6 +40,9 @@ def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: in
     if imgs not in IMGS_CHOICES or kc not in KC_CHOICES or ti not in TI_CHOICES:
         raise ValueError(f"dense head: imgs must be one of {IMGS_CHOICES}, kc one of "
                          f"{KC_CHOICES} and ti one of {TI_CHOICES}, got {imgs}, {kc}, {ti}")
+    if imgs % ti != 0 or THREADS % (imgs // ti) != 0:
+        raise ValueError(f"dense head: a tile of {imgs} images, {ti} a thread, needs ti to "
+                         f"divide imgs and imgs / ti to divide {THREADS}")
     n1 = layers[0].out_features
     og = 1
     while ceil_div(n1, og) > MAX_TO:
@@ -49,6 +54,9 @@ def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: in
         raise ValueError(f"dense head: a tile of {imgs} images, {ti} a thread, splits k in "
                          f"{THREADS // (og * imgs // ti)} groups, which kc = {kc} does not fill")
     vec = 4 if vec == 4 and layers[0].in_features % 4 == 0 else 1
+    if (imgs * kc) % (vec * THREADS) != 0:
+        raise ValueError(f"dense head: a chunk of {imgs} images x {kc} features does not split "
+                         f"evenly into {THREADS} threads' {vec}-wide loads")
     widths = [layer.out_features for layer in layers] + [0] * (MAX_LAYERS - len(layers))
     d = {"DH_F": layers[0].in_features, "DH_L": len(layers),
          **{f"DH_N{i + 1}": w for i, w in enumerate(widths)},
