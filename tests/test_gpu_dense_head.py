@@ -162,6 +162,14 @@ def test_head_defines_cover_the_outputs(rng: np.random.Generator) -> None:
         dh.head_defines(head_layers("ece408"), kc=32)
     with pytest.raises(ValueError, match="ti"):
         dh.head_defines(head_layers("ece408"), ti=3)
+    # the first default tile that fits: the zoo's heads take the first, a wide layer the last
+    tile = ("DH_IMGS", "DH_KC", "DH_TI")
+    for model in MODELS:
+        d = dh.head_defines(head_layers(model))
+        assert tuple(d[k] for k in tile) == dh.DEFAULT_TILES[0], model
+    wide = dh.head_defines([DenseLayer("a", 100, 256, False)])
+    assert tuple(wide[k] for k in tile) == dh.DEFAULT_TILES[-1]
+    assert dh.head_defines(head_layers("eecs498"), imgs=16)["DH_TI"] == dh.DEFAULT_TILES[-1][2]
     with pytest.raises(ValueError, match="ti to divide imgs"):
         dh.head_defines(head_layers("ece408-mxnet"), 64, ti=5)
     with pytest.raises(ValueError, match="split evenly"):

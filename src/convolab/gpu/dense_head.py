@@ -20,21 +20,35 @@ MAX_LAYERS = 4  # DH_N1 .. DH_N4
 MAX_TO = 8  # outputs a thread in the first layer: DH_TI x MAX_TO accumulators at most
 MAX_SMEM = 227 * 1024
 NAN_LABEL = 255  # DH_NAN_LABEL: the label of an image whose probabilities are NaN
-DEFAULT_IMGS = 32  # images a tile: 313 tiles at B=10000, ~2.4 a SM on 132 SMs
-TI = 4  # images a thread (default)
-TI_CHOICES = (2, 4, 5, 8)  # 8: 13 shared-memory reads for 40 FMAs a k instead of 9 for 20
-# 40 (with ti 5, kc 128): 250 tiles at B = 10,000, 1.9 an SM, against 32's 313 (2.4: SMs with
-# 3 tiles finish last)
+# Default tiles (images, k a chunk, images a thread), the first that fits a head: 40 images, 5
+# a thread, k chunks of 128 make 250 tiles at B = 10,000, 1.9 an SM on 132 SMs, where 32-image
+# tiles made 313 (2.4: the SMs with 3 finished last). Nsight Compute (H100, 2026-11-28): 80.7 vs
+# 89.7 us (mxnet), 53.0 vs 58.8 (eecs498). 32 / 64 / 4 needs half the shared memory (wide
+# first layers).
+DEFAULT_TILES = ((40, 128, 5), (32, 64, 4))
+TI_CHOICES = (2, 4, 5, 8)  # 8: 13 shared-memory reads for 40 FMAs a k, but slower (docs/raw.md)
 IMGS_CHOICES = (16, 32, 40, 64)
 KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a thread
-DEFAULT_KC = 64
 
 
-def head_defines(layers: Sequence[DenseLayer], imgs: int = DEFAULT_IMGS, vec: int = 4,
-                 kc: int = DEFAULT_KC, ti: int = TI) -> dict[str, int]:
+def head_defines(layers: Sequence[DenseLayer], imgs: int | None = None, vec: int = 4,
+                 kc: int | None = None, ti: int | None = None) -> dict[str, int]:
     """The kernel's define set for a head: layer widths, ReLU bits, and the first layer's
     register tile (`ti` images by N1 outputs as OG groups of TO: the fewest groups with
-    TO <= 8, a power of two so that they divide the 256 threads)."""
+    TO <= 8, a power of two so that they divide the 256 threads). What is not given comes from
+    the first of DEFAULT_TILES that fits with what is."""
+    for default in DEFAULT_TILES[:-1]:
+        tile = [given or d for given, d in zip((imgs, kc, ti), default, strict=True)]
+        try:
+            return _defines(layers, tile[0], vec, tile[1], tile[2])
+        except ValueError:
+            continue
+    last = DEFAULT_TILES[-1]
+    return _defines(layers, imgs or last[0], vec, kc or last[1], ti or last[2])
+
+
+def _defines(layers: Sequence[DenseLayer], imgs: int, vec: int, kc: int,
+             ti: int) -> dict[str, int]:
     if not 1 <= len(layers) <= MAX_LAYERS:
         raise ValueError(f"dense head: 1..{MAX_LAYERS} linear layers, got {len(layers)}")
     if imgs not in IMGS_CHOICES or kc not in KC_CHOICES or ti not in TI_CHOICES:
@@ -122,8 +136,8 @@ def _check(name: str, a: Any, shape: tuple[int, ...], dtype: Any) -> None:
 
 
 def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
-                   imgs: int = DEFAULT_IMGS, kc: int = DEFAULT_KC,
-                   ti: int = TI) -> Callable[..., None]:
+                   imgs: int | None = None, kc: int | None = None,
+                   ti: int | None = None) -> Callable[..., None]:
     """`dense_head` for these layers, weights packed and uploaded once:
     run(features, probs=None, labels=None).
 
@@ -144,7 +158,7 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
     def kernel(vec: int) -> Any:  # the float4 variant for aligned rows, else the scalar one
         if vec not in kernels:
-            d = head_defines(layers, imgs, vec, kc, ti)
+            d = head_defines(layers, base["DH_IMGS"], vec, base["DH_KC"], base["DH_TI"])
             kernels[vec] = get_kernel(KERNEL_FILE, "dense_head", d)
             kernels[vec].max_dynamic_shared_size_bytes = smem_bytes(d)
         return kernels[vec]
@@ -177,8 +191,8 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
     return run
 
 
-def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int = DEFAULT_IMGS,
-                       kc: int = DEFAULT_KC, ti: int = TI) -> Callable[..., None]:
+def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int | None = None,
+                       kc: int | None = None, ti: int | None = None) -> Callable[..., None]:
     """The zoo model's head (`models.head_layers(model)`) on its parameters (Network.params()
     names, host or device arrays): run(features, probs=None, labels=None), see prepare_layers."""
     return prepare_layers(head_layers(model), params, imgs, kc, ti)
@@ -191,5 +205,5 @@ def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
 
     return {f"dense-head {m} (dense_head)": [(KERNEL_FILE, head_defines(head_layers(m), vec=v,
                                                                       ti=ti))
-                                             for v, ti in ((4, TI), (1, TI), (4, 8))]
+                                             for v, ti in ((4, None), (1, None), (4, 8))]
             for m in MODELS}

@@ -331,13 +331,13 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
                          f"is not in 1..32")
     # The output through shared memory (osm = 1) sends whole sectors to L2 where an m-tile's
-    # stores would not: fp16 output at K = 7 (2 outputs an A row: 16 bytes a channel). Measured
-    # (H200, B = 10,000, docs/raw.md): eecs498 fp16 from floats 204 vs 238 us; at K = 5 (32-byte
-    # runs) 223 vs 213, in fp32 446-452 vs 419-423, and from raw bytes, where the extra shared
-    # memory costs blocks an SM, 0.757 vs 0.745 ms a forward: there it stays off.
+    # stores write half (fp16, K = 7: 16 bytes a channel) or unaligned ones. Nsight Compute
+    # (B = 10,000, docs/raw.md), fp16 from floats: H100 eecs498 206 vs 298 us, mxnet 228 vs 255;
+    # H200 204 vs 238 and 223 vs 213. Off for fp32 output (H200: 446-452 vs 419-423 us) and
+    # from raw bytes, whose staging leaves too little shared memory (H200, eecs498: 0.757 vs
+    # 0.745 ms a forward).
     half = base["FF_HALF"] == 1
-    wide_runs = rp_geometry(shape, 1)["D"] == 4
-    osm = int(params.get("osm", int(half and not wide_runs and raw_hw is None)))
+    osm = int(params.get("osm", int(half and raw_hw is None)))
     if osm not in (0, 1):
         raise ValueError(f"rung 29c: osm (output through shared memory) is 0 or 1, got {osm}")
     defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,

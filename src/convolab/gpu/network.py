@@ -204,6 +204,9 @@ class FusedLeNet:
         self.params = {k: cp.ascontiguousarray(cp.asarray(to_numpy(v), cp.float32))
                        for k, v in params.items() if k in want}
         self.classes = _classes(model)
+        # Once here, not per call: the model's layer list is built to read it (~65 us of host
+        # time a forward, in front of its first launch).
+        self.image_shape = image_shape(model)
         self._plans: dict[tuple[Any, ...], tuple[list[Callable], list[Any]]] = {}
         self.graphs = graphs
         self.graph_error: str | None = None  # why capturing failed, where it did
@@ -220,11 +223,10 @@ class FusedLeNet:
             w5t = self._cp.ascontiguousarray(p["f5.weight"].T)
             return lambda feat, probs: run(feat, w5t, p["f5.bias"], p["f6.weight"],
                                            p["f6.bias"], probs)
-        from convolab.gpu.dense_head import DEFAULT_IMGS, DEFAULT_KC, TI, prepare_dense_head
+        from convolab.gpu.dense_head import prepare_dense_head
 
-        head = self._kernel_params.get("head", {})
-        return prepare_dense_head(self.model, p, int(head.get("imgs", DEFAULT_IMGS)),
-                                  int(head.get("kc", DEFAULT_KC)), int(head.get("ti", TI)))
+        head = {k: int(v) for k, v in self._kernel_params.get("head", {}).items()}
+        return prepare_dense_head(self.model, p, head.get("imgs"), head.get("kc"), head.get("ti"))
 
     # ---- device forward -------------------------------------------------------------------
     def _plan(self, batch: int, slot: int = 0,
@@ -451,7 +453,7 @@ class FusedLeNet:
                 raise InputError(f"raw images must have 1..{MAX_RAW_PIXELS} pixels each, got "
                                  f"shape {tuple(x.shape)}")
             return
-        want = image_shape(self.model)
+        want = self.image_shape
         if x.ndim != 4 or tuple(x.shape[1:]) != want:
             raise ValueError(f"expected input (B, {', '.join(map(str, want))}) float32 or raw "
                              f"uint8 (B, H, W), got shape {tuple(x.shape)}")
