@@ -182,7 +182,7 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
             return
         vec = base["DH_VEC"] if features.data.ptr % 16 == 0 else 1
         flags = (probs is not None) | (labels is not None) << 1
-        kernel(vec)((ceil_div(batch, imgs),), (THREADS,),
+        kernel(vec)((ceil_div(batch, base["DH_IMGS"]),), (THREADS,),
                     (features, *packed, dummy_probs if probs is None else probs,
                      dummy_labels if labels is None else labels, np.int32(batch),
                      np.int32(flags)), shared_mem=smem)
