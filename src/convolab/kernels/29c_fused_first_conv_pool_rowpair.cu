@@ -28,15 +28,13 @@
 //
 // A block stages FR_TPH pooled rows' input (one image by default: the raw image's bytes once,
 // first_block.cuh) as fp16 (hi and lo with FR_SPLIT), then its warps take m-tiles of 8 runs.
-//
-// FR_OUT_SMEM = 1: the pooled maps go to dynamic shared memory first and leave the block as
-// whole sectors (one contiguous run of 8-byte stores where a block holds a whole image). Written
-// from the MMA fragments, an m-tile's outputs are 8 values of each of 12 channel planes: 16
-// bytes of a 32-byte sector per channel in fp16, so L2 took every sector's write as a partial
-// one (ncu, eecs498 fp16: 17.9M sectors written for 6.3M of output, L2 80 % busy, DRAM 36 %).
 // Zero weights meet the pixels right of a run and the row below the last filter row, so a NaN
 // there also reaches the neighbouring windows (tensor-core rungs may widen a NaN; FFMA rungs
 // do not).
+//
+// FR_OUT_SMEM = 1: the pooled maps go through dynamic shared memory (ff_write_pooled). From
+// the fragments, an m-tile writes 8 values of each channel plane: 16 bytes, half a sector, in
+// fp16 at K = 7 (docs/raw.md: conv1 L2-bound, 298 -> 206 us on the H100).
 //
 // Measured (H100, B = 10,000, float / raw input, fp32 out; docs/raw.md): fp16 mxnet 0.416 /
 // 0.330 ms (fp16 out 0.270 / 0.304; 29b 0.417 / 0.540), eecs498 0.453 / 0.325 (fp16 out 0.312 /
@@ -200,25 +198,6 @@ __device__ __forceinline__ FrWeights fr_weights(const uint2* __restrict__ bfrag,
   return wt;
 }
 
-#if FR_OUT_SMEM
-// The block's pooled maps (out_s[c][row][pw], `rows` pooled rows from tile_y's first) to y: a
-// whole image's maps are one contiguous run, copied 8 bytes a thread where it is aligned; a
-// band of rows is one run per channel.
-__device__ __forceinline__ void fr_write_out(ff_out* __restrict__ y, const ff_out* out_s,
-                                             size_t b, int tile_y, int rows) {
-  ff_out* const dst = y + b * FR_M * FF_TASKS + tile_y * FR_TPH * FF_WP;
-  constexpr int kImageBytes = FR_M * FF_TASKS * static_cast<int>(sizeof(ff_out));
-  if (FR_TPH == FF_HP && kImageBytes % 8 == 0 && (reinterpret_cast<size_t>(dst) & 7) == 0) {
-    for (int i = threadIdx.x; i < kImageBytes / 8; i += FR_THREADS)
-      reinterpret_cast<uint2*>(dst)[i] = reinterpret_cast<const uint2*>(out_s)[i];
-    return;
-  }
-  for (int c = 0; c < FR_M; ++c)
-    for (int i = threadIdx.x; i < rows * FF_WP; i += FR_THREADS)
-      dst[c * FF_TASKS + i] = out_s[c * FR_TPH * FF_WP + i];
-}
-#endif
-
 // w_e: the weights' scale exponent (0 without the split). The weights are loaded after the
 // staging: loaded before it (their latency overlapping it) they kept their registers live with
 // the staged values' (104-110 instead of 95 at mxnet), ran as fast or up to 8 % slower.
@@ -290,8 +269,8 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint2* __restric
   }
 #if FR_OUT_SMEM
   __syncthreads();
-  fr_write_out(y, reinterpret_cast<const ff_out*>(FR_DYN_SMEM), b, tile_y,
-               min(FR_TPH, FF_HP - tile_y * FR_TPH));
+  ff_write_pooled<FR_M, FR_TPH, FR_THREADS>(y, reinterpret_cast<const ff_out*>(FR_DYN_SMEM), b,
+                                            tile_y * FR_TPH);
 #endif
 }
 

@@ -1,5 +1,5 @@
 // Rung 29's shared part: the first block's shape defines (one input channel, stride 1), the
-// pooled sizes, the output type and the raw input's staging; 29_fused_first_conv_pool.cu
+// pooled sizes, the output type, the write of staged pooled maps and the raw input's staging; 29_fused_first_conv_pool.cu
 // (FFMA), 29b_fused_first_conv_pool_mma.cu and 29c_fused_first_conv_pool_rowpair.cu (tensor
 // cores) include it.
 #pragma once
@@ -36,6 +36,26 @@ __device__ __forceinline__ ff_out ff_convert(float v) { return __float2half_rn(v
 typedef float ff_out;
 __device__ __forceinline__ ff_out ff_convert(float v) { return v; }
 #endif
+
+// A block's pooled maps, staged in shared memory as out_s[c][row][pw] (M channels, TPH pooled
+// rows from row ph0), to y (B, M, FF_HP, FF_WP) in whole sectors: a whole image's maps are one
+// contiguous run, copied 8 bytes a thread where it is aligned; a band of rows is one run per
+// channel.
+template <int M, int TPH, int THREADS>
+__device__ __forceinline__ void ff_write_pooled(ff_out* __restrict__ y, const ff_out* out_s,
+                                                size_t b, int ph0) {
+  ff_out* const dst = y + b * M * FF_TASKS + ph0 * FF_WP;
+  constexpr int kImageBytes = M * FF_TASKS * static_cast<int>(sizeof(ff_out));
+  if (TPH == FF_HP && kImageBytes % 8 == 0 && (reinterpret_cast<size_t>(dst) & 7) == 0) {
+    for (int i = threadIdx.x; i < kImageBytes / 8; i += THREADS)
+      reinterpret_cast<uint2*>(dst)[i] = reinterpret_cast<const uint2*>(out_s)[i];
+    return;
+  }
+  const int rows = min(TPH, FF_HP - ph0);
+  for (int c = 0; c < M; ++c)
+    for (int i = threadIdx.x; i < rows * FF_WP; i += THREADS)
+      dst[c * FF_TASKS + i] = out_s[c * TPH * FF_WP + i];
+}
 
 // ---- raw input: one round trip ------------------------------------------------------------------
 // A block that reads raw bytes stages, with independent loads all in flight at once, the raw
