@@ -456,15 +456,26 @@ int main(int argc, char** argv) {
 SENTINEL = 64  # floats past the output, which must stay untouched
 
 
+def kernel_source(precision: str) -> str:
+    """The precision's kernel file (28 or 28b) with rung 28's headers inlined, common.cuh's
+    PTX and cuda_bf16.h left to the shim."""
+    def text(name: str) -> str:
+        return (KERNEL_DIR / name).read_text()
+
+    source = text(fused_wide.kernel_file(precision))
+    for header in ("fused_wide.cuh", "fused_wide_kernel.cuh"):
+        source = source.replace(f'#include "{header}"', text(header))
+    return source.replace('#include "common.cuh"', "").replace("#include <cuda_bf16.h>", "")
+
+
 def emulate(tmp_path: Path, shape: ConvShape, pool: int, precision: str, in_dtype: str,
             x: np.ndarray, w: np.ndarray, b: np.ndarray, params: dict[str, int],
             grid: int) -> tuple[np.ndarray, int]:
     """The kernel's output for (x, w, b) run on the CPU, and its FW_SMEM_BYTES."""
     plan = fused_wide.wide_plan(shape, pool, precision, params, in_dtype)
-    source = (KERNEL_DIR / fused_wide.KERNEL_FILE).read_text()
+    source = kernel_source(precision)
     assert "asm" not in source, "inline PTX the emulator does not know"
-    (tmp_path / "kernel.inc").write_text(source.replace('#include "common.cuh"', "").replace(
-        "#include <cuda_bf16.h>", ""))
+    (tmp_path / "kernel.inc").write_text(source)
     (tmp_path / "emu.cpp").write_text(EMU)
     exe = tmp_path / "emu"
     build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w",

@@ -1,7 +1,8 @@
 """Host side of rung 28 (kernels/28_fused_conv_pool_wide.cu, `fcp_wide`): the fused
 conv + bias + ReLU + max-pool on tensor cores for wide layers (many output channels, a long
-C*K*K reduction: the wider zoo models' conv2), in fp16, tf32, or fp32-exact as 3xTF32 or
-3xfp16 (each operand scaled by a power of two and split hi + lo in fp16: three fp16 MMAs).
+C*K*K reduction: the wider zoo models' conv2), in fp16 or tf32, and of its split precisions,
+rung 28b (kernels/28b_fused_conv_pool_wide_split.cu): fp32-exact as 3xTF32 or 3xfp16 (each
+operand scaled by a power of two and split hi + lo in fp16: three fp16 MMAs).
 
 `wide_plan` sizes the kernel (its defines mirror the kernel's FW_* arithmetic, and the CPU
 emulator test checks that they agree); `wide_fragments` packs the weights in the kernel's
@@ -27,10 +28,18 @@ from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
-KERNEL_FILE = "28_fused_conv_pool_wide.cu"
+KERNEL_FILE = "28_fused_conv_pool_wide.cu"  # fp16, tf32
+SPLIT_KERNEL_FILE = "28b_fused_conv_pool_wide_split.cu"  # 3xtf32, 3xfp16
 KERNEL = "fcp_wide"
 PRECISIONS: dict[str, int] = {"fp16": 0, "tf32": 1, "3xtf32": 2, "3xfp16": 3}  # -> FW_PREC
 EXACT = ("3xtf32", "3xfp16")  # fp32-exact: chunks summed from zero, operands split in two
+
+
+def kernel_file(precision: str) -> str:
+    """The kernel file of a precision: rung 28b's for the split (fp32-exact) ones."""
+    return SPLIT_KERNEL_FILE if precision in EXACT else KERNEL_FILE
+
+
 IN_DTYPES = ("float32", "float16")
 POOLS = (2, 4)
 MAX_M = 64  # n-tiles of accumulators a lane holds: 8 at most
@@ -369,7 +378,7 @@ def _prepare(shape: ConvShape, pool: int, precision: str, weight: Any, bias: Any
     b_d = cp.ascontiguousarray(cp.asarray(bias, dtype=cp.float32))
     if b_d.shape != (shape.M,):
         raise InputError(f"fcp_wide: bias has shape {b_d.shape}, needs ({shape.M},)")
-    kernel = get_kernel(KERNEL_FILE, KERNEL, plan.defines)
+    kernel = get_kernel(kernel_file(precision), KERNEL, plan.defines)
     kernel.max_dynamic_shared_size_bytes = plan.smem
     # All of L1 as shared memory: left to the driver, the carveout (and the occupancy it
     # answers) fit one block an SM (ncu, H100: 7 warps an SM, grid 132).
@@ -469,7 +478,7 @@ def wide_impl(pool: int, precision: str) -> ConvImpl:
         defaults={key: 0 for key in SPACE},
         tolerance=TOLERANCE[precision],
         rung=28,
-        kernel_file=KERNEL_FILE,
+        kernel_file=kernel_file(precision),
         compile_variants=lambda: compile_variants(pool, precision),
         pool=pool,
     )
