@@ -26,10 +26,10 @@ rung 25's standalone resize in front of it.
 
 Repeated calls replay a CUDA graph: the second forward of one batch size whose input and output
 lie where they lay before is captured (on a private stream) and from then on launched as one
-graph, so the host's per-kernel launch work (0.10-0.13 ms a forward, more than the head kernel
-takes) no longer runs ahead of the GPU. A graph reads its input where it was captured, so a
-replay is exact whatever the array there holds; it is dropped with the buffers it was captured
-on (`graphs=False` launches every kernel from the host every time).
+graph, so the host's per-kernel launch work no longer runs ahead of the GPU (0.01-0.06 ms a
+forward on the H100, docs/raw.md). A graph reads its input where it was captured, so a replay
+is exact whatever the array there holds; it is dropped with the buffers it was captured on
+(`graphs=False` launches every kernel from the host every time).
 
 `FusedLeNet` takes a plain dict {name: array} (see models.param_shapes) so it does not depend on
 the framework's classes; `from_network(net)` adapts anything with a `params()` mapping. Nothing
