@@ -31,27 +31,36 @@ __device__ __forceinline__ void fw_stage_image(fw_t* img, const fw_in_t* __restr
   }
 }
 
-// The units of one group: total[u][i][n] is tile i (output row i of the unit) x n-tile n. A
-// partial last group recomputes real windows rather than branch, so the compiler interleaves
-// the units' loads and MMAs.
-__device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int group, int lane,
-                                         float (&total)[FW_UNITS][FW_T][FW_NT][4],
-                                         FwRows (&rows)[FW_UNITS]) {
-  const int g = lane >> 2, t = lane & 3;
+// A group's accumulators: [unit][tile][n-tile][fragment register].
+typedef float FwAcc[FW_UNITS][FW_T][FW_NT][4];
+
+// acc = 0, or (add) total += acc, register by register.
+template <bool kAdd>
+__device__ __forceinline__ void fw_acc_pass(FwAcc& total, const FwAcc& acc) {
 #pragma unroll
-  for (int u = 0; u < FW_UNITS; ++u) {
-    rows[u] = fw_rows(group * FW_UNITS + u, g, t);
+  for (int u = 0; u < FW_UNITS; ++u)
 #pragma unroll
     for (int i = 0; i < FW_T; ++i)
 #pragma unroll
       for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) total[u][i][n][r] = 0.f;
-  }
+        for (int r = 0; r < 4; ++r)
+          total[u][i][n][r] = kAdd ? total[u][i][n][r] + acc[u][i][n][r] : 0.f;
+}
+
+// The units of one group: total[u][i][n] is tile i (output row i of the unit) x n-tile n. A
+// partial last group recomputes real windows rather than branch, so the compiler interleaves
+// the units' loads and MMAs.
+__device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int group, int lane,
+                                         FwAcc& total, FwRows (&rows)[FW_UNITS]) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int u = 0; u < FW_UNITS; ++u) rows[u] = fw_rows(group * FW_UNITS + u, g, t);
+  fw_acc_pass<false>(total, total);
 #if FW_EXACT
-  float acc[FW_UNITS][FW_T][FW_NT][4];
+  FwAcc acc;
 #else
-  float (&acc)[FW_UNITS][FW_T][FW_NT][4] = total;
+  FwAcc& acc = total;
 #endif
 #pragma unroll 1
   for (int j = 0; j < FW_J; ++j) {
@@ -65,14 +74,7 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
         bs[p][n] = fw_weights_small(bw[p][n], w_s, at);
       }
 #if FW_EXACT
-#pragma unroll
-    for (int u = 0; u < FW_UNITS; ++u)
-#pragma unroll
-      for (int i = 0; i < FW_T; ++i)
-#pragma unroll
-        for (int n = 0; n < FW_NT; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[u][i][n][r] = 0.f;
+    fw_acc_pass<false>(acc, acc);
 #endif
 #pragma unroll
     for (int u = 0; u < FW_UNITS; ++u) {
@@ -92,14 +94,7 @@ __device__ __forceinline__ void fw_group(const fw_t* img, const uint2* w_s, int 
       }
     }
 #if FW_EXACT
-#pragma unroll
-    for (int u = 0; u < FW_UNITS; ++u)
-#pragma unroll
-      for (int i = 0; i < FW_T; ++i)
-#pragma unroll
-        for (int n = 0; n < FW_NT; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) total[u][i][n][r] += acc[u][i][n][r];
+    fw_acc_pass<true>(total, acc);
 #endif
   }
 }
@@ -184,7 +179,7 @@ fcp_wide(const fw_in_t* __restrict__ x, const uint4* __restrict__ wfrag,
 #endif
     const float a_unscale = fw_pow2(-e);
     for (int group = (warp + turn) % FW_WARPS; group < FW_NGROUPS; group += FW_WARPS) {
-      float total[FW_UNITS][FW_T][FW_NT][4];
+      FwAcc total;
       FwRows rows[FW_UNITS];
       fw_group(img, w_s, group, lane, total, rows);
 #pragma unroll
