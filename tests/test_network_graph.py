@@ -90,6 +90,7 @@ def _graph_net(log: list[str], fail_end: bool = False, run_error: bool = False) 
     net = object.__new__(network.FusedLeNet)
     net._cp = _FakeCuPy(log, fail_end)
     net.graphs, net.graph_error, net._graphs, net._capture_stream = True, None, {}, None
+    net._outputs = {}
 
     def step(name: str) -> Any:
         def run(*_: object) -> None:
@@ -183,6 +184,78 @@ def test_a_run_that_raises_mid_capture_ends_the_capture_and_raises() -> None:
     assert not net._capture_stream.capturing  # the stream is usable again
 
 
+class _Memory:
+    pass
+
+
+class _OutArray:
+    """What _output reads of an output array: its memory pointer and memory (a view shares
+    both, as CuPy's do)."""
+
+    def __init__(self, data: Any = None) -> None:
+        self.data = data or SimpleNamespace(mem=_Memory())
+
+    def view(self) -> _OutArray:
+        return _OutArray(self.data)
+
+
+def _output_net(stream: list[int]) -> Any:
+    from convolab.gpu import network
+
+    net = object.__new__(network.FusedLeNet)
+    made: list[_OutArray] = []
+
+    def empty(*_: object) -> _OutArray:
+        made.append(_OutArray())
+        return made[-1]
+
+    net._cp = SimpleNamespace(empty=empty, float32="float32", cuda=SimpleNamespace(
+        get_current_stream=lambda: SimpleNamespace(ptr=stream[0])))
+    net.classes, net._outputs, net._plans, net._graphs = 10, {}, {}, {}
+    net.made = made
+    return net
+
+
+def test_output_is_reused_only_once_nothing_refers_to_it() -> None:
+    stream = [0]
+    net = _output_net(stream)
+    first = net._output(5, None)
+    assert net._output(5, None) is not first  # the caller still holds the first
+    second = id(net.made[-1])  # ids only from here on: a name would hold the array
+    del first
+    assert id(net._output(5, None)) == second  # held by no one but the cache: reused
+    assert len(net.made) == 2
+    kept = net._output(5, None)
+    assert id(kept) == second
+    # the caller keeps the result, or a view of it, or its memory pointer, or its memory
+    for holder in (lambda a: a, lambda a: a.view(), lambda a: a.data, lambda a: a.data.mem):
+        held = holder(kept)
+        del kept
+        kept = net._output(5, None)
+        assert id(kept) != second, "a referenced output was handed out again"
+        del held
+        second = id(kept)
+    del kept
+    assert id(net._output(5, None)) == second
+    assert id(net._output(6, None)) != second  # another batch size, another output
+    stream[0] = 7
+    assert id(net._output(5, None)) != second  # another stream, another output
+    stream[0] = 0
+    assert id(net._output(5, None)) == second
+    assert len(net.made) == 8
+
+
+def test_outputs_are_dropped_with_their_plan() -> None:
+    net = _output_net([0])
+    net._output(5, None)
+    net._output(6, None)
+    net._output(5, (28, 28))
+    net._drop_plans((5, 0, None))
+    assert [k[:2] for k in net._outputs] == [(6, None), (5, (28, 28))]
+    net._drop_plans()
+    assert not net._outputs
+
+
 # ---- the bits, on the GPU ------------------------------------------------------------------
 
 
@@ -223,8 +296,8 @@ def test_replayed_graph_equals_launches_bit_for_bit(model: str, mode: str, raw: 
 
 @pytest.mark.gpu
 def test_call_and_streaming_replay_graphs(rng: np.random.Generator) -> None:
-    """Through __call__ (a fresh output each call, copied out of nothing: the pool hands the
-    freed block back) and forward_chunks (per-slot buffers): the same answers as launches."""
+    """Through __call__ (the output it returned before, once dropped) and forward_chunks
+    (per-slot buffers): the same answers as launches."""
     import cupy as cp
 
     from convolab.gpu.network import FusedLeNet
@@ -243,3 +316,38 @@ def test_call_and_streaming_replay_graphs(rng: np.random.Generator) -> None:
         labels = graphed.forward_chunks(raw, chunk=chunk, streams=2, labels=True)
         np.testing.assert_array_equal(labels, want.argmax(1))
     assert any(g is not None for graphs in graphed._graphs.values() for g in graphs.values())
+
+
+@pytest.mark.gpu
+def test_call_reuses_only_an_output_nobody_holds(rng: np.random.Generator) -> None:
+    """A dropped output's memory comes back (poisoned first, so a forward that wrote nothing
+    would show); a kept one, a view of one, or a DLPack export of one is never written again."""
+    import cupy as cp
+
+    from convolab.gpu.network import FusedLeNet
+
+    params = zoo_params("ece408-mxnet", int(rng.integers(1 << 30)))
+    net = FusedLeNet(params, mode="fp16", model="ece408-mxnet")
+    n = int(rng.integers(20, 300))
+    images = [cp.asarray(rng.integers(0, 256, (n, *RAW_HW), dtype=np.uint8)) for _ in range(2)]
+    want = [net(x).get() for x in images]
+    out = net(images[0])
+    ptr = out.data.ptr
+    out.fill(cp.nan)
+    del out
+    again = net(images[1])
+    assert again.data.ptr == ptr  # nothing held it: reused
+    np.testing.assert_array_equal(again.get(), want[1])
+    for hold in (lambda a: a, lambda a: a[: n // 2], lambda a: a.__dlpack__()):
+        held = hold(again)
+        del again
+        other = net(images[0])
+        np.testing.assert_array_equal(other.get(), want[0])
+        assert other.data.ptr != ptr, "a held output was written again"
+        if isinstance(held, cp.ndarray):
+            np.testing.assert_array_equal(held.get(), want[1][: held.shape[0]])
+        ptr = other.data.ptr
+        del held, other
+        again = net(images[1])
+        assert again.data.ptr == ptr
+        np.testing.assert_array_equal(again.get(), want[1])
