@@ -34,6 +34,11 @@
 // producer warpgroup with mbarriers (and A to TMA). With WG_NHWC=1 (wgmma.cuh) the input and
 // output stay channels-last in the operand type, no layout pass: conv5_x B=64 fp16 0.141 ms,
 // conv1_2 B=16 0.240 (cuDNN fp16-cl 0.119, 0.319).
+//
+// Split-K (WG_KSLICED=1, wgmma.cuh): at batch 8-16 conv5_x has 36-100 output tiles for 132
+// SMs, and a block's time is its k-loop (B=8 and B=16 both 0.067 ms NHWC fp16 at 128 x 128,
+// against cuDNN fp16-cl's 0.045 at B=8). Block z then walks only k-slice z of gridDim.z, and
+// wg_splitk_reduce adds the slices' fp32 partial sums in order. Not yet measured.
 
 #include "wgmma.cuh"
 
@@ -56,11 +61,13 @@ igemm_wgmma(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
   ld.init(x, w, p, m0, n0, smem, x_plane, threadIdx.x);
   WG_ACCUMULATORS;
 
-  const int tiles = (p.Kd + WG_BK - 1) / WG_BK;
+  // t counts this block's k-tiles (all, or its slice with WG_KSLICED): k-tile k.first + t.
+  const WgKRange k = wg_k_range((p.Kd + WG_BK - 1) / WG_BK);
+  const int tiles = k.count;
   constexpr int AHEAD = STAGES - 1 - PIPE;  // k-tiles in copy while one is multiplied
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < tiles) ld.load(p, s * WG_BK, p.Kd, s);
+    if (s < tiles) ld.load(p, (k.first + s) * WG_BK, p.Kd, s);
     cp_async_commit();
   }
   for (int t = 0; t < tiles; ++t) {
@@ -68,7 +75,7 @@ igemm_wgmma(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
     wg_proxy_fence();
     __syncthreads();  // k-tile t landed; every warpgroup is done with the slot refilled next
     const int next = t + AHEAD;
-    if (next < tiles) ld.load(p, next * WG_BK, p.Kd, next % STAGES);
+    if (next < tiles) ld.load(p, (k.first + next) * WG_BK, p.Kd, next % STAGES);
     cp_async_commit();
     wg_step(acc, total, smem + (t % STAGES) * WG_STAGE_BYTES, a_row, b_row);
   }

@@ -21,7 +21,9 @@
 //     consumers, so a 256 x 192 tile's 192 accumulators a thread fit without spilling.
 // Parity: slot s serves k-tiles s, s + STAGES, ...; k-tile t is that slot's round t / STAGES,
 // whose "full" phase has parity (t / STAGES) & 1, and the producer's refill for round r waits
-// for "empty"'s round r - 1.
+// for "empty"'s round r - 1. With split-K (WG_KSLICED=1, wgmma.cuh: the block multiplies one
+// k-slice, for outputs with fewer tiles than SMs) t counts the block's own k-tiles from 0, so
+// slots and parities are the same as in a whole-k block; only the copies' k moves.
 //
 // Measured (H100, docs/vgg.md; conv5_x B=64, 59.2 GFLOP, channels-last in and out): 256 x 192
 // with A by cp.async 0.133-0.136 ms fp16 (rung 39's best, 128 x 192: 0.141), no faster than
@@ -122,7 +124,10 @@ igemm_wgmma_pipelined(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
   const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(bars));
   const unsigned empty = full + 8 * STAGES;
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
-  const int tiles = (p.Kd + WG_BK - 1) / WG_BK;
+  // t counts this block's k-tiles (all, or its slice with WG_KSLICED): k-tile k.first + t.
+  // Ring slots and parities follow t, so producer and consumers agree on them.
+  const WgKRange k = wg_k_range((p.Kd + WG_BK - 1) / WG_BK);
+  const int tiles = k.count;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + 8 * s, WP_PRODUCERS + WP_TMA);  // cp.async arrivals (+ A's bytes)
@@ -142,11 +147,11 @@ igemm_wgmma_pipelined(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
 #if WP_TMA
       if (threadIdx.x == 0) {
         mbar_expect_tx(full + 8 * s, WG_A_ROWS * WG_ROWB);
-        tma_load_a(smem + s * WG_STAGE_BYTES, a_map, t * WG_BK, m0, full + 8 * s);
+        tma_load_a(smem + s * WG_STAGE_BYTES, a_map, (k.first + t) * WG_BK, m0, full + 8 * s);
       }
-      ld.load<false>(p, t * WG_BK, p.Kd, s);
+      ld.load<false>(p, (k.first + t) * WG_BK, p.Kd, s);
 #else
-      ld.load(p, t * WG_BK, p.Kd, s);
+      ld.load(p, (k.first + t) * WG_BK, p.Kd, s);
 #endif
       mbar_arrive_cp_async(full + 8 * s);
     }

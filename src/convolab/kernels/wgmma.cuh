@@ -8,6 +8,14 @@
 // and small planes), Mp = M rounded up to 8 with channels M..Mp-1 zero: exactly what the next
 // layer's loader reads, so a network keeps its activations channels-last between layers.
 // Bias is added in fp32 to the fp32 accumulators; WG_RELU=1 applies ReLU (NaN stays NaN).
+//
+// Split-K (WG_KSLICED=1): conv5_x at batch 8-16 has 36-100 output tiles for 132 SMs, so the
+// k-tiles are cut into gridDim.z slices and block z multiplies slice z alone (wg_k_range).
+// Its epilogue then writes the fp32 partial sums, no bias, no ReLU, one plane, to slab z of a
+// workspace in the output's own element order (NCHW, or (B, Ho, Wo, Mp) channels-last), so
+// that wg_splitk_reduce is elementwise and coalesced: it adds the slabs in slice order (a
+// fixed order: deterministic, no atomics), then bias and ReLU, and writes the output's real
+// form through the same stores as the unsplit epilogue.
 #pragma once
 
 #include "common.cuh"
@@ -31,11 +39,21 @@
 #ifndef WG_RELU
 #define WG_RELU 0
 #endif
+#ifndef WG_KSLICED
+#define WG_KSLICED 0
+#endif
 
+// The layer's output type, and what the GEMM kernel writes: the output itself, or with
+// WG_KSLICED its fp32 partial sums.
 #if WG_NHWC
-typedef ig_t wg_out_t;
+typedef ig_t wg_y_t;
 #else
+typedef float wg_y_t;
+#endif
+#if WG_KSLICED
 typedef float wg_out_t;
+#else
+typedef wg_y_t wg_out_t;
 #endif
 
 #define WG_CONSUMERS 256                    // the two warpgroups that issue the wgmmas
@@ -248,7 +266,24 @@ struct WgLoader {
   }
 };
 
-// ---- k-tile and epilogues ------------------------------------------------------------------
+// ---- k range, k-tile and epilogues ----------------------------------------------------------
+
+// The k-tiles this block multiplies, [first, first + count): all of them, or with WG_KSLICED
+// slice blockIdx.z of gridDim.z near-equal slices (the host keeps gridDim.z <= tiles, so none
+// is empty). Callers index their ring by the local count, not by the k-tile.
+struct WgKRange {
+  int first, count;
+};
+
+__device__ __forceinline__ WgKRange wg_k_range(int tiles) {
+#if WG_KSLICED
+  const int z = blockIdx.z, slices = gridDim.z;
+  const int first = (int)((long long)z * tiles / slices);
+  return {first, (int)((long long)(z + 1) * tiles / slices) - first};
+#else
+  return {0, tiles};
+#endif
+}
 
 // The warpgroup's wgmmas of one k-tile in the ring slot at `slot` (its A rows from a_row,
 // its B rows from b_row).
@@ -286,6 +321,14 @@ __device__ __forceinline__ float wg_act(float v) {
   return v;
 #endif
 }
+
+// What the GEMM's epilogue stores for sum v of a channel with bias bm: v + bm through the
+// activation, or with WG_KSLICED the partial sum itself (bm is then never read).
+#if WG_KSLICED
+#define WG_OUT(v, bm) (v)
+#else
+#define WG_OUT(v, bm) wg_act((v) + (bm))
+#endif
 
 __device__ __forceinline__ void wg_zero(float (&a)[WG_MI][WG_ACC]) {
 #pragma unroll
@@ -328,7 +371,7 @@ __device__ __forceinline__ void wg_step(float (&acc)[WG_MI][WG_ACC],
 #endif
 }
 
-// y[b, m, pix] = total + bias for this thread's accumulators: register r of a warpgroup's
+// y[b, m, pix] = total + bias (WG_OUT) for this thread's accumulators: register r of a warpgroup's
 // 64 x WG_N tile is row 16*warp + lane/4 + 8*((r/2)%2), column 8*(r/4) + 2*(lane%4) + r%2.
 // Registers r, r+1 (r even) are columns n, n+1 of one row with n even: with an even pixel
 // count per image (and y 8-byte aligned) both land in one image, 8-byte aligned, and go out
@@ -344,13 +387,13 @@ __device__ __forceinline__ void wg_store(const float (&total)[WG_ACC], float* __
     const int m = m_base + 16 * warp + lane / 4 + 8 * ((r / 2) % 2);
     const int n = n_base + 8 * (r / 4) + 2 * (lane % 4);
     if (m >= p.M) continue;
-    const float bm = bias[m];
+    [[maybe_unused]] const float bm = WG_KSLICED ? 0.0f : bias[m];
     if (pairs && n < p.N) {
       const int b = n / pix;
       // (nvcc splits a float2 store through a cast pointer into two here)
       asm volatile("st.global.v2.f32 [%0], {%1, %2};\n" ::"l"(
                        y + ((size_t)b * p.M + m) * pix + (n - b * pix)),
-                   "f"(wg_act(total[r] + bm)), "f"(wg_act(total[r + 1] + bm))
+                   "f"(WG_OUT(total[r], bm)), "f"(WG_OUT(total[r + 1], bm))
                    : "memory");
       continue;
     }
@@ -358,7 +401,7 @@ __device__ __forceinline__ void wg_store(const float (&total)[WG_ACC], float* __
     for (int e = 0; e < 2; ++e) {
       if (pairs || n + e >= p.N) continue;
       const int b = (n + e) / pix;
-      y[((size_t)b * p.M + m) * pix + (n + e - b * pix)] = wg_act(total[r + e] + bm);
+      y[((size_t)b * p.M + m) * pix + (n + e - b * pix)] = WG_OUT(total[r + e], bm);
     }
   }
 }
@@ -377,13 +420,39 @@ __device__ __forceinline__ unsigned wg_pack2(float lo, float hi) {
   return *reinterpret_cast<unsigned*>(&h);
 }
 
-// WG_NHWC: the block's BM x BN tile, channels-last, in the operand type. The accumulators of
-// one register sit 8 channels and 2 pixels apart, so they go through shared memory first
-// (fp32, [n][m]) and leave as 16-byte runs of channels of one pixel.
-__device__ void wg_store_nhwc(const float (&total)[WG_MI][WG_ACC], ig_t* __restrict__ y,
+// OV channels of one output pixel at y (16 bytes of the operand type), as the next layer's
+// loader reads them: fp16/bf16, tf32-rounded fp32, or 3xTF32's big part here and its small
+// part `plane` elements further.
+template <int OV>
+__device__ __forceinline__ void wg_put_operand(ig_t* __restrict__ y, size_t plane,
+                                               const float (&o)[OV]) {
+#if IG_MODE == 1 || IG_MODE == 2
+  *reinterpret_cast<uint4*>(y) = make_uint4(wg_pack2(o[0], o[1]), wg_pack2(o[2], o[3]),
+                                            wg_pack2(o[4], o[5]), wg_pack2(o[6], o[7]));
+#else
+  float4 big;
+  big.x = tf32_round(o[0]);
+  big.y = tf32_round(o[1]);
+  big.z = tf32_round(o[2]);
+  big.w = tf32_round(o[3]);
+  *reinterpret_cast<float4*>(y) = big;
+#if IG_MODE == 3
+  const float4 small = make_float4(tf32_round(o[0] - big.x), tf32_round(o[1] - big.y),
+                                   tf32_round(o[2] - big.z), tf32_round(o[3] - big.w));
+  *reinterpret_cast<float4*>(y + plane) = small;
+#endif
+#endif
+}
+
+#if WG_NHWC
+// The block's BM x BN tile, channels-last, in the operand type (with WG_KSLICED:
+// fp32 partial sums, one plane). The accumulators of one register sit 8 channels and 2 pixels
+// apart, so they go through shared memory first (fp32, [n][m]) and leave as 16-byte runs of
+// channels of one pixel.
+__device__ void wg_store_nhwc(const float (&total)[WG_MI][WG_ACC], wg_out_t* __restrict__ y,
                               const float* __restrict__ bias, const IgProblem& p, int m0,
                               int n0, int a_row, int b_row, float* stage, int ctid) {
-  constexpr int OV = 16 / (int)sizeof(ig_t);  // channels of one 16-byte store
+  constexpr int OV = 16 / (int)sizeof(wg_out_t);  // channels of one 16-byte store
   constexpr int PER_ROW = BM / OV;
   const int warp = (ctid / 32) % 4, lane = ctid % 32;
   wg_bar_consumers();  // every warpgroup is done reading the ring the tile goes into
@@ -404,34 +473,28 @@ __device__ void wg_store_nhwc(const float (&total)[WG_MI][WG_ACC], ig_t* __restr
     float o[OV];
 #pragma unroll
     for (int j = 0; j < OV; ++j)
-      o[j] = m + j < p.M ? wg_act(stage[nl * WG_EPI_LD + ml + j] + bias[m + j]) : 0.0f;
+      o[j] = m + j < p.M ? WG_OUT(stage[nl * WG_EPI_LD + ml + j], bias[m + j]) : 0.0f;
     const size_t at = (size_t)n * mp + m;
-#if IG_MODE == 1 || IG_MODE == 2
-    *reinterpret_cast<uint4*>(y + at) = make_uint4(wg_pack2(o[0], o[1]), wg_pack2(o[2], o[3]),
-                                                   wg_pack2(o[4], o[5]), wg_pack2(o[6], o[7]));
+#if WG_KSLICED
+    *reinterpret_cast<float4*>(y + at) = make_float4(o[0], o[1], o[2], o[3]);
 #else
-    float4 big;
-    big.x = tf32_round(o[0]);
-    big.y = tf32_round(o[1]);
-    big.z = tf32_round(o[2]);
-    big.w = tf32_round(o[3]);
-    *reinterpret_cast<float4*>(y + at) = big;
-#if IG_MODE == 3
-    const float4 small = make_float4(tf32_round(o[0] - big.x), tf32_round(o[1] - big.y),
-                                     tf32_round(o[2] - big.z), tf32_round(o[3] - big.w));
-    *reinterpret_cast<float4*>(y + at + (size_t)p.N * mp) = small;
-#endif
+    wg_put_operand(y + at, (size_t)p.N * mp, o);
 #endif
   }
 }
+#endif
 
 // The block's output from the consumer warpgroups' registers (ctid: the thread among the
-// WG_CONSUMERS; every k-tile has been consumed, so the ring at `stage` is free).
+// WG_CONSUMERS; every k-tile has been consumed, so the ring at `stage` is free). WG_KSLICED:
+// into slab blockIdx.z of the partial sums, each slab one output's elements in its order.
 __device__ __forceinline__ void wg_epilogue(const float (&total)[WG_MI][WG_ACC],
                                             wg_out_t* __restrict__ y,
                                             const float* __restrict__ bias, const IgProblem& p,
                                             int m0, int n0, int a_row, int b_row, float* stage,
                                             int ctid) {
+#if WG_KSLICED
+  y += (size_t)blockIdx.z * p.N * (WG_NHWC ? (p.M + 7) & ~7 : p.M);
+#endif
 #if WG_NHWC
   wg_store_nhwc(total, y, bias, p, m0, n0, a_row, b_row, stage, ctid);
 #else
@@ -440,3 +503,48 @@ __device__ __forceinline__ void wg_epilogue(const float (&total)[WG_MI][WG_ACC],
     wg_store(total[mi], y, bias, p, m0 + a_row + 64 * mi, n0 + b_row);
 #endif
 }
+
+#if WG_KSLICED
+// y = the slabs of partial sums added in slice order (fixed: deterministic), + bias, through
+// the activation, in the output's form: NCHW fp32 one element a thread, or channels-last
+// OV channels a thread through the epilogue's own store (channels M..Mp-1 written as zeros).
+// The slabs hold `slices` planes of y's elements in y's order, so every access is coalesced.
+extern "C" __global__ void __launch_bounds__(256)
+wg_splitk_reduce(const float* __restrict__ slabs, const float* __restrict__ bias,
+                 wg_y_t* __restrict__ y, int M, int N, int pix, int slices) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+#if WG_NHWC
+  constexpr int OV = 16 / (int)sizeof(ig_t);
+  const int mp = (M + 7) & ~7;
+  const size_t plane = (size_t)N * mp;
+  for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < plane / OV; v += stride) {
+    const size_t at = v * OV;
+    const int m = (int)(at % mp);
+    float o[OV];
+#pragma unroll
+    for (int j = 0; j < OV; ++j) o[j] = 0.0f;
+    for (int z = 0; z < slices; ++z) {
+      const float4* s = reinterpret_cast<const float4*>(slabs + z * plane + at);
+#pragma unroll
+      for (int q = 0; q < OV / 4; ++q) {
+        const float4 f = s[q];
+        o[4 * q] += f.x;
+        o[4 * q + 1] += f.y;
+        o[4 * q + 2] += f.z;
+        o[4 * q + 3] += f.w;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < OV; ++j) o[j] = m + j < M ? wg_act(o[j] + bias[m + j]) : 0.0f;
+    wg_put_operand(y + at, plane, o);
+  }
+#else
+  const size_t plane = (size_t)M * N;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < plane; i += stride) {
+    float s = 0.0f;
+    for (int z = 0; z < slices; ++z) s += slabs[z * plane + i];
+    y[i] = wg_act(s + bias[(i / pix) % M]);
+  }
+#endif
+}
+#endif
