@@ -81,21 +81,76 @@ WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
 }
 
 
+# Split-K in the wgmma rungs (WG_KSLICED: block z multiplies k-slice z, a second kernel adds
+# the slices' fp32 slabs in order). The rule's factor is at most WG_MAX_SPLIT (the tuner's
+# space), keeps WG_SLICE_MIN k-tiles a slice (fewer leave the ring nothing to overlap) and
+# fills at most one wave: every wide tile of both rungs takes over half an SM's shared memory,
+# so one block an SM. auto's model splits only where the 128 x 128 tiles are fewer than the
+# SMs and N >= WGMMA_SPLIT_MIN_N: conv5_x at B = 6..20; at B <= 4 (N <= 784) and on fc6/fc7
+# (N = B) rung 27's 16-64-column split-K tiles measured best and keep those shapes. A split
+# tile's cost is its unsplit wave cost / split x WG_SPLIT_COST (the slabs' round trip and the
+# reduction: a guess until benchmarks/plans/vgg_splitk.toml measures it).
+WG_MAX_SPLIT = 4
+WG_SLICE_MIN = 4
+WG_SPLIT_COST = 1.1
+WGMMA_SPLIT_MIN_N = 1024
+WG_TILE_BYTES = 128  # a wgmma k-tile: 128 bytes of an operand row
+
+
+def wgmma_k_tiles(shape: ConvShape, mode: str) -> int:
+    """k-tiles of the wgmma rungs' main loop: Kd in 128-byte steps."""
+    return ceil_div(gemm_dims(shape)[2], WG_TILE_BYTES // elem_bytes(mode))
+
+
+def wgmma_split(shape: ConvShape, mode: str, tile: Mapping[str, int],
+                sms: int = DEFAULT_SMS) -> int:
+    """The wgmma rungs' split-K factor for a tile (what SPLIT = 0 runs): the largest up to
+    WG_MAX_SPLIT that keeps tiles x split within one wave of `sms` blocks and each slice at
+    least WG_SLICE_MIN k-tiles; 1 where the tiles alone fill the SMs (conv5_x B=8 fp16 on 132
+    SMs: 36 tiles of 128 x 192 split 3 = 108 blocks of 24 k-tiles)."""
+    M, N, _ = gemm_dims(shape)
+    tiles = ceil_div(M, tile["BM"]) * ceil_div(N, tile["BN"])
+    k_tiles = wgmma_k_tiles(shape, mode)
+    split = 1
+    while (split < WG_MAX_SPLIT and tiles * (split + 1) <= sms
+           and k_tiles // (split + 1) >= WG_SLICE_MIN):
+        split += 1
+    return split
+
+
+def wgmma_splits(shape: ConvShape, sms: int = DEFAULT_SMS) -> bool:
+    """Whether auto's model runs the wgmma rungs split on this shape (see WG_MAX_SPLIT)."""
+    M, N, _ = gemm_dims(shape)
+    return M > 64 and N >= WGMMA_SPLIT_MIN_N and ceil_div(M, 128) * ceil_div(N, 128) < sms
+
+
 def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
-                wide: Sequence[Mapping[str, int]] | None = None) -> dict[str, int]:
+                wide: Sequence[Mapping[str, int]] | None = None,
+                split: bool | None = None) -> dict[str, int]:
     """Rung 39's tile for the shape: WGMMA_NARROW for M <= 64, else the WGMMA_WIDE candidate
     (or rung 40's, `wide`) with the least waves x (BM + BN). Its main loop streams both
     operands from L2, so a tile costs about its BM + BN rows per k-step, and a partly filled
     last wave costs a full one (conv5_x on 132 SMs: B=64 takes 128 x 192, 264 tiles in 2
-    waves, over 128 x 128's 392 in 3; B=16 keeps 128 x 128, 100 tiles in one wave)."""
+    waves, over 128 x 128's 392 in 3; unsplit, B=16 keeps 128 x 128, 100 tiles in one wave).
+    Where `split` (default: `wgmma_splits`), each candidate runs at its `wgmma_split` factor,
+    which divides its k-steps (cost / split x WG_SPLIT_COST), and a split winner comes with
+    SPLIT = 0 (the rule again at prepare, on the GPU's own SM count)."""
     M, N, _ = gemm_dims(shape)
     if M <= 64:
         return dict(WGMMA_NARROW[mode])
+    splits = wgmma_splits(shape, sms) if split is None else split
 
-    def cost(t: Mapping[str, int]) -> int:
-        return ceil_div(ceil_div(M, t["BM"]) * ceil_div(N, t["BN"]), sms) * (t["BM"] + t["BN"])
+    def split_of(t: Mapping[str, int]) -> int:
+        return wgmma_split(shape, mode, t, sms) if splits else 1
 
-    return dict(min(WGMMA_WIDE[mode] if wide is None else wide, key=cost))
+    def cost(t: Mapping[str, int]) -> float:
+        split = split_of(t)
+        blocks = ceil_div(M, t["BM"]) * ceil_div(N, t["BN"]) * split
+        waves = ceil_div(blocks, sms) * (t["BM"] + t["BN"]) / split
+        return waves * WG_SPLIT_COST if split > 1 else waves
+
+    best = min(WGMMA_WIDE[mode] if wide is None else wide, key=cost)
+    return {**best, "SPLIT": 0} if split_of(best) > 1 else dict(best)
 
 
 # Split-K pays while the output has fewer 128 x 128 tiles than this fraction of the SMs:
@@ -135,13 +190,16 @@ def plan(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
          wgmma: bool = False) -> tuple[str, dict[str, int]]:
     """The rung and tiles the shape model picks (auto without a cache entry): split-K where
     the output has fewer than SPLIT_BELOW_WAVES x sms tiles of 128 x 128 (its rows by
-    split_rows, its factor then chosen by split_factor at prepare); else rung 39 (wgmma)
-    where the GPU has it, else rung 26, each with 64-row tiles for M <= 64."""
+    split_rows, its factor then chosen by split_factor at prepare), unless the GPU has wgmma
+    and `wgmma_splits` gives the shape to rung 39's own split-K; else rung 39 (wgmma, tiles
+    and split by `wgmma_tiles`) where the GPU has it, else rung 26, each with 64-row tiles
+    for M <= 64."""
     if mode not in _TILES:
         raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
     M, N, _ = gemm_dims(shape)
     kind = "narrow" if M <= 64 else "wide"
-    if ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms:
+    if (ceil_div(M, 128) * ceil_div(N, 128) < SPLIT_BELOW_WAVES * sms
+            and not (wgmma and wgmma_splits(shape, sms))):
         params = defaults(mode, split=True)
         params["BN"] = next((bn for bn in _SPLIT_BN if bn >= N), params["BN"])
         params["BM"] = split_rows(shape, params["BN"], params["BK"], sms)
@@ -384,4 +442,4 @@ for _mode in ("3xtf32", "tf32", "fp16", "bf16"):
         compile_variants=_variants(_mode, True), tolerance=TOLERANCE[_mode]))
 
 __all__ = ["gemm_dims", "igemm_defines", "k_slices", "operand_weights", "plan",
-           "split_factor"]
+           "split_factor", "wgmma_k_tiles", "wgmma_split", "wgmma_splits", "wgmma_tiles"]

@@ -9,6 +9,13 @@ small parts one after the other), and `run` writes x channels-last in the same f
 counted kernel, always run: the rounding or split happens there). Rung 40 is rung 39 with a
 producer warpgroup and per-stage mbarriers instead of a block barrier per k-tile.
 
+`SPLIT` cuts the k-tiles into that many slices, one block each (1: off, the defaults; 0: the
+shape's factor, `implicit_gemm.wgmma_split`): the blocks write fp32 partial sums to a
+workspace made at prepare (SPLIT slabs of the output's elements, in its order) and a second
+kernel (`wg_splitk_reduce`) adds them in slice order, with bias and ReLU, into the output's
+form. It serves outputs with fewer tiles than SMs (conv5_x at batch 8-16), where `auto`'s
+model (`implicit_gemm.wgmma_tiles`) takes it.
+
 `layout=nhwc` (a parameter, not searched by the tuner, so `auto` never runs it for its NCHW
 callers) changes the run's contract: `run(x, y)` takes the input already channels-last in
 the operand form (`to_operand`) and writes the output the same way (`output_buffer`,
@@ -46,6 +53,8 @@ ALIGN_SLACK = 1024  # the kernels align their ring to the swizzle's 1024-byte pe
 EPILOGUE_PAD = 4  # fp32 padding of a row of the NHWC epilogue's staging tile ([n][BM + 4])
 LAYOUT_TILE = 32  # the layout pass transposes 32 x 32 tiles with (32, 8) threads
 LAYOUTS = ("nchw", "nhwc")
+MAX_SLICES = 65535  # gridDim.z
+REDUCE_BLOCK = 256  # wg_splitk_reduce's threads
 
 
 @dataclass(frozen=True)
@@ -85,12 +94,18 @@ COPY_ROWS = RUNG39.copy_rows
 # Pruned to what won or came close in the H100 sweeps (docs/vgg.md): BN = 256 never won, and
 # 3 stages were within 3% of 2 or 4 on every layer. Values outside stay valid (the plans
 # that measured them still run); the space is what the tuner searches and CI compiles.
-_SPACE = {"BM": (64, 128, 256), "BN": (128, 192), "STAGES": (2, 4), "PIPE": (0, 1)}
-_SPACE_3X = {"BM": (64, 128), "BN": (64, 128, 192), "STAGES": (2, 3, 4)}
+# SPLIT: k-slices (1 = off), every rung and mode; CI compiles its define set (WG_KSLICED, the
+# same for every factor) at the first wide tiles only (`_variants`).
+SPLITS = (1, 2, 3, 4)
+_SPACE = {"BM": (64, 128, 256), "BN": (128, 192), "STAGES": (2, 4), "PIPE": (0, 1),
+          "SPLIT": SPLITS}
+_SPACE_3X = {"BM": (64, 128), "BN": (64, 128, 192), "STAGES": (2, 3, 4), "SPLIT": SPLITS}
 # Rung 40 (no 64-row tiles): 3 or 4 stages, the k-tile before kept in flight, A by cp.async
 # or by the tensor copy engine (TMA = 1).
-_SPACE_40 = {"BM": (128, 256), "BN": (128, 192), "STAGES": (3, 4), "PIPE": (1,), "TMA": (0, 1)}
-_SPACE_40_3X = {"BM": (128,), "BN": (128, 192), "STAGES": (2, 3), "TMA": (0, 1)}
+_SPACE_40 = {"BM": (128, 256), "BN": (128, 192), "STAGES": (3, 4), "PIPE": (1,), "TMA": (0, 1),
+             "SPLIT": SPLITS}
+_SPACE_40_3X = {"BM": (128,), "BN": (128, 192), "STAGES": (2, 3), "TMA": (0, 1),
+                "SPLIT": SPLITS}
 # Rung 40's start: 256 x 192 fills 132 SMs in one wave on conv5_x at batch 64 (2 x 66 tiles);
 # the wave model (`ig.wgmma_tiles`) weighs it against 128 x 192 and 128 x 128. A by TMA: on
 # the H100, conv5_x B=64 NHWC fp16 0.107-0.112 ms against 0.133-0.136 by cp.async (tf32
@@ -120,7 +135,7 @@ def tiles(mode: str, rung: WgRung = RUNG39) -> tuple[dict[str, int], ...]:
 
 
 def defaults(mode: str, rung: WgRung = RUNG39) -> dict[str, Any]:
-    return {**tiles(mode, rung)[0], **FIXED}
+    return {**tiles(mode, rung)[0], "SPLIT": 1, **FIXED}
 
 
 def pipelined_plan(shape: ConvShape, mode: str, sms: int = ig.DEFAULT_SMS
@@ -128,8 +143,9 @@ def pipelined_plan(shape: ConvShape, mode: str, sms: int = ig.DEFAULT_SMS
     """Rung 40 where `auto` takes it over rung 39: where the wave model over rung 40's tiles
     picks 256-row ones (conv5_x at batch 64: 132 tiles of 256 x 192, one wave), which only its
     224-register consumers hold; the H100 measured 0.107-0.112 ms there against rung 39's
-    0.141 (NHWC fp16; tf32 0.171 against 0.218). Elsewhere (128-row tiles: a tie at conv5_x
-    batch 32, 0.076 against 0.078) None, and rung 39 keeps the shape."""
+    0.141 (NHWC fp16; tf32 0.171 against 0.218); with split-K (`ig.wgmma_splits`) the model
+    also gives it conv5_x at batch 12-20 (256 x 192 split 3-4). Elsewhere (128-row tiles: a
+    tie at conv5_x batch 32, 0.076 against 0.078) None, and rung 39 keeps the shape."""
     tile = ig.wgmma_tiles(shape, mode, sms, WGP_WIDE[mode])
     return (RUNG40.prefix + mode, tile) if tile["BM"] == 256 else None
 
@@ -172,7 +188,7 @@ def wgmma_defines(mode: str, params: Mapping[str, Any],
     bm, bn, stages = (int(params[k]) for k in ("BM", "BN", "STAGES"))
     pipe = 0 if mode == "3xtf32" else int(params.get("PIPE", 1))
     nhwc, relu = layout_of(params) == "nhwc", int(params.get("relu", 0))
-    tma = int(params.get("TMA", 0))
+    tma, split = int(params.get("TMA", 0)), int(params.get("SPLIT", 1))
     if bm not in rung.bms or bn % rung.copy_rows or warpgroup_n(bm, bn) not in WG_N:
         raise ValueError(f"igemm-wg: rung {rung.rung} runs BM of {rung.bms} and each "
                          f"warpgroup's N ({', '.join(map(str, WG_N))}) a multiple of "
@@ -186,13 +202,39 @@ def wgmma_defines(mode: str, params: Mapping[str, Any],
     if relu not in (0, 1) or tma not in ((0, 1) if rung.tma else (0,)):
         raise ValueError(f"igemm-wg: relu is 0 or 1, and TMA 0 or (rung 40) 1; got relu={relu} "
                          f"TMA={tma}")
+    if split < 0:
+        raise ValueError(f"igemm-wg: SPLIT is 0 (from the shape), 1 (off) or the number of "
+                         f"k-slices, got SPLIT={split}")
     if smem_bytes(mode, bm, bn, stages, nhwc) + rung.barrier_bytes * stages > ig.SMEM_LIMIT:
         raise ValueError(f"igemm-wg: {stages} stages of {bm}x{bn} exceed {ig.SMEM_LIMIT} B of "
                          "shared memory")
     out = {"IG_MODE": ig.MODES[mode], "BM": bm, "BN": bn, "STAGES": stages, "PIPE": pipe}
-    # Only where set: the NCHW sets stay the ones measured and cached before the option.
+    # Only where set: the NCHW sets stay the ones measured and cached before the options. Every
+    # split factor is one set (the slices are gridDim.z); SPLIT = 0 builds it too, and prepare
+    # asks for the unsplit set where the shape's factor comes out 1.
     return {**out, **({"WG_NHWC": 1} if nhwc else {}), **({"WG_RELU": 1} if relu else {}),
-            **({"WP_TMA": 1} if tma else {})}
+            **({"WP_TMA": 1} if tma else {}), **({"WG_KSLICED": 1} if split != 1 else {})}
+
+
+def split_of(shape: ConvShape, mode: str, params: Mapping[str, Any],
+             sms: int = ig.DEFAULT_SMS) -> int:
+    """The k-slices a run makes: SPLIT, or for SPLIT = 0 the shape's factor on `sms` SMs;
+    ValueError where a slice would get no k-tile."""
+    split = int(params.get("SPLIT", 1))
+    if split == 0:
+        split = ig.wgmma_split(shape, mode, {k: int(params[k]) for k in ("BM", "BN")}, sms)
+    k_tiles = ig.wgmma_k_tiles(shape, mode)
+    if not 1 <= split <= min(k_tiles, MAX_SLICES):
+        raise ValueError(f"igemm-wg: SPLIT={split} k-slices need 1 to {min(k_tiles, MAX_SLICES)} "
+                         f"for this shape ({k_tiles} k-tiles of {ig.WG_TILE_BYTES} bytes)")
+    return split
+
+
+def slab_elements(shape: ConvShape, nhwc: bool) -> int:
+    """Elements of one slab of split-K partial sums: one output plane, NCHW (B, M, Ho, Wo) or
+    channels-last (B, Ho, Wo, Mp), fp32."""
+    M, N, _ = ig.gemm_dims(shape)
+    return N * (ig.padded_channels(M) if nhwc else M)
 
 
 def layout_defines(mode: str) -> dict[str, int]:
@@ -202,7 +244,7 @@ def layout_defines(mode: str) -> dict[str, int]:
 
 def _variants(mode: str, rung: WgRung) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
-        sp = space(mode, rung)
+        sp = {k: v for k, v in space(mode, rung).items() if k != "SPLIT"}
         keys = sorted(sp)
         out = []
         for combo in itertools.product(*(sp[k] for k in keys)):
@@ -218,7 +260,11 @@ def _variants(mode: str, rung: WgRung) -> Callable[[], list[dict[str, int]]]:
         out += [wgmma_defines(mode, {**t, "layout": "nhwc"}, rung) for t in nhwc]
         if rung is RUNG39:
             out.append(layout_defines(mode))
-        return out
+        # Split-K (one set for every factor): NCHW and NHWC with ReLU at the first wide tile,
+        # NHWC at the second (in rung 40 with TMA, as auto's model runs it).
+        split = [first, {**first, "layout": "nhwc", "relu": 1},
+                 {**second, "layout": "nhwc", **({"TMA": 1} if rung.tma else {})}]
+        return out + [wgmma_defines(mode, {**t, "SPLIT": 2}, rung) for t in split]
 
     return variants
 
@@ -378,8 +424,12 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
     name = rung.prefix + mode
 
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        from convolab.gpu.device import sm_count
+
         cp = require_cupy()
-        defines = wgmma_defines(mode, params, rung)
+        wgmma_defines(mode, params, rung)  # the parameters' own errors first
+        split = split_of(shape, mode, params, sm_count())
+        defines = wgmma_defines(mode, {**params, "SPLIT": split}, rung)
         bm, bn, nhwc = defines["BM"], defines["BN"], "WG_NHWC" in defines
         smem = smem_bytes(mode, bm, bn, defines["STAGES"], nhwc)
         w_op = operand_weights(w, mode)
@@ -387,16 +437,26 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
         M, N, _ = ig.gemm_dims(shape)
         kernel = get_kernel(rung.file, rung.kernel, defines)
         kernel.max_dynamic_shared_size_bytes = smem
-        grid = (ceil_div(N, bn), ceil_div(M, bm))
+        grid = (ceil_div(N, bn), ceil_div(M, bm), split)
         x_plane = np.int64(shape.B * shape.H * shape.W * ig.padded_channels(shape.C))
         dims = ig.problem_args(shape)
 
         # Rung 40 takes the map's address last (the weights themselves where A is cp.async's).
         extra = (tensor_map(w_op, bm) if "WP_TMA" in defines else w_op,) if rung.tma else ()
+        slabs = reduce = None
+        if split > 1:  # the GEMM writes partial sums to `slabs`; `reduce` makes y of them
+            slabs = cp.empty((split, slab_elements(shape, nhwc)), dtype=cp.float32)
+            reduce = get_kernel(rung.file, "wg_splitk_reduce", defines)
+            per_thread = 16 // np.dtype(operand_dtype(mode)).itemsize if nhwc else 1
+            r_grid = (min(ceil_div(slabs[0].size // per_thread, REDUCE_BLOCK), 65535),)
+            r_args = tuple(np.int32(v) for v in (M, N, shape.H_out * shape.W_out, split))
 
         def launch(x_op: Any, y: Any) -> None:
-            kernel(grid, (rung.threads,), (x_op, w_op, b_d, y, *dims, x_plane, *extra),
+            out = y if slabs is None else slabs
+            kernel(grid, (rung.threads,), (x_op, w_op, b_d, out, *dims, x_plane, *extra),
                    shared_mem=smem)
+            if reduce is not None:
+                reduce(r_grid, (REDUCE_BLOCK,), (slabs, b_d, y, *r_args))
 
         if nhwc:
             x_want = operand_shape(mode, shape.B, shape.H, shape.W, shape.C)
@@ -426,6 +486,6 @@ for _rung, _mode in itertools.product(RUNGS, ("3xtf32", "tf32", "fp16", "bf16"))
         tolerance=TOLERANCE[_mode]))
 
 __all__ = ["MODE_OF", "RUNG39", "RUNG40", "from_operand", "layout_pass", "operand_dtype",
-           "pipelined_plan", "tensor_map", "tensor_map_geometry",
+           "pipelined_plan", "slab_elements", "split_of", "tensor_map", "tensor_map_geometry",
            "operand_shape", "operand_weights", "output_buffer", "poison_operand", "smem_bytes",
            "tf32_round", "to_operand", "warpgroup_n", "wgmma_defines", "wgmma_ruled_out"]
