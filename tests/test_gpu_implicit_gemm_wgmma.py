@@ -5,8 +5,11 @@ GPU tests: every precision of both rungs against the fp64 reference on fresh ran
 and M off the tile multiples, K 1 and 3, stride 1 and 2), outputs poisoned with NaN, at the
 defaults and at a random point of the tunable space; a 4608-term conv5_x-like sum; the
 channels-last form (`layout=nhwc`, with and without ReLU) against the same reference,
-converted for the comparison only; `auto` taking the rung on Hopper. CPU tests: the host's
-define rules and the kernels' index arithmetic replayed in NumPy — the swizzled copies cover
+converted for the comparison only; split-K (SPLIT 2, 3, 4 and the shape's own, 0) in both
+layouts against the reference and against the unsplit run, bit-identical when repeated;
+`auto` taking the rung on Hopper. CPU tests: the host's define rules (the unsplit define sets
+exactly the ones before split-K), the split rule and auto's model around it, and the kernels'
+index arithmetic replayed in NumPy — the k-slices cover the k-tiles once, the swizzled copies cover
 each stage piece once and land where the descriptor's k-steps read them under the 128-byte
 swizzle, the accumulator layout covers a warpgroup's tile once, the NHWC epilogue's staging
 and 16-byte stores cover the block's tile once, and rung 40's full/empty parities never let
@@ -15,7 +18,9 @@ the producer refill a slot still being read.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from typing import Any
 
 import numpy as np
@@ -29,7 +34,7 @@ from convolab.gpu import implicit_gemm as ig
 from convolab.gpu import implicit_gemm_wgmma as wg
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, get_impl
-from convolab.shapes import ConvShape
+from convolab.shapes import ConvShape, ceil_div
 
 MODES = ("3xtf32", "tf32", "fp16", "bf16")
 RUNGS = {39: wg.RUNG39, 40: wg.RUNG40}
@@ -50,6 +55,9 @@ def test_defaults_and_space_are_valid(mode: str, rung: int) -> None:
     variants = impl.compile_variants()
     tiled = [d for d in variants if "BM" in d]
     assert tiled and any(d.get("WG_NHWC") and d.get("WG_RELU") for d in tiled)
+    sliced = [d for d in tiled if d.get("WG_KSLICED")]
+    assert {bool(d.get("WG_NHWC")) for d in sliced} == {False, True}  # CI compiles both
+    assert impl.defaults["SPLIT"] == 1 and impl.space["SPLIT"] == wg.SPLITS
     assert (wg.layout_defines(mode) in variants) == (rung == 39)  # 40 uses 39's layout pass
     for d in tiled:
         assert d["IG_MODE"] == ig.MODES[mode]
@@ -73,6 +81,7 @@ def test_defaults_and_space_are_valid(mode: str, rung: int) -> None:
     ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "layout": "nwhc"}, 39),  # no such layout
     ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "relu": 2}, 40),
     ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 1}, 39),   # rung 39 has no TMA path
+    ("tf32", {"BM": 128, "BN": 128, "STAGES": 3, "SPLIT": -1}, 40),  # 0, 1 or the slices
 ])
 def test_bad_defines_are_refused(mode: str, bad: dict[str, int], rung: int) -> None:
     with pytest.raises(ValueError, match="igemm-wg"):
@@ -122,8 +131,145 @@ def test_plan_takes_wgmma_where_the_output_fills_the_gpu() -> None:
 ])
 def test_wave_model_picks_the_measured_tiles(mode: str, batch: int,
                                              tile: tuple[int, int]) -> None:
-    got = ig.wgmma_tiles(ConvShape(batch, 512, 16, 16, 512, 3), mode, sms=132)
-    assert (got["BM"], got["BN"]) == tile
+    """(Unsplit runs: the sweeps predate split-K.)"""
+    got = ig.wgmma_tiles(ConvShape(batch, 512, 16, 16, 512, 3), mode, sms=132, split=False)
+    assert (got["BM"], got["BN"]) == tile and "SPLIT" not in got
+
+
+# The define sets of both rungs before split-K (155, sorted JSON lines): the unsplit sets must
+# stay these, since the cubin cache and every measured tile name them.
+UNSPLIT_SETS_SHA256 = "7c24248edb08eeb91be9aba844467a6a0ab6ca6feaf2f6d10115194d45d6a7d2"
+
+
+def test_unsplit_define_sets_are_the_ones_before_split_k() -> None:
+    sets = [d for r in RUNGS.values() for m in MODES
+            for d in get_impl(r.prefix + m).compile_variants()]
+    lines = sorted(json.dumps(d, sort_keys=True) for d in sets if "WG_KSLICED" not in d)
+    assert len(lines) == 155
+    assert hashlib.sha256("\n".join(lines).encode()).hexdigest() == UNSPLIT_SETS_SHA256
+    tile = {"BM": 128, "BN": 128, "STAGES": 4}
+    assert wg.wgmma_defines("fp16", {**tile, "SPLIT": 1}) == wg.wgmma_defines("fp16", tile)
+    for split in (0, 2, 3, 7):  # one set for every factor: the slices are gridDim.z
+        assert wg.wgmma_defines("fp16", {**tile, "SPLIT": split}) == \
+            {**wg.wgmma_defines("fp16", tile), "WG_KSLICED": 1}
+
+
+CONV5 = {b: ConvShape(b, 512, 16, 16, 512, 3) for b in (1, 2, 4, 8, 12, 16, 20, 24, 32, 64)}
+
+
+@pytest.mark.parametrize(("mode", "tile", "batch", "want"), [
+    ("fp16", (128, 192), 8, 3),    # 36 tiles: 108 blocks of 24 k-tiles
+    ("fp16", (128, 128), 8, 2),    # 52 tiles: 104 blocks
+    ("fp16", (256, 192), 8, 4),    # 18 tiles: WG_MAX_SPLIT
+    ("fp16", (256, 192), 16, 3),   # 34 tiles: 102 blocks
+    ("tf32", (128, 192), 12, 2),
+    ("fp16", (128, 128), 16, 1),   # 100 tiles: a second slice each would make two waves
+    ("fp16", (128, 192), 32, 1),   # 132 tiles fill the SMs
+])
+def test_split_rule_fills_one_wave(mode: str, tile: tuple[int, int], batch: int,
+                                   want: int) -> None:
+    t = {"BM": tile[0], "BN": tile[1]}
+    assert ig.wgmma_split(CONV5[batch], mode, t, sms=132) == want
+    assert wg.split_of(CONV5[batch], mode, {**t, "SPLIT": 0}, sms=132) == want
+
+
+def test_split_rule_keeps_k_tiles_in_each_slice() -> None:
+    one_tile = {"BM": 128, "BN": 128}
+    # 8 k-tiles of fp16 (Kd = 512): two slices of 4; 7 k-tiles: no split
+    assert ig.wgmma_split(ConvShape(1, 512, 4, 4, 100, 1), "fp16", one_tile) == 2
+    assert ig.wgmma_split(ConvShape(1, 448, 4, 4, 100, 1), "fp16", one_tile) == 1
+    assert ig.wgmma_split(ConvShape(1, 448, 4, 4, 100, 1), "tf32", one_tile) == 3  # 14 k-tiles
+    shape = ConvShape(1, 3, 8, 8, 100, 1)  # one k-tile
+    assert wg.split_of(shape, "fp16", {**one_tile, "SPLIT": 1}) == 1
+    with pytest.raises(ValueError, match="SPLIT=2 k-slices need 1 to 1"):
+        wg.split_of(shape, "fp16", {**one_tile, "SPLIT": 2})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_wide_tile_holds_an_sm_alone(mode: str) -> None:
+    """The split rule fills one wave of blocks: every wide tile of both rungs takes more than
+    half an SM's shared memory, so an SM runs one such block at a time."""
+    from convolab.gpu.device import SM_SMEM_BYTES
+
+    for r in RUNGS.values():
+        for t in wg.tiles(mode, r):
+            assert 2 * (wg.smem_bytes(mode, t["BM"], t["BN"], t["STAGES"]) + 1024) > \
+                SM_SMEM_BYTES, (r.rung, t)
+
+
+def _auto(shape: ConvShape, mode: str) -> tuple[str, dict[str, Any]]:
+    """auto's shape model among the implicit GEMMs (kernel 41 left out), wgmma available."""
+    from convolab.gpu import auto
+
+    family = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}[mode]
+    names = {f"igemm-{family}", f"igemm-splitk-{family}", f"igemm-wg-{family}",
+             f"igemm-wgp-{family}"}
+    choice = auto.default_choice(shape, names, mode)
+    return choice.impl, choice.params
+
+
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "fp16"])
+def test_auto_splits_the_wgmma_rungs_on_conv5_x_at_batch_8_to_20(mode: str) -> None:
+    family = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}[mode]
+    for batch, shape in CONV5.items():
+        name, params = _auto(shape, mode)
+        if batch <= 4:  # rung 27's narrow split-K tiles (measured best there)
+            assert name == f"igemm-splitk-{family}", batch
+        elif batch <= 20:
+            assert name.startswith(("igemm-wg-", "igemm-wgp-")), batch
+            if mode == "fp32" and batch >= 16:  # 3xTF32's 100-124 tiles of 128 x 128
+                assert params.get("SPLIT", 1) == 1 and params["BN"] == 128, batch
+                continue
+            assert params["SPLIT"] == 0, batch
+            split = wg.split_of(shape, family, params)
+            blocks = ceil_div(shape.B * 196, params["BN"]) * (512 // params["BM"]) * split
+            assert 2 <= split <= ig.WG_MAX_SPLIT and 66 < blocks <= 132, (batch, blocks)
+        else:  # the tiles fill the SMs: unsplit, as before
+            assert params.get("SPLIT", 1) == 1 and name.startswith("igemm-wg"), batch
+    assert _auto(CONV5[8], mode)[0] == f"igemm-wg-{family}"
+    if mode != "fp32":
+        assert _auto(CONV5[16], mode)[0] == f"igemm-wgp-{family}"  # 256 x 192 split 3
+
+
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 16, 32, 64])
+def test_auto_keeps_fc_layers_and_conv1_2_unsplit(mode: str, batch: int) -> None:
+    """fc6/fc7 (N = B) stay on rung 27 (kernel 41 is left out here), conv1_2 on rung 39's
+    64-row tiles, none of them split in the wgmma rungs."""
+    family = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}[mode]
+    for fc in (ConvShape(batch, 25088, 1, 1, 4096, 1), ConvShape(batch, 4096, 1, 1, 1024, 1)):
+        assert _auto(fc, mode)[0] == f"igemm-splitk-{family}"
+    name, params = _auto(ConvShape(batch, 64, 226, 226, 64, 3), mode)
+    assert (name, params) == (f"igemm-wg-{family}", ig.WGMMA_NARROW[family])
+
+
+def test_k_slices_cover_the_k_tiles_once() -> None:
+    """wg_k_range: slice z of n is [z t / n, (z + 1) t / n): together every k-tile once, none
+    empty while n <= t, lengths within one of each other."""
+    for tiles, slices in itertools.product(range(1, 80), range(1, 9)):
+        if slices > tiles:
+            continue
+        bounds = [(z * tiles // slices, (z + 1) * tiles // slices) for z in range(slices)]
+        assert [k for a, b in bounds for k in range(a, b)] == list(range(tiles))
+        lengths = {b - a for a, b in bounds}
+        assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+
+
+@pytest.mark.parametrize("elem", [2, 4])
+def test_split_reduce_reads_the_slabs_in_the_output_order(elem: int) -> None:
+    """The slab of partial sums holds the output's elements in its order: wg_splitk_reduce's
+    channel of element i is (i / pix) % M (NCHW) or i % Mp (channels-last, OV = 16 / elem
+    channels a thread, Mp a multiple of OV), which is where the epilogues put channel m."""
+    b, m, pix = 3, 13, 10
+    nchw = np.arange(b * m * pix).reshape(b, m, pix)
+    assert np.array_equal((nchw // pix) % m, np.broadcast_to(np.arange(m)[:, None], nchw.shape))
+    mp, ov = ig.padded_channels(m), 16 // elem
+    assert mp % ov == 0
+    at = np.arange(0, b * pix * mp, ov)
+    chans = [(a % mp) + j for a in at for j in range(ov)]
+    assert chans == list(np.arange(mp)) * (b * pix)
+    assert wg.slab_elements(ConvShape(b, 8, 5, 2, m, 1), nhwc=False) == b * m * pix
+    assert wg.slab_elements(ConvShape(b, 8, 5, 2, m, 1), nhwc=True) == b * mp * pix
 
 
 def swizzle(offset: np.ndarray) -> np.ndarray:
@@ -268,7 +414,8 @@ def test_from_operand_undoes_the_channels_last_layout(mode: str,
     np.testing.assert_array_equal(wg.from_operand(a, c, mode), x)
 
 
-@pytest.mark.parametrize(("batch", "rung"), [(64, 40), (128, 40), (32, 39), (16, 39)])
+# Batch 16: 34 tiles of 256 x 192, split 3 (the split-K model; unsplit, rung 39's 128 x 128).
+@pytest.mark.parametrize(("batch", "rung"), [(64, 40), (128, 40), (32, 39), (16, 40)])
 @pytest.mark.parametrize("mode", ["tf32", "fp16"])
 def test_auto_takes_rung_40_where_its_256_row_tiles_fill_the_sms(batch: int, rung: int,
                                                                  mode: str) -> None:
@@ -280,6 +427,7 @@ def test_auto_takes_rung_40_where_its_256_row_tiles_fill_the_sms(batch: int, run
     assert choice.impl == RUNGS[rung].prefix + mode
     if rung == 40:
         assert (choice.params["BM"], choice.params["BN"], choice.params["TMA"]) == (256, 192, 1)
+        assert choice.params.get("SPLIT", 1) == (0 if batch == 16 else 1)
     # without rung 40 (not registered, or not eligible) rung 39 keeps the shape
     assert auto.default_choice(conv5, names - {wg.RUNG40.prefix + mode}, mode).impl == \
         wg.RUNG39.prefix + mode
@@ -323,13 +471,16 @@ def cases(module_seed: int) -> list[Case]:
     return [make_case(rng, random_shape(rng)) for _ in range(N_SHAPES)]
 
 
-def _points(impl: ConvImpl, nhwc: bool = False) -> list[dict[str, int]]:
-    """Parameters of every registered define set (NCHW, or NHWC with its ReLU flag): what CI
-    compiles and benchmarks/wgmma_warm.py builds ahead of the GPU tests."""
-    valid = [d for d in impl.compile_variants() if "BM" in d and ("WG_NHWC" in d) == nhwc]
+def _points(impl: ConvImpl, nhwc: bool = False, split: bool = False) -> list[dict[str, Any]]:
+    """Parameters of every registered define set (NCHW, or NHWC with its ReLU flag; unsplit,
+    or split-K's with SPLIT = 0, for the caller to set): what CI compiles and
+    benchmarks/wgmma_warm.py builds ahead of the GPU tests."""
+    valid = [d for d in impl.compile_variants() if "BM" in d and ("WG_NHWC" in d) == nhwc
+             and ("WG_KSLICED" in d) == split]
     named = {"TMA": "WP_TMA"}  # parameters whose define has another name (and is 0 if absent)
-    return [{**{k: d.get(named.get(k, k), 0) for k in impl.space},
-             **({"relu": d.get("WG_RELU", 0)} if nhwc else {})} for d in valid]
+    return [{**{k: d.get(named.get(k, k), 0) for k in impl.space}, "SPLIT": 0 if split else 1,
+             **({"relu": d.get("WG_RELU", 0), "layout": "nhwc"} if nhwc else {})}
+            for d in valid]
 
 
 def _random_point(impl: ConvImpl, rng: np.random.Generator) -> dict[str, int]:
@@ -352,21 +503,36 @@ def test_every_precision_on_random_shapes(name: str, cases: list[Case],
     assert not failures, f"{name} (tol {impl.tolerance}):\n" + "\n".join(failures[:10])
 
 
-def _run_nhwc(name: str, case: Case, params: dict[str, Any]) -> tuple[float, Any]:
-    """rel_l2 of a layout=nhwc run (input made channels-last outside, output converted back
-    for the comparison only) against the reference, ReLU'd where asked; and the raw output."""
+def _run(name: str, case: Case, params: dict[str, Any]) -> tuple[float, Any, Any]:
+    """rel_l2 of a run against the reference, ReLU'd where asked; its output as NCHW fp32
+    (layout=nhwc: input made channels-last outside, output converted back for the comparison
+    only); and the raw output, poisoned with NaN before the run."""
     import cupy as cp
+
+    from convolab.check import poison
 
     impl = get_impl(name)
     mode = wg.MODE_OF[name]
     run = impl.prepare(case.shape, cp.asarray(case.w), cp.asarray(case.b),
-                       impl.params_for({**params, "layout": "nhwc"}))
-    x_op = wg.to_operand(cp.asarray(case.x), mode)
-    y = wg.output_buffer(case.shape, mode)
-    wg.poison_operand(y, mode)
-    run(x_op, y)
+                       impl.params_for(params))
+    if params.get("layout") == "nhwc":
+        x = wg.to_operand(cp.asarray(case.x), mode)
+        y = wg.output_buffer(case.shape, mode)
+        wg.poison_operand(y, mode)
+    else:
+        x = cp.asarray(case.x)
+        y = cp.empty(case.shape.y_shape, dtype=cp.float32)
+        poison(y)
+    run(x, y)
+    out = wg.from_operand(y, case.shape.M, mode) if params.get("layout") == "nhwc" else y
     ref = np.maximum(case.ref, 0) if params.get("relu") else case.ref
-    return rel_l2(wg.from_operand(y, case.shape.M, mode), ref), y
+    return rel_l2(out, ref), out, y
+
+
+def _run_nhwc(name: str, case: Case, params: dict[str, Any]) -> tuple[float, Any]:
+    """rel_l2 of a layout=nhwc run against the reference, and the raw output."""
+    err, _, y = _run(name, case, {**params, "layout": "nhwc"})
+    return err, y
 
 
 @pytest.mark.gpu
@@ -401,6 +567,57 @@ def test_channels_last_run_refuses_an_nchw_input(rng: np.random.Generator) -> No
         run(cp.asarray(case.x), wg.output_buffer(shape, "fp16"))
 
 
+def _split_shape(rng: np.random.Generator) -> ConvShape:
+    """A random layer with 10-40 k-tiles (a k-slice length the k-tiles rarely divide, the last
+    k-tile partial where Kd is not a multiple of 32/64), C and M off the tile multiples."""
+    while True:
+        k = int(rng.choice([1, 3]))
+        c = int(rng.choice([100, 200, 300])) if k == 3 else int(rng.integers(600, 2500))
+        shape = ConvShape(int(rng.integers(1, 4)), c, int(rng.integers(k + 4, k + 14)),
+                          int(rng.integers(k + 4, k + 14)), int(rng.choice([70, 130, 200])), k,
+                          int(rng.choice([1, 2])))
+        if shape.flops < 3e8:
+            return shape
+
+
+@pytest.fixture(scope="module")
+def split_cases(module_seed: int) -> list[Case]:
+    rng = np.random.default_rng(module_seed + 1)
+    return [make_case(rng, _split_shape(rng)) for _ in range(4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_split_k_on_random_shapes(name: str, split_cases: list[Case],
+                                  rng: np.random.Generator) -> None:
+    """SPLIT 2, 3, 4 and the shape's own (0) at every split-K define set (NCHW, NHWC with
+    ReLU, NHWC): against the fp64 reference, against the unsplit run of the same tile within
+    the tolerance, and bit-identical when run again (the slices are added in a fixed order).
+    NHWC's padded channels come out zero, as the unsplit epilogue writes them."""
+    impl = get_impl(name)
+    mode = wg.MODE_OF[name]
+    failures = []
+    points = _points(impl, split=True) + _points(impl, nhwc=True, split=True)
+    assert len(points) >= 3
+    for case in split_cases:
+        for point in points:
+            _, whole, _ = _run(name, case, {**point, "SPLIT": 1})
+            for split in (2, 3, 4, 0):
+                params = {**point, "SPLIT": split}
+                label = f"{case.shape} {params} ({wg.split_of(case.shape, mode, params)} slices)"
+                err, out, y = _run(name, case, params)
+                agree = rel_l2(out, whole)
+                if not (err <= impl.tolerance and agree <= impl.tolerance):
+                    failures.append(f"{label}: rel_l2 {err:.3g}, against unsplit {agree:.3g}")
+                if point.get("layout") == "nhwc":
+                    pad = y[..., case.shape.M:].get().astype(np.float32)
+                    if np.any(pad != 0):
+                        failures.append(f"{label}: padded channels {np.unique(pad)}")
+                if split == 3 and not bool((_run(name, case, params)[2] == y).all()):
+                    failures.append(f"{label}: a second run differs")
+    assert not failures, f"{name} (tol {impl.tolerance}):\n" + "\n".join(failures[:10])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", RUNGS)
 @pytest.mark.parametrize("mode", MODES)
@@ -424,6 +641,12 @@ def test_conv5_like_deep_k(mode: str, rung: int, rng: np.random.Generator) -> No
     for params in (*wg.tiles(mode, r)[:2], *narrow):
         err, _ = _run_nhwc(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params} nhwc: {err:.3g}"
+    # split-K: 4 slices NCHW, 3 channels-last (72 or 144 k-tiles: 18/36 and 24/48 a slice)
+    tma = {"TMA": 1} if r.tma else {}
+    for params in ({**wg.tiles(mode, r)[0], "SPLIT": 4},
+                   {**wg.tiles(mode, r)[1], **tma, "SPLIT": 3, "layout": "nhwc", "relu": 0}):
+        err, _, _ = _run(impl.name, case, params)
+        assert err <= impl.tolerance, f"{impl.name} {params}: {err:.3g}"
 
 
 @pytest.mark.gpu
@@ -435,3 +658,7 @@ def test_auto_takes_wgmma_on_hopper() -> None:
     choice = auto.default_choice(conv5, eligible, "fp16")
     assert choice.impl == ("igemm-fp16" if wg.wgmma_ruled_out() else "igemm-wgp-fp16")
     assert choice.params.get("layout", "nchw") == "nchw"
+    conv5_b8 = ConvShape(8, 512, 16, 16, 512, 3)
+    choice = auto.default_choice(conv5_b8, auto.eligible_impls(conv5_b8, "fp16"), "fp16")
+    if not wg.wgmma_ruled_out():  # rung 39 split-K (rung 27's where there is no wgmma)
+        assert (choice.impl, choice.params["SPLIT"]) == ("igemm-wg-fp16", 0)
