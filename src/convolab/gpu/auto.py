@@ -20,7 +20,10 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
     SMs, else the wgmma rung 39 on Hopper (rung 26 elsewhere), tiles by M
     (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64 against every tile
     configuration (docs/vgg.md); rung 40 instead where its 256-row tiles fill the SMs
-    (`implicit_gemm_wgmma.pipelined_plan`);
+    (`implicit_gemm_wgmma.pipelined_plan`). On Hopper, where the 128 x 128 tiles are fewer
+    than the SMs and N >= 1024 (conv5_x at B = 6..20), the wgmma rungs' own split-K
+    (`SPLIT`, `implicit_gemm.wgmma_tiles`) takes the shape instead of rung 27 (not yet
+    measured);
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
     alone cannot fill the GPU, so the channel sum is spread over blocks;
   * C >= 16 otherwise: `channel-tree` — channel slices per block, reduced on chip;
