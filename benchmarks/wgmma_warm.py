@@ -3,7 +3,8 @@ the GPU tests and plans that follow find their sm_90a cubins in the on-disk cach
 (`compile._arch_cubin`): one NVRTC build takes seconds, and the tests draw random tiles.
 `--plan FILE` also builds the wgmma rows of a bench plan that lie outside those sets.
 `--check` then runs each rung and mode once at its defaults, NCHW and channels-last, on a
-conv5_x-like layer at batch 2 against the fp64 reference (a quick look before the plans);
+conv5_x-like layer at batch 2 against the fp64 reference, and split-K (SPLIT=3) the same way
+(a quick look before the plans);
 `--once NAME:k=v,...` runs one contender on conv5_x at batch 64 once (for a profiler).
 
     PYTHONPATH=src python3 benchmarks/wgmma_warm.py [--plan FILE] [--check] [--once SPEC]
@@ -63,6 +64,7 @@ def check() -> None:
     x_d, w_d, b_d = cp.asarray(x), cp.asarray(w), cp.asarray(b)
     runs = [(n, {}) for n in wg.MODE_OF] + [(n, {"TMA": 1}) for n in wg.MODE_OF
                                             if n.startswith(wg.RUNG40.prefix)]
+    runs += [(n, {"SPLIT": 3}) for n in wg.MODE_OF]  # split-K: 3 k-slices of 24 / 48 k-tiles
     for name, extra in runs:
         impl, mode = get_impl(name), wg.MODE_OF[name]
         y = cp.empty(shape.y_shape, dtype=cp.float32)

@@ -260,10 +260,10 @@ def _variants(mode: str, rung: WgRung) -> Callable[[], list[dict[str, int]]]:
         out += [wgmma_defines(mode, {**t, "layout": "nhwc"}, rung) for t in nhwc]
         if rung is RUNG39:
             out.append(layout_defines(mode))
-        # Split-K (one set for every factor): NCHW and NHWC with ReLU at the first wide tile,
-        # NHWC at the second (in rung 40 with TMA, as auto's model runs it).
-        split = [first, {**first, "layout": "nhwc", "relu": 1},
-                 {**second, "layout": "nhwc", **({"TMA": 1} if rung.tma else {})}]
+        # Split-K (one set for every factor): NCHW and NHWC at the first wide tile, NHWC with
+        # ReLU at the second (in rung 40 with TMA, as auto's model runs it).
+        split = [first, {**first, "layout": "nhwc"},
+                 {**second, "layout": "nhwc", "relu": 1, **({"TMA": 1} if rung.tma else {})}]
         return out + [wgmma_defines(mode, {**t, "SPLIT": 2}, rung) for t in split]
 
     return variants
