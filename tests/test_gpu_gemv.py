@@ -1,16 +1,19 @@
-"""Kernel 41 (`gemv-fp32`, `gemv-fp16`, `gemv-bf16`): classifier layers at small batch as a
-weight-streaming GEMV.
+"""Kernel 41 (`gemv-fp32`, `gemv-tf32`, `gemv-fp16`, `gemv-bf16`): classifier layers at small
+batch as a weight-streaming GEMV.
 
 CPU tests: the host's launch plan (slices cover k exactly, shared memory, every define set a
-prepare can ask for is among those CI compiles), the kernel's warp reduce-scatter replayed in
-NumPy (every one of a row slot's sums lands in exactly one lane, at the index the kernel writes
-it to), and the kernel source itself run on the CPU by the emulator (tests/cuda_emulator.py:
-one std::thread a CUDA thread) on small layers in every mode, with slices and row groups,
-launched twice with the blocks in a random order each time. GPU tests: every mode against the
-fp64 reference on fresh random shapes (B 1-16, C and M off the tile multiples), outputs
-poisoned with NaN, at the defaults and at random points of the space, each run twice (bit-
-identical: the slice sum is ordered and the tickets reset), and VGG's fc6/fc7 at batches 1, 3
-and 16.
+prepare can ask for is among those CI compiles), the TF32 weights' two planes (unpacked, bit
+for bit the TF32 rounding of every weight: signs, subnormals, carries into the next binade,
+ties, overflow, inf and NaN), the kernel's warp reduce-scatter replayed in NumPy (every one of
+a row slot's sums lands in exactly one lane, at the index the kernel writes it to), and the
+kernel source itself run on the CPU by the emulator (tests/cuda_emulator.py: one std::thread a
+CUDA thread) on small layers in every mode, with slices and row groups, launched twice with the
+blocks in a random order each time. GPU tests: every mode against the fp64 reference on fresh
+random shapes (B 1-16, C and M off the tile multiples), outputs poisoned with NaN, at the
+defaults and at random points of the space, each run twice (bit-identical: the slice sum is
+ordered and the tickets reset), VGG's fc6/fc7 at batches 1, 3 and 16, and `gemv-tf32` at every
+batch size class on fc-like layers (within TF32's tolerance of fp64, and at fp32 accuracy
+against fp64 with the TF32-rounded weights: the kernel's operands are the TF32 values).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from convolab.check import poison, rel_l2
 from convolab.conv_cpu import conv_reference
 from convolab.gpu import gemv
 from convolab.gpu.compile import KERNEL_DIR, define_flags
+from convolab.gpu.implicit_gemm_wgmma import tf32_round
 from convolab.precision import TOLERANCE
 from convolab.registry import get_impl
 from convolab.shapes import ConvShape, ceil_div
@@ -69,7 +73,7 @@ def test_batch_columns_and_refusals() -> None:
     with pytest.raises(ValueError, match="batch 17"):
         gemv.batch_columns(17)
     with pytest.raises(ValueError, match="unknown mode"):
-        gemv.gemv_defines("tf32", 1, gemv.DEFAULTS)
+        gemv.gemv_defines("3xtf32", 1, gemv.DEFAULTS)
     with pytest.raises(ValueError, match="LANES"):
         gemv.gemv_defines("fp32", 1, {**gemv.DEFAULTS, "LANES": 16})
 
@@ -95,7 +99,7 @@ def test_launch_plan_covers_k_and_rows(mode: str, rng: np.random.Generator) -> N
                 assert params["SPLIT"] and "shared memory" in str(err)
                 continue
             d = p.defines
-            step = d["GV_LANES"] * d["GV_UNROLL"] * 16 // gemv.elem_bytes(mode)
+            step = d["GV_LANES"] * d["GV_UNROLL"] * gemv.piece_weights(mode)
             assert p.k_slice % step == 0 and p.k_slice % 4 == 0
             assert (p.slices - 1) * p.k_slice < shape.C <= p.slices * p.k_slice
             assert p.slices <= gemv.MAX_SLICES
@@ -120,7 +124,7 @@ def test_fc6_grid_is_whole_waves(resident: int) -> None:
 
 
 def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
-    """fc6/fc7 up to GEMV_MAX_BATCH: gemv-fp32 in fp32 and tf32 (exact, same bytes) up to 16,
+    """fc6/fc7 up to GEMV_MAX_BATCH: gemv-fp32 in fp32 and gemv-tf32 in tf32 up to 16,
     gemv-fp16 in fp16 up to 4; above, and on convolutions, the implicit GEMMs; the tuner starts
     kernel 41 at its defaults."""
     from convolab.bench.cases import VGG_SWEEP_BATCHES
@@ -135,14 +139,99 @@ def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
                 choice = auto.default_choice(s, names, mode)
                 if batch <= auto.GEMV_MAX_BATCH[mode]:
                     assert choice.impl == f"gemv-{auto.GEMV_FAMILY[mode]}"
+                    assert get_impl(choice.impl).tolerance <= TOLERANCE[mode]
                 else:
                     assert choice.impl.startswith("igemm-splitk-")
     assert auto.default_choice(FC7, names - {"gemv-fp32"}, "fp32").impl == "igemm-splitk-3xtf32"
+    assert auto.default_choice(FC6, names, "tf32").impl == "gemv-tf32"
+    assert auto.default_choice(FC6, names, "fp32").impl == "gemv-fp32"
     conv5 = ConvShape(1, 512, 16, 16, 512, 3)
     assert not auto.default_choice(conv5, names, "fp16").impl.startswith("gemv")
     impl = get_impl("gemv-fp16")
     assert tune.start_params(impl, FC6) == impl.params_for(None)
     assert impl in tune.tunable_impls()
+
+
+def unpack_tf32(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """The kernel's widen for GV_MODE 3 in NumPy: (hi << 16) | (nibble << 13), as uint32."""
+    k = np.arange(hi.shape[1])
+    nibble = (lo[:, k // 8] >> (4 * (k % 8)).astype(np.uint32)) & np.uint32(7)
+    return (hi.astype(np.uint32) << np.uint32(16)) | (nibble << np.uint32(13))
+
+
+TF32_ROWS = {"ties": 4, "under": 5, "carry": 6, "overflow": 7, "to_normal": 8, "inf": 11,
+             "nan": 12}
+
+
+def tf32_edge_weights(rng: np.random.Generator) -> np.ndarray:
+    """(64, 96) fp32: random normals of both signs and, in the rows TF32_ROWS names (and rows 1-3:
+    subnormals, the smallest subnormals, all 13 dropped bits set), the values TF32 rounding is
+    delicate on."""
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    w[1] *= np.float32(1e-39)
+    w[2] = rng.uniform(-1e-45, 1e-45, 96).astype(np.float32)
+    sign = rng.integers(0, 2, (8, 96), dtype=np.uint32) << np.uint32(31)
+    exponent = rng.integers(1, 0xFE, (8, 96), dtype=np.uint32) << np.uint32(23)
+    bits = sign | exponent | rng.integers(0, 1 << 23, (8, 96), dtype=np.uint32)
+    high = bits & np.uint32(0xFFFFE000)
+    bits[0] |= np.uint32(0x1FFF)
+    bits[1] = high[1] | np.uint32(0x1000)  # exact ties: away from zero
+    bits[2] = high[2] | np.uint32(0x0FFF)  # just under a tie: truncated
+    bits[3] = sign[3] | exponent[3] | np.uint32(0x007FF000)  # carries into the next binade
+    bits[4] = sign[4] | np.uint32(0x7F7FF000)  # the largest finite values: round to inf
+    bits[5] = sign[5] | np.uint32(0x007FF000)  # a subnormal that rounds to the smallest normal
+    w[3:11] = bits.view(np.float32)
+    w[TF32_ROWS["inf"], :48:2], w[TF32_ROWS["inf"], 1:48:2] = np.inf, -np.inf
+    nans = np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0xFFFFFFFF, 0x7FFFF000, 0x7F801FFF],
+                    dtype=np.uint32)
+    w[TF32_ROWS["nan"], : nans.size] = nans.view(np.float32)
+    return w
+
+
+def test_tf32_planes_unpack_to_the_tf32_rounding(rng: np.random.Generator) -> None:
+    """Unpacked as the kernel's widen does, the two planes are tf32_round(w) bit for bit (the
+    rounding of cvt.rna.tf32.f32: nearest, ties away), NaN stays NaN; the 16-bit plane is the
+    value's upper half (bf16's bits), each nibble's fourth bit is clear, and the one buffer the
+    kernel reads is the 16-bit plane then the nibble plane, 2.5 bytes a weight."""
+    w = tf32_edge_weights(rng)
+    hi, lo = gemv.tf32_planes(w)
+    assert hi.dtype == np.uint16 and hi.shape == w.shape
+    assert lo.dtype == np.uint32 and lo.shape == (w.shape[0], w.shape[1] // 8)
+    assert not (lo & np.uint32(0x88888888)).any()
+    got = unpack_tf32(hi, lo)
+    want = tf32_round(w).view(np.uint32)
+    nan = np.isnan(w)
+    assert nan.sum() == 6 and np.isnan(got.view(np.float32)[nan]).all()
+    assert np.array_equal(got[~nan], want[~nan])
+    assert np.array_equal(hi[~nan], (want[~nan] >> np.uint32(16)).astype(np.uint16))
+    assert (got & np.uint32(0x1FFF) == 0).all()
+    assert (np.signbit(got.view(np.float32)) == np.signbit(w)).all()
+    # The rule itself, independently of tf32_round, on the rows built for it.
+    with np.errstate(invalid="ignore"):  # the signalling NaNs quieten in the cast
+        v, a = got.view(np.float32).astype(np.float64), np.abs(w.astype(np.float64))
+    r = TF32_ROWS
+    assert (np.abs(v[r["ties"]]) > a[r["ties"]]).all()
+    assert (np.abs(v[r["under"]]) < a[r["under"]]).all()
+    w_bits = w.view(np.uint32)
+    assert (got[r["carry"]] >> np.uint32(23) == (w_bits[r["carry"]] >> np.uint32(23)) + 1).all()
+    assert np.isinf(v[r["overflow"]]).all() and np.isinf(v[r["inf"], :48]).all()
+    assert (got[r["to_normal"]] & np.uint32(0x7FFFFFFF) == 0x00800000).all()
+    buf = gemv.pack_tf32(w)
+    assert buf.dtype == np.uint8 and buf.size == w.size * gemv.elem_bytes("tf32")
+    assert np.array_equal(buf[: 2 * w.size].view(np.uint16).reshape(w.shape), hi)
+    assert np.array_equal(buf[2 * w.size:].view(np.uint32).reshape(lo.shape), lo)
+
+
+def test_tf32_planes_refuse_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gemv.tf32_planes(np.zeros((4, 12), np.float32))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gemv.tf32_planes(np.zeros(16, np.float32))
+
+
+def test_bytes_a_weight() -> None:
+    assert [gemv.elem_bytes(m) for m in ("fp32", "fp16", "bf16", "tf32")] == [4, 2, 2, 2.5]
+    assert [gemv.piece_weights(m) for m in ("fp32", "fp16", "bf16", "tf32")] == [4, 8, 8, 8]
 
 
 def x_word(b: int, c: int, h: int, quads: int, vec: int) -> int:
@@ -156,7 +245,7 @@ def x_word(b: int, c: int, h: int, quads: int, vec: int) -> int:
 def test_x_reads_are_free_of_bank_conflicts(mode: str, lanes: int) -> None:
     """Every 128-bit read of x takes one wavefront per quarter warp (8 lanes, 128 bytes; lanes
     reading the same word share it): the quads of a piece sit in separate planes."""
-    vec = 16 // gemv.elem_bytes(mode)
+    vec = gemv.piece_weights(mode)
     for k_slice in (lanes * vec * 2, lanes * vec * 8):
         quads = k_slice // 4
         for b, h, c0 in ((0, 0, 0), (3, vec // 4 - 1, lanes)):
@@ -271,9 +360,9 @@ int main(int argc, char** argv) {
   const int groups = atoi(argv[6]), tiles = atoi(argv[7]), slices = atoi(argv[8]);
   const int launches = atoi(argv[9]);
   std::mt19937 order_rng(atoi(argv[10]));
-  const int esize = GV_MODE == 0 ? 4 : 2;
+  const size_t w_bytes = (size_t)M * K * (GV_MODE == 0 ? 8 : GV_MODE == 3 ? 5 : 4) / 2;
   float* x = read<float>(dir, "x.bin", (size_t)B * K);
-  void* w = read<unsigned char>(dir, "w.bin", (size_t)M * K * esize);
+  void* w = read<unsigned char>(dir, "w.bin", w_bytes);
   float* bias = read<float>(dir, "b.bin", M);
   float* partial = read<float>(dir, "partial.bin", (size_t)slices * B * M);
   int* tickets = read<int>(dir, "tickets.bin", tiles);
@@ -322,13 +411,18 @@ EMULATED = [  # (mode, shape, params): slices and row groups, B off the powers o
     ("fp32", ConvShape(16, 136, 1, 1, 33, 1), {"ROWS": 4, "UNROLL": 4, "SPLIT": 2, "GROUPS": 1}),
     ("fp16", ConvShape(5, 1048, 1, 1, 70, 1), {"SPLIT": 4, "GROUPS": 1}),
     ("bf16", ConvShape(2, 520, 1, 1, 130, 1), {"SPLIT": 0, "GROUPS": 2}),
+    ("tf32", ConvShape(3, 1048, 1, 1, 77, 1), {"SPLIT": 4, "GROUPS": 2}),
+    ("tf32", ConvShape(16, 264, 1, 1, 37, 1), {"ROWS": 2, "LANES": 32, "SPLIT": 0,
+                                               "GROUPS": 1}),
 ]
 
 
 def host_weights(w: np.ndarray, mode: str) -> np.ndarray:
     """gemv.operand_weights in NumPy: (M, C) in the operand type (bf16 rounded to nearest
-    even, as implicit_gemm.to_bf16_bits)."""
+    even, as implicit_gemm.to_bf16_bits; tf32 the two planes in one buffer)."""
     w2 = np.ascontiguousarray(w.reshape(w.shape[0], -1), np.float32)
+    if mode == "tf32":
+        return gemv.pack_tf32(w2)
     if mode == "fp16":
         return w2.astype(np.float16)
     if mode == "bf16":
@@ -373,13 +467,17 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
     assert rel_l2(got, case.ref) <= TOLERANCE[mode]
     if mode == "fp32":  # every product and sum in fp32: within a few ulps of each output
         np.testing.assert_allclose(got, case.ref, rtol=0, atol=1e-4 * np.abs(case.ref).max())
+    if mode == "tf32":  # the TF32 weights exactly: fp32 accuracy against them in fp64
+        ref = conv_reference(case.x, tf32_round(case.w), case.b)
+        assert rel_l2(got, ref) <= TOLERANCE["fp32"], rel_l2(got, ref)
+        assert rel_l2(got, ref) < rel_l2(got, case.ref) / 10
 
 
 # ------------------------------------------------------------------------------- GPU
 
 
-def run_twice(name: str, case: Case, params: dict | None = None) -> tuple[float, bool]:
-    """rel L2 of the first run and whether a second run gave the same bits."""
+def outputs_of_two_runs(name: str, case: Case, params: dict | None = None) -> list:
+    """Two runs of one prepared layer, each into an output poisoned with NaN first."""
     import cupy as cp
 
     impl = get_impl(name)
@@ -392,8 +490,15 @@ def run_twice(name: str, case: Case, params: dict | None = None) -> tuple[float,
         poison(y)
         run(x, y)
         outs.append(y)
-    same = bool(cp.array_equal(outs[0], outs[1]))
-    return rel_l2(outs[0], case.ref), same
+    return outs
+
+
+def run_twice(name: str, case: Case, params: dict | None = None) -> tuple[float, bool]:
+    """rel L2 of the first run and whether a second run gave the same bits."""
+    import cupy as cp
+
+    outs = outputs_of_two_runs(name, case, params)
+    return rel_l2(outs[0], case.ref), bool(cp.array_equal(outs[0], outs[1]))
 
 
 @pytest.fixture(scope="module")
@@ -434,6 +539,45 @@ def test_vgg_classifier_layers(name: str, rng: np.random.Generator) -> None:
             b = rng.standard_normal(s.M, dtype=np.float32)
             err, same = run_twice(name, Case(s, x, w, b, conv_reference(x, w, b)))
             assert err <= impl.tolerance and same, f"{name} {s}: {err:.3g}, same {same}"
+
+
+# fc-like layers for gemv-tf32: fc6, fc7, and C off every slice length (a multiple of 8, not of
+# the 128-weight sweep), M off the row tiles.
+TF32_LAYERS = (FC6, FC7, ConvShape(1, 4104, 1, 1, 1000, 1), ConvShape(1, 9224, 1, 1, 517, 1))
+TF32_BATCHES = (1, 2, 3, 4, 8, 12, 16)
+
+
+@pytest.mark.gpu
+def test_tf32_weights_at_every_batch(rng: np.random.Generator) -> None:
+    """gemv-tf32 on fc-like layers at B = 1-16 (fresh inputs, weights scaled by 1/sqrt(C) as a
+    trained layer's): within TF32's tolerance of the fp64 answer, at fp32 accuracy against the
+    fp64 answer with the weights rounded to TF32 (the kernel multiplies exactly those values),
+    bit-identical on a repeat; and its operand buffer is pack_tf32's, built on the GPU."""
+    import cupy as cp
+
+    assert all(s.C % gemv.launch_plan(s, "tf32", gemv.DEFAULTS).k_slice  # a part slice
+               for s in TF32_LAYERS[2:])
+    failures = []
+    for shape in TF32_LAYERS:
+        w = rng.standard_normal(shape.w_shape, dtype=np.float32) / np.float32(np.sqrt(shape.C))
+        b = rng.standard_normal(shape.M, dtype=np.float32)
+        w_tf32 = tf32_round(w)
+        if shape is TF32_LAYERS[-1]:
+            w2 = w.reshape(shape.M, -1)
+            assert np.array_equal(gemv.operand_weights(cp.asarray(w), "tf32").get(),
+                                  gemv.pack_tf32(w2))
+        for B in TF32_BATCHES:
+            s = shape.with_batch(B)
+            x = rng.standard_normal(s.x_shape, dtype=np.float32)
+            ref = conv_reference(x, w, b)
+            outs = outputs_of_two_runs("gemv-tf32", Case(s, x, w, b, ref))
+            err = rel_l2(outs[0], ref)
+            err_tf32 = rel_l2(outs[0], conv_reference(x, w_tf32, b))
+            same = bool(cp.array_equal(outs[0], outs[1]))
+            if not (err <= TOLERANCE["tf32"] and err_tf32 <= TOLERANCE["fp32"] and same):
+                failures.append(f"{s}: rel_l2 {err:.3g} (fp64), {err_tf32:.3g} (fp64 of the "
+                                f"TF32 weights), repeat same {same}")
+    assert not failures, "gemv-tf32:\n" + "\n".join(failures)
 
 
 def test_tile_count_matches_ceil_div() -> None:

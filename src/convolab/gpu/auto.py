@@ -10,10 +10,10 @@ heuristic below is used instead.
 
 Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a linear layer (1x1 images and kernel) at B <= GEMV_MAX_BATCH[mode]: kernel 41's
-    weight-streaming GEMV (`gemv-fp32` for fp32 and tf32 up to B=16: exact, and TF32 operands
-    would be as many bytes; `gemv-fp16` for fp16 up to B=4: half the bytes, but from B=8 its
-    FFMA and shared-memory work per weight outruns the halved stream and split-K wins),
-    measured on fc6/fc7 at batch 1..16 (docs/vgg.md);
+    weight-streaming GEMV (`gemv-fp32` for fp32 up to B=16: exact; `gemv-tf32` for tf32 up
+    to B=16: the TF32 weights in 2.5 bytes, not yet measured; `gemv-fp16` for fp16 up to B=4:
+    half the bytes, but from B=8 its FFMA and shared-memory work per weight outruns the
+    halved stream and split-K wins), measured on fc6/fc7 at batch 1..16 (docs/vgg.md);
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
@@ -55,11 +55,12 @@ GEMM_C = 32
 GEMM_M = 32
 # The implicit-GEMM family each mode runs: the fastest that meets the mode's tolerance.
 GEMM_FAMILY = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}
-# Kernel 41's weights per mode (fp32 serves tf32 too: same bytes, exact) and the largest batch
-# it takes: fc6 on an H100 (docs/vgg.md), gemv-fp32 0.166-0.188 ms at B=1-16 against split-K
-# 3xTF32 0.216-0.226 and TF32 0.177-0.202; gemv-fp16 0.095-0.101 at B=1-4 against split-K
-# 0.103-0.111, but 0.117 at 8 (split-K 0.102) and 0.27 at 12-16 (split-K 0.105-0.151).
-GEMV_FAMILY = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16"}
+# Kernel 41's weights per mode and the largest batch it takes: fc6 on an H100 (docs/vgg.md),
+# gemv-fp32 0.166-0.188 ms at B=1-16 against split-K 3xTF32 0.216-0.226 and TF32 0.177-0.202;
+# gemv-tf32 streams the TF32 weights at 2.5 bytes instead of 4 (predicted ~0.105-0.12 ms, not
+# yet measured on the GPU); gemv-fp16 0.095-0.101 at B=1-4 against split-K 0.103-0.111, but
+# 0.117 at 8 (split-K 0.102) and 0.27 at 12-16 (split-K 0.105-0.151).
+GEMV_FAMILY = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16"}
 GEMV_MAX_BATCH = {"fp32": gemv.MAX_BATCH, "tf32": gemv.MAX_BATCH, "fp16": 4}
 
 

@@ -1,12 +1,14 @@
 """Kernel 41: classifier layers at small batch as a weight-streaming GEMV
-(kernels/41_gemv_weight_stream.cu; `gemv-fp32`, `gemv-fp16`, `gemv-bf16`).
+(kernels/41_gemv_weight_stream.cu; `gemv-fp32`, `gemv-tf32`, `gemv-fp16`, `gemv-bf16`).
 
 A 1x1 convolution over 1x1 images (VGG's fc6 25088 -> 4096, fc7 4096 -> 1024) at B <= 16 is
 bound by reading the weights once; the kernel streams them in the operand precision (fp32, or
 fp16 / bf16 at half the bytes) with fp32 FFMA against x in shared memory. `gemv-fp32` is exact
-(fp32 products and sums), so it also serves `auto`'s TF32 mode: TF32 operands would be as many
-bytes. Everything above `prepare` is pure Python, tested on the CPU; CuPy is imported inside
-`prepare` only.
+(fp32 products and sums). `gemv-tf32` stores the weights `prepare` is given rounded to TF32 (19
+significant bits) in 2.5 bytes a weight (`tf32_planes`): the kernel rebuilds each TF32 value
+exactly, so its products are those of TF32 operands (x stays fp32, sums in fp32) and it streams
+5/8 of fp32's bytes. Everything above `prepare` is pure Python, tested on the CPU; CuPy is
+imported inside `prepare` only.
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from convolab.backend import require_cupy
+from convolab.backend import require_cupy, xp_of
 from convolab.gpu.compile import get_kernel
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
 KERNEL_FILE = "41_gemv_weight_stream.cu"
-MODES: dict[str, int] = {"fp32": 0, "fp16": 1, "bf16": 2}
-PIECE_BYTES = 16  # one load of W
+MODES: dict[str, int] = {"fp32": 0, "fp16": 1, "bf16": 2, "tf32": 3}
+PIECE_BYTES = 16  # one load of W (tf32: of its 16-bit plane, plus a 4-byte word of the second)
 BATCH_COLUMNS = (1, 2, 4, 8, 16)  # GV_NB: the batch padded to a power of two
 MAX_BATCH = BATCH_COLUMNS[-1]
 CHANNEL_ALIGN = 8  # C: rows of 16-bit weights (and x in fp32) start on 16-byte boundaries
@@ -51,8 +53,14 @@ SPACE: dict[str, tuple[int, ...]] = {"ROWS": (0, 2, 4), "UNROLL": (2, 4), "LANES
 DEFAULTS: dict[str, int] = {"ROWS": 0, "UNROLL": 2, "LANES": 8, "SPLIT": 0, "GROUPS": 0}
 
 
-def elem_bytes(mode: str) -> int:
-    return 4 if mode == "fp32" else 2
+def piece_weights(mode: str) -> int:
+    """Weights in one 16-byte piece (GV_VEC): 4 fp32, else 8 16-bit values (tf32: upper halves)."""
+    return 4 if mode == "fp32" else 8
+
+
+def elem_bytes(mode: str) -> float:
+    """Bytes streamed a weight: 4 fp32, 2 fp16 / bf16, 2.5 tf32 (16 bits + a 4-bit nibble)."""
+    return PIECE_BYTES / piece_weights(mode) + (0.5 if mode == "tf32" else 0)
 
 
 def batch_columns(B: int) -> int:
@@ -122,7 +130,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
     UNROLL pieces)."""
     d = gemv_defines(mode, shape.B, params)
     K, M, nb = shape.C, shape.M, d["GV_NB"]
-    step = d["GV_LANES"] * d["GV_UNROLL"] * PIECE_BYTES // elem_bytes(mode)
+    step = d["GV_LANES"] * d["GV_UNROLL"] * piece_weights(mode)
     steps = ceil_div(K, step)
     rows_per_pass = WARPS * d["GV_ROWS"] * 32 // d["GV_LANES"]
     capacity = sms * max(1, resident)
@@ -162,13 +170,49 @@ def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     return variants
 
 
+def tf32_planes(w2: Any) -> tuple[Any, Any]:
+    """(M, C) fp32, C a multiple of 8 -> the TF32 mode's two planes (NumPy or CuPy arrays).
+
+    Each weight is rounded to TF32 (nearest, ties away from zero: cvt.rna.tf32.f32; NaN stays
+    a NaN, inf an inf). hi (M, C) uint16: its upper 16 bits (sign, exponent, 7 mantissa bits);
+    lo (M, C / 8) uint32: the next 3 mantissa bits of each 16-byte piece's 8 weights, weight e
+    in bits 4e..4e+2. The kernel's value is (hi << 16) | (nibble << 13), the TF32 value exactly.
+    """
+    from convolab.gpu.implicit_gemm_wgmma import tf32_round
+
+    xp = xp_of(w2)
+    w2 = xp.ascontiguousarray(w2, dtype=xp.float32)
+    if w2.ndim != 2 or w2.shape[1] % CHANNEL_ALIGN:
+        raise ValueError(f"gemv-tf32: weights must be (M, C) with C a multiple of "
+                         f"{CHANNEL_ALIGN}, got shape {w2.shape}")
+    u = tf32_round(w2).view(xp.uint32)
+    # A NaN with its payload in the 13 dropped bits would round to inf (or, signed, wrap to
+    # zero): it becomes a quiet NaN of the same sign instead.
+    quiet = (w2.view(xp.uint32) | xp.uint32(0x400000)) & xp.uint32(0xFFFFE000)
+    u = xp.where(xp.isnan(w2), quiet, u)
+    lo = xp.zeros((w2.shape[0], w2.shape[1] // 8), dtype=xp.uint32)
+    for e in range(8):
+        lo |= ((u[:, e::8] >> xp.uint32(13)) & xp.uint32(7)) << xp.uint32(4 * e)
+    return (u >> xp.uint32(16)).astype(xp.uint16), lo
+
+
+def pack_tf32(w2: Any) -> Any:
+    """(M, C) fp32 -> the TF32 mode's operand (NumPy or CuPy): one uint8 buffer of 2.5 bytes a
+    weight, `tf32_planes`' 16-bit plane then its nibble plane (the kernel finds the second at
+    byte 2 * M * C)."""
+    xp = xp_of(w2)
+    hi, lo = tf32_planes(w2)
+    return xp.concatenate([hi.reshape(-1).view(xp.uint8), lo.reshape(-1).view(xp.uint8)])
+
+
 # --------------------------------------------------------------------------------------
 # prepare / run (CuPy from here on)
 # --------------------------------------------------------------------------------------
 
 
 def operand_weights(w: Any, mode: str) -> Any:
-    """(M, C, 1, 1) fp32 -> (M, C) in the operand type (bf16 as uint16 bit patterns)."""
+    """(M, C, 1, 1) fp32 -> (M, C) in the operand type (bf16 as uint16 bit patterns; tf32 as
+    `pack_tf32`'s two planes in one buffer)."""
     cp = require_cupy()
     from convolab.gpu.implicit_gemm import to_bf16_bits
 
@@ -177,6 +221,8 @@ def operand_weights(w: Any, mode: str) -> Any:
         return w2.astype(cp.float16)
     if mode == "bf16":
         return to_bf16_bits(w2)
+    if mode == "tf32":
+        return pack_tf32(w2)
     return w2
 
 
@@ -187,6 +233,9 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
 
         if not supports(shape):
             raise ValueError(f"gemv-{mode} does not support shape {shape}")
+        if w.shape[0] != shape.M or w.size != shape.M * shape.C:
+            raise ValueError(f"gemv-{mode}: weights of shape {tuple(w.shape)} for {shape} "
+                             f"(want {shape.w_shape})")
         kernel = get_kernel(KERNEL_FILE, "gemv_stream", gemv_defines(mode, shape.B, params))
         kernel.max_dynamic_shared_size_bytes = SMEM_LIMIT
         resident = occupancy(kernel, 32 * WARPS, X_SLICE_BYTES)
@@ -210,7 +259,8 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
 
 
 WHAT = {"fp32": "fp32 weights, exact FFMA", "fp16": "fp16 weights (half the bytes), fp32 FFMA",
-        "bf16": "bf16 weights (half the bytes), fp32 FFMA"}
+        "bf16": "bf16 weights (half the bytes), fp32 FFMA",
+        "tf32": "TF32 weights in 2.5 bytes (16-bit and nibble planes), fp32 FFMA"}
 
 for _mode in MODES:
     register(ConvImpl(
@@ -221,4 +271,5 @@ for _mode in MODES:
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["batch_columns", "gemv_defines", "launch_plan", "operand_weights", "supports"]
+__all__ = ["batch_columns", "elem_bytes", "gemv_defines", "launch_plan", "operand_weights",
+           "pack_tf32", "piece_weights", "supports", "tf32_planes"]

@@ -16,13 +16,23 @@
 // same x, so the read is a broadcast, and each x value read serves GV_ROWS rows: at GV_LANES =
 // 32 a 16-column fp16 tile would read 4x the bytes of x per weight and be bound by shared
 // memory. W is stored in the operand precision (GV_MODE: fp32, or fp16 / bf16, which halve the
-// bytes; converted to fp32 in registers, products and sums in fp32). k is cut into gridDim.y
-// slices of k_slice; each row slot ends with GV_ROWS x GV_NB sums spread over its lanes,
-// combined by a reduce-scatter (at each shuffle level a lane keeps half of its values and adds
-// the partner's copy of them: 14 shuffles for 16 values over 8 lanes instead of 48), then
-// written as fp32 partials; the last block of a row tile to finish (an atomic ticket) adds the
-// slices in slice order plus the bias: deterministic, one launch, and it resets its ticket for
-// the next launch. With one slice the sums go straight to y.
+// bytes; converted to fp32 in registers, products and sums in fp32).
+//
+// GV_MODE 3 stores TF32 weights in 2.5 bytes instead of fp32's 4: a TF32 value has 19
+// significant bits. Its upper 16 bits (sign, exponent, 7 mantissa bits: bf16's bits) form an
+// M x K 16-bit plane read in 16-byte pieces as bf16's are; the next 3 mantissa bits follow that
+// plane as nibbles, one 32-bit word per piece (weight e in bits 4e..4e+2). A lane loads its
+// piece's word beside the piece (a row's 8 lanes read 32 contiguous bytes), and widen rebuilds
+// (hi << 16) | (nibble << 13), the TF32 value exactly, for the same fp32 FFMA against x in fp32:
+// the products of TF32 operands (x unrounded: no less accurate) at 5/8 of the bytes. The host
+// rounds W to TF32 once when it prepares the layer (gpu/gemv.py, tf32_planes).
+//
+// k is cut into gridDim.y slices of k_slice; each row slot ends with GV_ROWS x GV_NB sums spread
+// over its lanes, combined by a reduce-scatter (at each shuffle level a lane keeps half of its
+// values and adds the partner's copy of them: 14 shuffles for 16 values over 8 lanes instead of
+// 48), then written as fp32 partials; the last block of a row tile to finish (an atomic ticket)
+// adds the slices in slice order plus the bias: deterministic, one launch, and it resets its ticket
+// for the next launch. With one slice the sums go straight to y.
 //
 // A block owns groups x GV_WARPS x GV_ROWS x (32 / GV_LANES) rows (a warp pass at a time), so
 // that staging x is paid once for many rows: at B = 16 with fp16 weights a 32-row tile would
@@ -41,11 +51,13 @@
 // 512-byte weight load of a warp cost 16 conflicted 128-bit x reads, 128 shared-memory cycles
 // against the 40 the stream allows. The x planes halve that (not yet measured). fc7 0.018-0.039
 // ms at B=1-16 (cuBLAS 0.026-0.068), bound by latency, not bytes.
+// GV_MODE 3: predicted fc6 0.105-0.12 ms at B=1-16 (5/8 of fp32's bytes at fp32's 74-82% of
+// the copy ceiling), not yet measured.
 
 #include "common.cuh"
 
 #ifndef GV_MODE
-#define GV_MODE 0  // weights: 0 fp32, 1 fp16, 2 bf16 (bit patterns)
+#define GV_MODE 0  // weights: 0 fp32, 1 fp16, 2 bf16 (bit patterns), 3 tf32 (two planes)
 #endif
 #ifndef GV_NB
 #define GV_NB 4  // batch columns a thread keeps (a power of two >= B)
@@ -79,7 +91,9 @@
 static_assert((GV_VALUES & (GV_VALUES - 1)) == 0, "GV_ROWS x GV_NB must be a power of two");
 static_assert(GV_LANES == 8 || GV_LANES == 32, "GV_LANES must be 8 or 32");
 
-__device__ __forceinline__ void widen(const uint4 v, float (&f)[GV_VEC]) {
+// One 16-byte piece of W in fp32. lo: GV_MODE 3's word of the piece (the 3 mantissa bits below
+// weight e's upper 16 bits in bits 4e..4e+2), unused otherwise.
+__device__ __forceinline__ void widen(const uint4 v, const unsigned lo, float (&f)[GV_VEC]) {
   const unsigned u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -89,9 +103,12 @@ __device__ __forceinline__ void widen(const uint4 v, float (&f)[GV_VEC]) {
     const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
     f[2 * i] = h.x;
     f[2 * i + 1] = h.y;
-#else
+#elif GV_MODE == 2
     f[2 * i] = __uint_as_float(u[i] << 16);
     f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+#else
+    f[2 * i] = __uint_as_float((u[i] << 16) | ((lo >> (8 * i)) & 7u) << 13);
+    f[2 * i + 1] = __uint_as_float((u[i] & 0xffff0000u) | ((lo >> (8 * i + 4)) & 7u) << 13);
 #endif
   }
 }
@@ -143,6 +160,14 @@ __device__ __forceinline__ void warp_rows(const float4* xs4, const char* w, cons
 #pragma unroll
   for (int r = 0; r < GV_ROWS; ++r)  // rows past M re-read row M-1; their sums are dropped
     rows[r] = w + ((size_t)min(row0 + r * GV_SLOTS + slot, M - 1) * K + k0) * (16 / GV_VEC);
+#if GV_MODE == 3
+  // The second plane follows the M x K 16-bit one: a row's words are K / 8 contiguous words.
+  const unsigned* lo_rows[GV_ROWS];
+#pragma unroll
+  for (int r = 0; r < GV_ROWS; ++r)
+    lo_rows[r] = reinterpret_cast<const unsigned*>(w + (size_t)M * K * 2) +
+                 ((size_t)min(row0 + r * GV_SLOTS + slot, M - 1) * K + k0) / GV_VEC;
+#endif
   const int pieces = k_len / GV_VEC;
   float acc[GV_VALUES];
 #pragma unroll
@@ -150,20 +175,27 @@ __device__ __forceinline__ void warp_rows(const float4* xs4, const char* w, cons
 
   for (int c0 = 0; c0 < pieces; c0 += GV_LANES * GV_UNROLL) {
     uint4 wv[GV_UNROLL][GV_ROWS];
+    unsigned lo[GV_UNROLL][GV_ROWS];  // GV_MODE 3's nibble words (0 and unused otherwise)
 #pragma unroll
     for (int u = 0; u < GV_UNROLL; ++u) {
       const int c = c0 + GV_LANES * u + sub;
 #pragma unroll
-      for (int r = 0; r < GV_ROWS; ++r)
+      for (int r = 0; r < GV_ROWS; ++r) {
         wv[u][r] = c < pieces ? __ldcs(reinterpret_cast<const uint4*>(rows[r]) + c)
                               : make_uint4(0, 0, 0, 0);
+#if GV_MODE == 3
+        lo[u][r] = c < pieces ? __ldcs(lo_rows[r] + c) : 0u;
+#else
+        lo[u][r] = 0u;
+#endif
+      }
     }
 #pragma unroll
     for (int u = 0; u < GV_UNROLL; ++u) {
       const int c = c0 + GV_LANES * u + sub;  // x past k_len is zero in shared memory
       float wf[GV_ROWS][GV_VEC];
 #pragma unroll
-      for (int r = 0; r < GV_ROWS; ++r) widen(wv[u][r], wf[r]);
+      for (int r = 0; r < GV_ROWS; ++r) widen(wv[u][r], lo[u][r], wf[r]);
 #pragma unroll
       for (int b = 0; b < GV_NB; ++b) {
         float xv[GV_VEC];
