@@ -371,11 +371,11 @@ __device__ __forceinline__ void wg_step(float (&acc)[WG_MI][WG_ACC],
 #endif
 }
 
-// y[b, m, pix] = total + bias (WG_OUT) for this thread's accumulators: register r of a warpgroup's
-// 64 x WG_N tile is row 16*warp + lane/4 + 8*((r/2)%2), column 8*(r/4) + 2*(lane%4) + r%2.
-// Registers r, r+1 (r even) are columns n, n+1 of one row with n even: with an even pixel
-// count per image (and y 8-byte aligned) both land in one image, 8-byte aligned, and go out
-// as one 8-byte store.
+// y[b, m, pix] = WG_OUT(total, bias) for this thread's accumulators: register r of a
+// warpgroup's 64 x WG_N tile is row 16*warp + lane/4 + 8*((r/2)%2), column 8*(r/4) +
+// 2*(lane%4) + r%2. Registers r, r+1 (r even) are columns n, n+1 of one row with n even: with
+// an even pixel count per image (and y 8-byte aligned) both land in one image, 8-byte
+// aligned, and go out as one 8-byte store.
 __device__ __forceinline__ void wg_store(const float (&total)[WG_ACC], float* __restrict__ y,
                                          const float* __restrict__ bias, const IgProblem& p,
                                          int m_base, int n_base) {
