@@ -243,6 +243,23 @@ def test_auto_keeps_fc_layers_and_conv1_2_unsplit(mode: str, batch: int) -> None
     assert (name, params) == (f"igemm-wg-{family}", ig.WGMMA_NARROW[family])
 
 
+def test_plans_are_valid_for_every_vgg_batch() -> None:
+    """What auto's model gives the wgmma rungs on every VGG layer and sweep batch builds, and
+    its split resolves to a factor the shape has k-tiles for."""
+    from convolab.bench.cases import VGG_SWEEP_BATCHES, vgg_cases
+
+    for family, case, batch in itertools.product(("3xtf32", "tf32", "fp16"), vgg_cases(64),
+                                                 VGG_SWEEP_BATCHES):
+        shape = case.shape.with_batch(batch)
+        name, params = ig.plan(shape, family, wgmma=True)
+        plans = [(name, params), wg.pipelined_plan(shape, family)]
+        for name, params in (pl for pl in plans if pl and pl[0].startswith("igemm-wg")):
+            impl, rung = get_impl(name), RUNGS[get_impl(name).rung]
+            full = impl.params_for(params)
+            wg.wgmma_defines(family, full, rung)
+            assert 1 <= wg.split_of(shape, family, full) <= ig.WG_MAX_SPLIT
+
+
 def test_k_slices_cover_the_k_tiles_once() -> None:
     """wg_k_range: slice z of n is [z t / n, (z + 1) t / n): together every k-tile once, none
     empty while n <= t, lengths within one of each other."""
