@@ -51,7 +51,7 @@ WG_N = (64, 96, 128, 192, 256)  # the wgmma N a warpgroup may run
 PLANE_LIMIT = 2**32  # the loader keeps pixel offsets within one operand plane in 32 bits
 ALIGN_SLACK = 1024  # the kernels align their ring to the swizzle's 1024-byte period
 EPILOGUE_PAD = 4  # fp32 padding of a row of the NHWC epilogue's staging tile ([n][BM + 4])
-LAYOUT_TILE = 32  # the layout pass transposes 32 x 32 tiles with (32, 8) threads
+LAYOUT_TILE = 32  # the layout pass transposes 32-channel x 32-pixel tiles, (32, 8) threads
 LAYOUTS = ("nchw", "nhwc")
 MAX_SLICES = 65535  # gridDim.z
 REDUCE_BLOCK = 256  # wg_splitk_reduce's threads
@@ -384,7 +384,7 @@ def layout_pass(shape: ConvShape, mode: str) -> Callable[[Any], Any]:
     buf = cp.empty(operand_shape(mode, shape.B, shape.H, shape.W, shape.C),
                    dtype=operand_dtype(mode))
     kernel = get_kernel(FILE, "wg_channels_last", layout_defines(mode))
-    grid = (ceil_div(shape.W, LAYOUT_TILE), ceil_div(cp_, LAYOUT_TILE), shape.B * shape.H)
+    grid = (ceil_div(shape.H * shape.W, LAYOUT_TILE), ceil_div(cp_, LAYOUT_TILE), shape.B)
     args = (*(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W)), np.int64(buf[0].size))
 
     def convert(x: Any) -> Any:

@@ -88,24 +88,25 @@ igemm_wgmma(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
 
 // x NCHW fp32 -> channels-last (B, H, W, Cp) operands, channels C..Cp-1 zero: fp16/bf16 cast,
 // tf32 rounded, or for 3xTF32 the big part here and the small part x_plane elements further.
-// One block transposes a 32-channel x 32-column tile of one input row through shared memory.
+// Per image this is a transpose of a C x (H*W) matrix: one block moves a 32-channel x
+// 32-pixel tile of it through shared memory, the pixels counted across rows (a tile of one
+// row's columns would leave half of every read and half the threads idle on 16-wide maps
+// such as conv5_x's).
 extern "C" __global__ void __launch_bounds__(256)
 wg_channels_last(const float* __restrict__ x, ig_t* __restrict__ out, int C, int Cp, int H,
                  int W, long long x_plane) {
   __shared__ float tile[32][33];
-  const int w0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
-  const int bh = blockIdx.z;  // b * H + h
-  const int b = bh / H, h = bh - b * H;
+  const int hw = H * W;
+  const int q0 = blockIdx.x * 32, c0 = blockIdx.y * 32, b = blockIdx.z;
   for (int i = threadIdx.y; i < 32; i += 8) {
-    const int c = c0 + i, wc = w0 + threadIdx.x;
-    tile[i][threadIdx.x] =
-        (c < C && wc < W) ? x[(((size_t)b * C + c) * H + h) * W + wc] : 0.0f;
+    const int c = c0 + i, q = q0 + threadIdx.x;
+    tile[i][threadIdx.x] = (c < C && q < hw) ? x[((size_t)b * C + c) * hw + q] : 0.0f;
   }
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += 8) {
-    const int wc = w0 + i, c = c0 + threadIdx.x;
-    if (wc >= W || c >= Cp) continue;
-    const size_t at = ((size_t)bh * W + wc) * Cp + c;
+    const int q = q0 + i, c = c0 + threadIdx.x;
+    if (q >= hw || c >= Cp) continue;
+    const size_t at = ((size_t)b * hw + q) * Cp + c;
     const float v = tile[threadIdx.x][i];
 #if IG_MODE == 3
     const float big = tf32_round(v);
