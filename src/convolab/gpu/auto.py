@@ -11,19 +11,19 @@ heuristic below is used instead.
 Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a linear layer (1x1 images and kernel) at B <= GEMV_MAX_BATCH[mode]: kernel 41's
     weight-streaming GEMV (`gemv-fp32` for fp32 up to B=16: exact; `gemv-tf32` for tf32 up
-    to B=16: the TF32 weights in 2.5 bytes, not yet measured; `gemv-fp16` for fp16 up to B=4:
-    half the bytes, but from B=8 its FFMA and shared-memory work per weight outruns the
-    halved stream and split-K wins), measured on fc6/fc7 at batch 1..16 (docs/vgg.md);
+    to B=16: the TF32 weights in 2.5 bytes; `gemv-fp16` for fp16 up to B=8: half the bytes,
+    but at 16 its FFMA and shared-memory work per weight outruns the halved stream and
+    split-K wins), measured on fc6/fc7 at batch 1..16 (docs/vgg.md);
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
     SMs, else the wgmma rung 39 on Hopper (rung 26 elsewhere), tiles by M
     (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64 against every tile
     configuration (docs/vgg.md); rung 40 instead where its 256-row tiles fill the SMs
-    (`implicit_gemm_wgmma.pipelined_plan`). On Hopper, where the 128 x 128 tiles are fewer
-    than the SMs and N >= 1024 (conv5_x at B = 6..20), the wgmma rungs' own split-K
-    (`SPLIT`, `implicit_gemm.wgmma_tiles`) takes the shape instead of rung 27 (not yet
-    measured);
+    (`implicit_gemm_wgmma.pipelined_plan`, unsplit only). On Hopper, where the 128 x 128
+    tiles fill less than half the SMs and N >= 1024 (conv5_x at B = 6..10), rung 39's own
+    split-K (`SPLIT`, `implicit_gemm.wgmma_tiles`) takes the shape instead of rung 27
+    (conv5_x B = 8 fp16 0.058 ms against rung 27's 0.060-0.080, docs/vgg.md);
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
     alone cannot fill the GPU, so the channel sum is spread over blocks;
   * C >= 16 otherwise: `channel-tree` — channel slices per block, reduced on chip;
@@ -55,13 +55,14 @@ GEMM_C = 32
 GEMM_M = 32
 # The implicit-GEMM family each mode runs: the fastest that meets the mode's tolerance.
 GEMM_FAMILY = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}
-# Kernel 41's weights per mode and the largest batch it takes: fc6 on an H100 (docs/vgg.md),
-# gemv-fp32 0.166-0.188 ms at B=1-16 against split-K 3xTF32 0.216-0.226 and TF32 0.177-0.202;
-# gemv-tf32 streams the TF32 weights at 2.5 bytes instead of 4 (predicted ~0.105-0.12 ms, not
-# yet measured on the GPU); gemv-fp16 0.095-0.101 at B=1-4 against split-K 0.103-0.111, but
-# 0.117 at 8 (split-K 0.102) and 0.27 at 12-16 (split-K 0.105-0.151).
+# Kernel 41's weights per mode and the largest batch it takes (H100, docs/vgg.md): fc6 with
+# gemv-fp32 0.166-0.188 ms at B=1-16 against split-K 3xTF32 0.216-0.226; gemv-tf32 (TF32
+# weights in 2.5 bytes) 0.113-0.118 at B=1-4 against gemv-fp32's 0.161-0.171 and cuBLAS TF32's
+# 0.152, and level with gemv-fp32 at 8-16 (0.17-0.18: there the kernel is bound by its x reads,
+# not the weights); gemv-fp16 0.095-0.101 at B=1-4, 0.105-0.117 at 8 (split-K 0.104-0.105; fc7
+# 0.020-0.023 against split-K's 0.026-0.033), 0.17 at 16 (split-K 0.10-0.11).
 GEMV_FAMILY = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16"}
-GEMV_MAX_BATCH = {"fp32": gemv.MAX_BATCH, "tf32": gemv.MAX_BATCH, "fp16": 4}
+GEMV_MAX_BATCH = {"fp32": gemv.MAX_BATCH, "tf32": gemv.MAX_BATCH, "fp16": 8}
 
 
 @dataclass(frozen=True)

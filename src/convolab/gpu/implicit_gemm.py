@@ -85,11 +85,11 @@ WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
 # the slices' fp32 slabs in order). The rule's factor is at most WG_MAX_SPLIT (the tuner's
 # space), keeps WG_SLICE_MIN k-tiles a slice (fewer leave the ring nothing to overlap) and
 # fills at most one wave: every wide tile of both rungs takes over half an SM's shared memory,
-# so one block an SM. auto's model splits only where the 128 x 128 tiles are fewer than the
-# SMs and N >= WGMMA_SPLIT_MIN_N: conv5_x at B = 6..20; at B <= 4 (N <= 784) and on fc6/fc7
-# (N = B) rung 27's 16-64-column split-K tiles measured best and keep those shapes. A split
-# tile's cost is its unsplit wave cost / split x WG_SPLIT_COST (the slabs' round trip and the
-# reduction: a guess until benchmarks/plans/vgg_splitk.toml measures it).
+# so one block an SM. auto's model splits only where the 128 x 128 tiles fill less than
+# SPLIT_BELOW_WAVES of the SMs and N >= WGMMA_SPLIT_MIN_N (`wgmma_splits`: conv5_x at B = 6..10
+# on 132 SMs); at B <= 4 (N <= 784) and on fc6/fc7 (N = B) rung 27's 16-64-column split-K
+# tiles measured best and keep those shapes. A split tile's cost is its unsplit wave cost /
+# split x WG_SPLIT_COST (the slabs' round trip and the reduction).
 WG_MAX_SPLIT = 4
 WG_SLICE_MIN = 4
 WG_SPLIT_COST = 1.1
@@ -119,9 +119,14 @@ def wgmma_split(shape: ConvShape, mode: str, tile: Mapping[str, int],
 
 
 def wgmma_splits(shape: ConvShape, sms: int = DEFAULT_SMS) -> bool:
-    """Whether auto's model runs the wgmma rungs split on this shape (see WG_MAX_SPLIT)."""
+    """Whether auto's model runs the wgmma rungs split on this shape (see WG_MAX_SPLIT): where
+    the 128 x 128 tiles fill less than SPLIT_BELOW_WAVES of the SMs, as for rung 27. On
+    conv5_x (H100, NCHW, docs/vgg.md) B = 8 (52 tiles) ran 0.051 ms fp16 split 3 against 0.068
+    whole; from B = 12 (76 tiles) the best split was within the noise of the whole tiles, and
+    at B = 16 (100) it lost (0.089 against 0.072)."""
     M, N, _ = gemm_dims(shape)
-    return M > 64 and N >= WGMMA_SPLIT_MIN_N and ceil_div(M, 128) * ceil_div(N, 128) < sms
+    return (M > 64 and N >= WGMMA_SPLIT_MIN_N
+            and ceil_div(M, 128) * ceil_div(N, 128) < sms * SPLIT_BELOW_WAVES)
 
 
 def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,

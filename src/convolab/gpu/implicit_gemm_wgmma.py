@@ -141,13 +141,15 @@ def defaults(mode: str, rung: WgRung = RUNG39) -> dict[str, Any]:
 def pipelined_plan(shape: ConvShape, mode: str, sms: int = ig.DEFAULT_SMS
                    ) -> tuple[str, dict[str, int]] | None:
     """Rung 40 where `auto` takes it over rung 39: where the wave model over rung 40's tiles
-    picks 256-row ones (conv5_x at batch 64: 132 tiles of 256 x 192, one wave), which only its
-    224-register consumers hold; the H100 measured 0.107-0.112 ms there against rung 39's
-    0.141 (NHWC fp16; tf32 0.171 against 0.218); with split-K (`ig.wgmma_splits`) the model
-    also gives it conv5_x at batch 12-20 (256 x 192 split 3-4). Elsewhere (128-row tiles: a
-    tie at conv5_x batch 32, 0.076 against 0.078) None, and rung 39 keeps the shape."""
+    picks 256-row ones unsplit (conv5_x at batch 64: 132 tiles of 256 x 192, one wave), which
+    only its 224-register consumers hold; the H100 measured 0.107-0.112 ms there against rung
+    39's 0.141 (NHWC fp16; tf32 0.171 against 0.218). Not where the model would split them
+    (conv5_x at batch 12-20): for `auto`'s NCHW callers rung 40's split ran 1.2-1.5x slower
+    than rung 39's tiles (B = 12 fp16 0.089 ms against 0.075 at 128 x 192 split 2; B = 16 0.102
+    against 0.072 at 128 x 128 whole; docs/vgg.md), though its channels-last form is the
+    fastest there. Elsewhere None, and rung 39 keeps the shape."""
     tile = ig.wgmma_tiles(shape, mode, sms, WGP_WIDE[mode])
-    return (RUNG40.prefix + mode, tile) if tile["BM"] == 256 else None
+    return (RUNG40.prefix + mode, tile) if tile["BM"] == 256 and "SPLIT" not in tile else None
 
 
 def planes(mode: str) -> int:
