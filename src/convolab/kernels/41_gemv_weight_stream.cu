@@ -49,10 +49,11 @@
 // ceiling), 0.176-0.188 at B=4-16 (74-78%), cuBLAS SGEMM 0.179-0.327; fp16 0.095-0.101 at
 // B=1-4 (68-73%), 0.117 at 8, 0.27 at 12-16 (26%), where split-K (rung 27) is faster: there a
 // 512-byte weight load of a warp cost 16 conflicted 128-bit x reads, 128 shared-memory cycles
-// against the 40 the stream allows. The x planes halve that (not yet measured). fc7 0.018-0.039
-// ms at B=1-16 (cuBLAS 0.026-0.068), bound by latency, not bytes.
-// GV_MODE 3: predicted fc6 0.105-0.12 ms at B=1-16 (5/8 of fp32's bytes at fp32's 74-82% of
-// the copy ceiling), not yet measured.
+// against the 40 the stream allows. With the x planes (2026-11-28): 0.105-0.117 at 8, 0.167 at
+// 16. fc7 0.018-0.039 ms at B=1-16 (cuBLAS 0.026-0.068), bound by latency, not bytes.
+// GV_MODE 3 (TF32 in 2.5 bytes): fc6 0.113-0.118 ms at B=1-4 (predicted 0.105-0.12; gemv-fp32
+// 0.161-0.171, cuBLAS TF32 0.152), but 0.175-0.182 at 8-16 like fp32: there the x reads and
+// 8-16 FMAs a weight bound the loop, not the bytes.
 
 #include "common.cuh"
 
