@@ -86,13 +86,14 @@ WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
 # space), keeps WG_SLICE_MIN k-tiles a slice (fewer leave the ring nothing to overlap) and
 # fills at most one wave: every wide tile of both rungs takes over half an SM's shared memory,
 # so one block an SM. auto's model splits only where the 128 x 128 tiles fill less than
-# SPLIT_BELOW_WAVES of the SMs and N >= WGMMA_SPLIT_MIN_N (`wgmma_splits`: conv5_x at B = 6..10
-# on 132 SMs); at B <= 4 (N <= 784) and on fc6/fc7 (N = B) rung 27's 16-64-column split-K
+# WG_SPLIT_BELOW_WAVES of the SMs and N >= WGMMA_SPLIT_MIN_N (`wgmma_splits`: conv5_x at
+# B = 6..12 on 132 SMs); at B <= 4 (N <= 784) and on fc6/fc7 (N = B) rung 27's 16-64-column split-K
 # tiles measured best and keep those shapes. A split tile's cost is its unsplit wave cost /
 # split x WG_SPLIT_COST (the slabs' round trip and the reduction).
 WG_MAX_SPLIT = 4
 WG_SLICE_MIN = 4
 WG_SPLIT_COST = 1.1
+WG_SPLIT_BELOW_WAVES = 0.6
 WGMMA_SPLIT_MIN_N = 1024
 WG_TILE_BYTES = 128  # a wgmma k-tile: 128 bytes of an operand row
 
@@ -120,13 +121,14 @@ def wgmma_split(shape: ConvShape, mode: str, tile: Mapping[str, int],
 
 def wgmma_splits(shape: ConvShape, sms: int = DEFAULT_SMS) -> bool:
     """Whether auto's model runs the wgmma rungs split on this shape (see WG_MAX_SPLIT): where
-    the 128 x 128 tiles fill less than SPLIT_BELOW_WAVES of the SMs, as for rung 27. On
-    conv5_x (H100, NCHW, docs/vgg.md) B = 8 (52 tiles) ran 0.051 ms fp16 split 3 against 0.068
-    whole; from B = 12 (76 tiles) the best split was within the noise of the whole tiles, and
-    at B = 16 (100) it lost (0.089 against 0.072)."""
+    the 128 x 128 tiles fill less than WG_SPLIT_BELOW_WAVES of the SMs. On conv5_x (H100, NCHW,
+    docs/vgg.md): B = 8 (52 tiles) ran 0.051 ms fp16 at 128 x 192 split 3 against 0.068 whole;
+    B = 12 (76 tiles) 128 x 192 split 2 tied fp16 (0.075) and won TF32 (0.096 against 0.119)
+    and 3xTF32 (0.204 against 0.270); at B = 16 (100 tiles) every split lost (fp16 0.089
+    against 0.072 whole)."""
     M, N, _ = gemm_dims(shape)
     return (M > 64 and N >= WGMMA_SPLIT_MIN_N
-            and ceil_div(M, 128) * ceil_div(N, 128) < sms * SPLIT_BELOW_WAVES)
+            and ceil_div(M, 128) * ceil_div(N, 128) < sms * WG_SPLIT_BELOW_WAVES)
 
 
 def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
@@ -154,7 +156,10 @@ def wgmma_tiles(shape: ConvShape, mode: str, sms: int = DEFAULT_SMS,
         waves = ceil_div(blocks, sms) * (t["BM"] + t["BN"]) / split
         return waves * WG_SPLIT_COST if split > 1 else waves
 
-    best = min(WGMMA_WIDE[mode] if wide is None else wide, key=cost)
+    candidates = WGMMA_WIDE[mode] if wide is None else wide
+    if splits:  # measured split: 128-row tiles (docs/vgg.md); 256-row ones only whole
+        candidates = [t for t in candidates if t["BM"] == 128] or candidates
+    best = min(candidates, key=cost)
     return {**best, "SPLIT": 0} if split_of(best) > 1 else dict(best)
 
 
