@@ -56,15 +56,22 @@ def random_point(rng: np.random.Generator) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("mode", list(gemv.MODES))
-def test_every_define_set_a_prepare_builds_is_compiled(mode: str, rng: np.random.Generator
-                                                       ) -> None:
+def test_every_define_set_a_prepare_builds_is_covered_by_the_compiled_ones(
+        mode: str, rng: np.random.Generator) -> None:
+    """CI compiles every GV_NB x GV_ROWS a prepare can build with each UNROLL and each LANES
+    value (gemv.COMPILED_UNROLL_LANES), and the defaults exactly."""
     impl = get_impl(f"gemv-{mode}")
     assert impl.tolerance == TOLERANCE[mode] and impl.kernel_file == gemv.KERNEL_FILE
     compiled = impl.compile_variants()
     assert len({tuple(sorted(d.items())) for d in compiled}) == len(compiled)
     for B in range(1, gemv.MAX_BATCH + 1):
-        for params in (impl.defaults, impl.params_for(random_point(rng))):
-            assert gemv.gemv_defines(mode, B, params) in compiled
+        assert gemv.gemv_defines(mode, B, impl.defaults) in compiled
+        for params in [impl.params_for(random_point(rng)) for _ in range(8)]:
+            want = gemv.gemv_defines(mode, B, params)
+            for key in ("GV_UNROLL", "GV_LANES"):
+                assert any(d[key] == want[key] and all(d[k] == want[k] for k in want
+                                                       if k not in ("GV_UNROLL", "GV_LANES"))
+                           for d in compiled), (B, params, key)
 
 
 def test_batch_columns_and_refusals() -> None:
