@@ -4,16 +4,16 @@ mbarriers).
 GPU tests: every precision of both rungs against the fp64 reference on fresh random shapes (C
 and M off the tile multiples, K 1 and 3, stride 1 and 2), outputs poisoned with NaN, at the
 defaults and at a random point of the tunable space; a 4608-term conv5_x-like sum; the
-channels-last form (`layout=nhwc`, with and without ReLU) against the same reference,
-converted for the comparison only; split-K (SPLIT 2, 3, 4 and the shape's own, 0) in both
-layouts against the reference and against the unsplit run, bit-identical when repeated;
-`auto` taking the rung on Hopper. CPU tests: the host's define rules (the unsplit define sets
-exactly the ones before split-K), the split rule and auto's model around it, and the kernels'
-index arithmetic replayed in NumPy — the k-slices cover the k-tiles once, the swizzled copies cover
-each stage piece once and land where the descriptor's k-steps read them under the 128-byte
-swizzle, the accumulator layout covers a warpgroup's tile once, the NHWC epilogue's staging
-and 16-byte stores cover the block's tile once, and rung 40's full/empty parities never let
-the producer refill a slot still being read.
+channels-last form (`layout=nhwc`, with and without ReLU) against the same reference, converted
+for the comparison only; split-K (SPLIT 2, 3, 4 and the shape's own, 0) in both layouts against the
+reference and against the unsplit run, bit-identical when repeated; `auto` taking the rung on
+Hopper. CPU tests: the host's define rules (the unsplit define sets pinned: split-K adds sets,
+never renames one), the split rule and auto's model around it, and the kernels' index arithmetic
+replayed in NumPy — the k-slices cover the k-tiles once, the swizzled copies cover each stage
+piece once and land where the descriptor's k-steps read them under the 128-byte swizzle, the
+accumulator layout covers a warpgroup's tile once, the NHWC epilogue's staging and 16-byte
+stores cover the block's tile once, and rung 40's full/empty parities never let the producer
+refill a slot still being read.
 """
 
 from __future__ import annotations
@@ -136,12 +136,12 @@ def test_wave_model_picks_the_measured_tiles(mode: str, batch: int,
     assert (got["BM"], got["BN"]) == tile and "SPLIT" not in got
 
 
-# The define sets of both rungs before split-K (155, sorted JSON lines): the unsplit sets must
-# stay these, since the cubin cache and every measured tile name them.
+# The unsplit define sets of both rungs (155, sorted JSON lines), pinned: the cubin cache and
+# every measured tile name them, so a new option adds sets and leaves these alone.
 UNSPLIT_SETS_SHA256 = "7c24248edb08eeb91be9aba844467a6a0ab6ca6feaf2f6d10115194d45d6a7d2"
 
 
-def test_unsplit_define_sets_are_the_ones_before_split_k() -> None:
+def test_unsplit_define_sets_stay_pinned() -> None:
     sets = [d for r in RUNGS.values() for m in MODES
             for d in get_impl(r.prefix + m).compile_variants()]
     lines = sorted(json.dumps(d, sort_keys=True) for d in sets if "WG_KSLICED" not in d)

@@ -211,7 +211,7 @@ def wgmma_defines(mode: str, params: Mapping[str, Any],
         raise ValueError(f"igemm-wg: {stages} stages of {bm}x{bn} exceed {ig.SMEM_LIMIT} B of "
                          "shared memory")
     out = {"IG_MODE": ig.MODES[mode], "BM": bm, "BN": bn, "STAGES": stages, "PIPE": pipe}
-    # Only where set: the NCHW sets stay the ones measured and cached before the options. Every
+    # Only where set: the NCHW sets keep the names the tune and cubin caches know them by. Every
     # split factor is one set (the slices are gridDim.z); SPLIT = 0 builds it too, and prepare
     # asks for the unsplit set where the shape's factor comes out 1.
     return {**out, **({"WG_NHWC": 1} if nhwc else {}), **({"WG_RELU": 1} if relu else {}),
