@@ -134,6 +134,21 @@ def test_network_without_gpu_is_a_clear_error(cpu_only: None, tmp_path: Path) ->
     assert not (tmp_path / "results.json").exists()
 
 
+def test_raw_input_without_a_gpu_contender_writes_nothing(
+        cpu_only: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--input raw times GPU contenders only: with none (no GPU, or only CPU implementations
+    named), one error before the results folder exists, not an empty results folder."""
+    out = tmp_path / "results"
+    with pytest.raises(ConvolabError, match="--input raw.*no CUDA GPU"):
+        bench.main([bench.from_flags("ece408", 2, 1, inputs="raw")], out=out)
+    assert not out.exists()
+    monkeypatch.setattr(bench_run, "gpu_available", lambda: True)
+    with pytest.raises(ConvolabError, match="--input raw.*none of this run's"):
+        bench.main([bench.from_flags("ece408", 2, 1, impls=["cpu-loops"], inputs="raw")],
+                   out=out)
+    assert not out.exists()
+
+
 def test_network_run_writes_its_rows(cpu_only: None, monkeypatch: pytest.MonkeyPatch,
                                      tmp_path: Path) -> None:
     from convolab.bench import network

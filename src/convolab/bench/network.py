@@ -1,11 +1,11 @@
 """`convolab bench --network`: a zoo model's whole forward at one batch, as rows.
 
 * fused variants: FusedLeNet(params, mode, kernel_params, model) for each `--variant`, from
-  float images on the device (`--input float`: rows replaying its CUDA graph, the default,
+  float images (`--input float`: on the device, rows replaying its CUDA graph, the default,
   through `net(x)` and into one output buffer, and a row launching every kernel from the
-  host), or from raw uint8 bytes (`--input raw`):
-  device->device, host->host (pinned bytes in, labels out, chunks overlapping copies and
-  kernels) and streaming 60,000 images host->host;
+  host; then host->host, pinned floats in, labels out), or from raw uint8 bytes
+  (`--input raw`): device->device, host->host (pinned bytes in, labels out, chunks
+  overlapping copies and kernels) and streaming 60,000 images host->host;
 * per-layer rows: a conv rung per layer (unfused) + CuPy ReLU/pool/linears/softmax, the
   ladder's answer before fusion;
 * PyTorch rows (when installed), the same jobs: eager fp32 and tf32, torch.compile fp32, fp16
@@ -79,12 +79,23 @@ def _cupy_timed(name: str, fn: Callable[[], Any], batch: int, reps: int, ref: np
 
 
 def variant_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], x: Any,
-                 batch: int, reps: int, ref: np.ndarray,
-                 model: str = MODEL) -> list[dict[str, Any]]:
+                 batch: int, reps: int, ref: np.ndarray, model: str = MODEL,
+                 host: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """Float input: each variant's device->device rows on x (graph, into one output buffer,
+    kernel launches) and, where `host` (the same images in host memory) is given, its
+    host->host row: pinned floats in, labels out (forward_chunks)."""
     import cupy as cp
 
-    from convolab.gpu.network import FusedLeNet
+    from convolab.gpu.network import FusedLeNet, pinned_empty
 
+    pinned: np.ndarray | None = None
+    pin_error: Exception | None = None
+    if host is not None:
+        try:  # floats take 38x the bytes of raw images: a large batch may not pin
+            pinned = pinned_empty(host.shape, np.float32)
+            pinned[...] = host
+        except Exception as err:
+            pin_error = err
     rows = []
     for v in variants:
         for graphs in (True, False):
@@ -105,6 +116,11 @@ def variant_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarra
                     net.forward_into(x, probs), probs)[1], batch, reps, ref)
             rows.append({**row, **info,
                          **({"graph_error": net.graph_error} if net.graph_error else {})})
+            if graphs and host is not None:
+                label = f"convolab {v.label} float"
+                row = (_error_row(host_row_name(label), pin_error) if pin_error is not None
+                       else host_rows(label, net, pinned, reps, ref))
+                rows.append({**row, **info, "io": "host"})
     return rows
 
 
@@ -203,6 +219,21 @@ def _inputs(model: str, batch: int, inputs: str, seed: int) -> tuple[np.ndarray,
     return raw, floats
 
 
+def host_row_name(label: str) -> str:
+    return f"{label} {HOST_IO} (pinned, labels)"
+
+
+def host_rows(label: str, net: Any, pinned: np.ndarray, reps: int, ref: np.ndarray
+              ) -> dict[str, Any]:
+    """The host->host row of one network: the batch in pinned host memory (raw bytes or
+    floats) to predicted classes in host memory, through forward_chunks."""
+    batch = len(pinned)
+    chunk = max(1, batch // 4)  # four chunks: copies overlap the kernels of the others
+    return _wall_timed(host_row_name(label),
+                       lambda: net.forward_chunks(pinned, chunk=chunk, streams=3, labels=True),
+                       batch, reps, ref)
+
+
 def raw_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], model: str,
              raw: np.ndarray, reps: int, ref: np.ndarray, stream: np.ndarray | None,
              stream_ref: np.ndarray | None = None) -> list[dict[str, Any]]:
@@ -216,7 +247,6 @@ def raw_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], 
     pinned = pinned_empty(raw.shape, np.uint8)
     pinned[...] = raw
     raw_d = cp.asarray(raw)
-    chunk = max(1, batch // 4)  # four chunks: copies overlap the kernels of the others
     rows = []
     for v in variants:
         label = f"convolab {v.label}"
@@ -229,10 +259,7 @@ def raw_rows(variants: Sequence[VariantSpec], params: Mapping[str, np.ndarray], 
         info = {"mode": v.mode, "kernel_params": v.kernel_params_dict(), "inputs": "raw"}
         rows.append({**_cupy_timed(f"{label} raw {DEVICE_IO}", lambda net=net: net(raw_d),
                                    batch, reps, ref), **info, "io": "device"})
-        rows.append({**_wall_timed(f"{label} raw {HOST_IO} (pinned, labels)",
-                                   lambda net=net: net.forward_chunks(pinned, chunk=chunk,
-                                                                      streams=3, labels=True),
-                                   batch, reps, ref), **info, "io": "host"})
+        rows.append({**host_rows(f"{label} raw", net, pinned, reps, ref), **info, "io": "host"})
         if stream is not None:
             rows.append({**_wall_timed(
                 f"{label} raw stream {len(stream):,} {HOST_IO} (labels)",
@@ -268,16 +295,17 @@ def bench_network(batch: int, reps: int, variants: Sequence[VariantSpec] = DEFAU
         rows = raw_rows(variants, params, model, raw, reps, ref, stream, stream_ref)
     else:
         x = cp.asarray(floats)
-        rows = variant_rows(variants, params, x, batch, reps, ref, model)
+        rows = variant_rows(variants, params, x, batch, reps, ref, model, host=floats)
         if per_layer and model == MODEL:
             dparams = {k: cp.asarray(v) for k, v in params.items()}
             rows += per_layer_rows(dparams, x, batch, reps, ref, cp)
     if torch_rows:
         from convolab.bench.torch_network import torch_rows as torch_network_rows
 
-        for io in ("device", "host"):  # torch.compile once per model and input kind
+        compiled: dict[Any, Any] = {}  # one torch.compile for both jobs (tens of seconds)
+        for io in ("device", "host"):
             rows += torch_network_rows(model, params, raw, reps, ref, inputs=inputs, io=io,
-                                       compile=io == "device")
+                                       compiled=compiled)
         if stream is not None:  # the same streaming job; torch.compile left out (its compile)
             rows += torch_network_rows(model, params, stream, max(3, reps // 4), stream_ref,
                                        inputs="raw", io="host", compile=False)

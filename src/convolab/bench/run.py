@@ -63,6 +63,9 @@ def prepare_run(config: RunConfig, gpu: bool) -> Prepared:
             raise ConvolabError("--network times the whole-network GPU forward: no CUDA GPU is "
                                 "usable here (CuPy missing or no device)")
         return Prepared(config, [], [], [])
+    if config.inputs == "raw" and not gpu:  # every contender would be dropped: an empty run
+        raise ConvolabError("--input raw times GPU implementations reading raw uint8 images: "
+                            "no CUDA GPU is usable here (CuPy missing or no device)")
     cases = layer_cases(config.shapes, config.model, config.batch, config.custom_shapes)
     contenders, notes = select_contenders(config.impls, gpu, config.anchors)
     if config.inputs == "raw":
@@ -84,9 +87,13 @@ def _raw_layers(cases: list[LayerCase], contenders: list[Contender], notes: list
     if not firsts:
         raise ConvolabError("--input raw times first blocks (one input channel): no layer of "
                             "this run has one")
+    gpu = [c for c in contenders if c.device == "gpu"]
+    if not gpu:
+        raise ConvolabError("--input raw times GPU implementations reading raw uint8 images: "
+                            "none of this run's implementations runs on the GPU")
     notes.append(f"raw input: {raw_hw[0]}x{raw_hw[1]} uint8 images resized on the GPU; "
                  f"layers with C > 1 and CPU contenders left out")
-    return firsts, [raw_contender(c, raw_hw) for c in contenders if c.device == "gpu"]
+    return firsts, [raw_contender(c, raw_hw) for c in gpu]
 
 
 def measure_ceilings(gpu: bool, console: Any) -> dict[str, Ceilings]:
