@@ -224,6 +224,16 @@ def test_refused_up_front(no_loading: None, args: list[str], needle: str) -> Non
     refused(args, needle)
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "10000001"])
+def test_throughput_checked_before_the_device(no_loading: None, monkeypatch: pytest.MonkeyPatch,
+                                              value: str) -> None:
+    """A bad --throughput gets its own message even where --device gpu has no GPU to run on."""
+    from convolab import backend
+
+    monkeypatch.setattr(backend, "gpu_available", lambda: False)
+    refused(["classify", "-d", "gpu", "--throughput", value], "--throughput must be between")
+
+
 def test_mode_refused_with_per_layer_on_gpu() -> None:
     with pytest.raises(ConvolabError, match="--mode"):
         classify.resolve_mode("fp16", "gpu", "ece408", fused=False)

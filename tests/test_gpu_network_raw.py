@@ -14,7 +14,7 @@ import pytest
 from convolab import data
 from convolab.check import rel_l2
 from convolab.conv_cpu import reference_forward
-from convolab.errors import InputError
+from convolab.errors import InputError, InputTypeError
 from convolab.models import MODELS, build, spec
 from convolab.precision import TOLERANCE
 
@@ -82,22 +82,25 @@ def test_every_zoo_model_exact_matches_fp64(model: str, rng: np.random.Generator
 
 
 @pytest.mark.gpu
-def test_every_dataset_image_raw_equals_float_exact() -> None:
-    """All 70,000 images: the exact ece408 forward from raw bytes gives the same bits as from
-    resize_bilinear's floats (the on-chip resize is the CPU resize, image for image)."""
+@pytest.mark.parametrize("model", ZOO)
+def test_every_dataset_image_raw_equals_float_exact(model: str) -> None:
+    """All 70,000 images: the exact forward from raw bytes gives the same bits as from
+    resize_bilinear's floats (the on-chip resize is the CPU resize, image for image), for
+    every zoo model's input size and first-block kernel."""
     import cupy as cp
 
     from convolab.gpu.network import FusedLeNet
 
-    net = FusedLeNet(zoo_params("ece408", 0), mode="exact")
+    net = FusedLeNet(zoo_params(model, 0), mode="exact", model=model)
+    size = spec(model).input_size
     for split in ("train", "test"):
         raw, _ = data.load_split(split)
         for start in range(0, len(raw), 10_000):
             part = raw[start:start + 10_000]
             a = net(cp.asarray(part)).get()
-            b = net(cp.asarray(data.resize_bilinear(part, ECE408_SIZE))).get()
+            b = net(cp.asarray(data.resize_bilinear(part, size))).get()
             bad = int(np.count_nonzero((a.view(np.uint32) != b.view(np.uint32)).any(1)))
-            assert bad == 0, f"{split}[{start}:]: {bad} images differ"
+            assert bad == 0, f"{model} {split}[{start}:]: {bad} images differ"
 
 
 @pytest.mark.gpu
@@ -150,10 +153,20 @@ def test_raw_input_is_checked() -> None:
     from convolab.gpu.network import FusedLeNet
 
     net = FusedLeNet(zoo_params("ece408", 0))
-    with pytest.raises(InputError, match="uint8"):
+    with pytest.raises(InputTypeError, match="uint8"):
         net(cp.zeros((2, 28, 28), cp.float32))
     with pytest.raises(InputError, match="pixels"):
         net(cp.zeros((2, 200, 200), cp.uint8))
+    with pytest.raises(InputError, match=r"x\[:, 0\]"):
+        net(cp.zeros((2, 1, 28, 28), cp.uint8))
+    with pytest.raises(InputTypeError, match="float64"):
+        net(cp.zeros((2, 1, ECE408_SIZE, ECE408_SIZE), cp.float64))
+    with pytest.raises(InputTypeError, match="forward_chunks"):
+        net(np.zeros((2, *RAW_HW), np.uint8))
+    with pytest.raises(InputTypeError, match=r"net\(x\)"):
+        net.forward_chunks(cp.zeros((2, *RAW_HW), cp.uint8))
+    with pytest.raises(InputError, match="uint8"):
+        net.forward_chunks(np.zeros((2, 1, *RAW_HW), np.uint8))
 
 
 def test_parallel_copy_copies_every_byte(rng: np.random.Generator) -> None:
@@ -178,24 +191,39 @@ def test_bytes_per_image_counts_raw_input() -> None:
         assert bytes_per_image("exact", False, model, RAW_HW) == with_float - 4 * floats
 
 
+def every_size(model: str) -> list[int]:
+    """ece408: every size to 40 (its head takes 16 images a tile). The wider models cost
+    several times more a forward: every size to 17, then either side of their head's image
+    tiles (kernel 30's default tiles), which 1..17 does not reach."""
+    if model == "ece408":
+        return list(range(1, 41))
+    from convolab.gpu.dense_head import DEFAULT_TILES
+
+    around = {t + d for t, *_ in DEFAULT_TILES for d in (-1, 0, 1)}
+    return sorted(set(range(1, 18)) | around)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["exact", "fp16"])
-def test_raw_batches_of_every_size(mode: str, rng: np.random.Generator) -> None:
-    """Every batch size 1..40 (partial tiles, partial head tiles, odd counts) from raw bytes
+@pytest.mark.parametrize("model", ZOO)
+@pytest.mark.parametrize("mode", ["exact", "tf32", "fp16"])
+def test_raw_batches_of_every_size(model: str, mode: str, rng: np.random.Generator) -> None:
+    """Batch sizes 1..N (partial tiles, partial head tiles, odd counts) from raw bytes
     equals the float forward of the same images, and each image's answer does not depend on
     the batch it came in."""
     import cupy as cp
 
     from convolab.gpu.network import FusedLeNet
 
-    net = FusedLeNet(zoo_params("ece408", int(rng.integers(1 << 30))), mode=mode)
-    raw = raw_batch(rng, 40)
+    net = FusedLeNet(zoo_params(model, int(rng.integers(1 << 30))), mode=mode, model=model)
+    size = spec(model).input_size
+    sizes = every_size(model)
+    raw = raw_batch(rng, max(sizes))
     whole = net(cp.asarray(raw)).get()
-    for n in range(1, 41):
+    for n in sizes:
         part = net(cp.asarray(raw[:n])).get()
-        floats = net(cp.asarray(data.resize_bilinear(raw[:n], ECE408_SIZE))).get()
-        assert np.array_equal(part.view(np.uint32), floats.view(np.uint32)), n
-        assert np.array_equal(part.view(np.uint32), whole[:n].view(np.uint32)), n
+        floats = net(cp.asarray(data.resize_bilinear(raw[:n], size))).get()
+        assert np.array_equal(part.view(np.uint32), floats.view(np.uint32)), (model, mode, n)
+        assert np.array_equal(part.view(np.uint32), whole[:n].view(np.uint32)), (model, mode, n)
 
 
 @pytest.mark.parametrize("model", ZOO)
@@ -317,3 +345,111 @@ def test_cast_into_rounds_to_nearest_even(rng: np.random.Generator) -> None:
     out = np.empty(src.shape, np.float16)
     cast_into(src, out)
     assert np.array_equal(out.view(np.uint16), src.astype(np.float16).view(np.uint16))
+
+
+BAD_BATCHES = [  # (shape, dtype, error class, what the message must name)
+    ((2, 28, 28), np.float32, InputTypeError, r"must be uint8 .* got float32"),
+    ((2, 200, 200), np.uint8, InputError, "pixels"),
+    ((2, 0, 28), np.uint8, InputError, "pixels"),
+    ((2, 1, 28, 28), np.uint8, InputError, r"raw images \(B, H, W\).*x\[:, 0\]"),
+    ((28, 28), np.uint8, InputError, r"batch axis \(x\[None\]\)"),
+    ((2, 1, 28, 28), np.float32, InputError, r"\(B, 1, S, S\) float32.*\(2, 1, 28, 28\)"),
+    ((2, 4, 4, 4, 4), np.float32, InputError, r"\(2, 4, 4, 4, 4\)"),
+    ((2, 1, "S", "S"), np.float64, InputTypeError, r"float32, got float64.*astype"),
+    ((2, 1, "S", "S"), np.float16, InputTypeError, r"float32, got float16.*astype"),
+    ((2, 1, "S", "S"), np.int64, InputTypeError, r"float32, got int64"),
+]
+
+
+@pytest.mark.parametrize("model", ZOO)
+@pytest.mark.parametrize("shape,dtype,error,message", BAD_BATCHES)
+def test_bad_batches_get_one_clear_error(model: str, shape: tuple, dtype: type,
+                                         error: type, message: str) -> None:
+    """FusedLeNet's input check, without a GPU: an input error class (never a bare
+    ValueError/TypeError), the network named, the problem and the fix in the message."""
+    from convolab.gpu.network import check_batch, image_shape
+
+    size = spec(model).input_size
+    shape = tuple(size if d == "S" else d for d in shape)
+    message = message.replace("S, S", f"{size}, {size}")
+    with pytest.raises(error, match=message) as err:
+        check_batch(shape, dtype, image_shape(model), model)
+    assert str(err.value).startswith("FusedLeNet"), str(err.value)
+
+
+@pytest.mark.parametrize("model", ZOO)
+def test_good_batches_pass_the_check(model: str) -> None:
+    from convolab.gpu.network import check_batch, image_shape
+
+    size = spec(model).input_size
+    for shape, dtype in (((5, *RAW_HW), np.uint8), ((1, 96, 96), np.uint8),
+                         ((3, 1, size, size), np.float32), ((0, 1, size, size), np.float32)):
+        check_batch(shape, dtype, image_shape(model), model)
+
+
+def test_call_and_forward_chunks_refuse_the_other_memory() -> None:
+    """net(x) takes device arrays and forward_chunks host arrays; each refusal names the
+    other call (checked with a stand-in for CuPy, before anything reaches the GPU)."""
+    from types import SimpleNamespace
+
+    from convolab.gpu import network
+
+    net = _fake_net("ece408", "exact")
+    net._cp = SimpleNamespace(ndarray=type("DeviceArray", (), {}))
+    net.image_shape = network.image_shape("ece408")
+    with pytest.raises(InputTypeError, match=r"got a NumPy array.*forward_chunks.*cupy.asarray"):
+        net(np.zeros((2, *RAW_HW), np.uint8))
+    with pytest.raises(InputTypeError, match="got a list"):
+        net([[0]])
+    with pytest.raises(InputTypeError, match=r"got a list: call net\(x\)"):
+        net.forward_chunks([[0]])
+    with pytest.raises(InputError, match="pixels"):  # the same check as net(x)
+        net.forward_chunks(np.zeros((2, 200, 200), np.uint8))
+
+
+@pytest.mark.gpu
+def test_classify_throughput_streams_raw_bytes_and_scores_those_images(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+    """classify --device gpu --throughput n, n beyond the images loaded: the fused network
+    streams the raw uint8 bytes (the loaded images repeated), and the throughput's accuracy is
+    over exactly those n images, not over the loaded ones."""
+    import json
+
+    from convolab import classify, models
+    from convolab.gpu.network import FusedLeNet
+
+    network = models.build("ece408", int(rng.integers(1 << 30))).eval()
+    batch = int(rng.integers(30, 60))
+    n = 2 * batch + int(rng.integers(1, batch))  # the last pass over the images is partial
+    raw = raw_batch(rng, batch)
+    pred = FusedLeNet(network.params(), mode="exact").forward_chunks(raw, labels=True)
+    # The first `right` images labelled as predicted, the rest not: the accuracy over the
+    # repeated images then differs from the accuracy over the loaded ones.
+    right = int(rng.integers(1, batch))
+    labels = np.where(np.arange(batch) < right, pred, (pred + 1) % 10).astype(np.uint8)
+    idx = np.arange(n) % batch
+
+    monkeypatch.setattr(models, "load", lambda name, weights=None: network)
+    monkeypatch.setattr(data, "load_split", lambda *a, **k: (raw.copy(), labels.copy()))
+    fed: list[np.ndarray] = []
+    real = FusedLeNet.forward_chunks
+
+    def spy(self: FusedLeNet, x_host: np.ndarray, *args: object, **kwargs: object) -> object:
+        fed.append(np.array(x_host))
+        return real(self, x_host, *args, **kwargs)
+
+    monkeypatch.setattr(FusedLeNet, "forward_chunks", spy)
+    out = tmp_path / "report.json"
+    classify.main(model="ece408", batch=batch, impl=None, device="gpu", weights=None,
+                  data_dir=None, per_layer=False, mode=None, throughput=n, self_test=False,
+                  json_out=out)
+    report = json.loads(out.read_text())
+    t = report["throughput"]
+    assert (t["images"], t["source_images"], t["path"]) == (n, batch, "fused network (exact)")
+    assert report["accuracy"] == pytest.approx(right / batch)
+    want = float((pred[idx] == labels[idx]).mean())
+    assert t["accuracy"] == pytest.approx(want)
+    assert want != pytest.approx(right / batch)
+    assert fed and all(x.dtype == np.uint8 and x.shape[1:] == RAW_HW for x in fed)
+    streamed = [x for x in fed if len(x) == n]
+    assert streamed and all(np.array_equal(x, raw[idx]) for x in streamed)

@@ -9,7 +9,7 @@ import pytest
 from convolab import data
 from convolab.errors import InputError
 from convolab.gpu.resize import TAP_DTYPE, resize_taps
-from convolab.models import spec
+from convolab.models import MODELS
 
 
 def test_tap_table_matches_the_cpu_rule(rng: np.random.Generator) -> None:
@@ -23,13 +23,16 @@ def test_tap_table_matches_the_cpu_rule(rng: np.random.Generator) -> None:
         assert part["lo"].min() >= 0 and part["hi"].max() <= n_in - 1
 
 
+ZOO_SIZES = sorted({m.input_size for m in MODELS.values()})  # what the zoo resizes to
+
+
 @pytest.mark.gpu
-def test_every_dataset_image_resizes_bit_identically() -> None:
+@pytest.mark.parametrize("size", ZOO_SIZES)
+def test_every_dataset_image_resizes_bit_identically(size: int) -> None:
     import cupy as cp
 
     from convolab.gpu.resize import resize_u8
 
-    size = spec("ece408").input_size
     for split in ("train", "test"):
         raw, _ = data.load_split(split)
         want = data.resize_bilinear(raw, size)
@@ -37,7 +40,7 @@ def test_every_dataset_image_resizes_bit_identically() -> None:
         resize_u8(cp.asarray(raw), size, out=got)
         got = cp.asnumpy(got)
         mismatched = int(np.count_nonzero(got.view(np.uint32) != want.view(np.uint32)))
-        assert mismatched == 0, f"{split}: {mismatched} pixels differ from resize_bilinear"
+        assert mismatched == 0, f"{split}, {size}x{size}: {mismatched} pixels differ"
 
 
 @pytest.mark.gpu

@@ -2,9 +2,9 @@
 launches alone, data already on the device) and Layer Time (the layer called from host arrays:
 allocation, copies in, kernels, copy out), then `Test Accuracy` over the first N test images.
 
-On the GPU the default for `ece408` is the whole-network fused forward (one figure for the
-whole network); `--per-layer` or `--impl NAME` runs layer by layer so the course's per-layer
-times can be printed for any rung.
+On the GPU the default for every zoo model is the whole-network fused forward from the raw
+image bytes (one figure for the whole network); `--per-layer` or `--impl NAME` runs layer by
+layer so the course's per-layer times can be printed for any rung.
 """
 
 from __future__ import annotations

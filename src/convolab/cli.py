@@ -141,6 +141,7 @@ def classify(
     (default N: 10000 on the GPU, 1000 on the CPU)."""
     from convolab import classify as run
 
+    run.check_throughput(throughput)  # its own message, also where --device gpu has no GPU
     dev = resolve_device(device)
     n = images_option(images, batch, dev)
     if onnx is not None:

@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import to_numpy
-from convolab.errors import ConvolabError, InputError
+from convolab.errors import ConvolabError, InputError, InputTypeError
 from convolab.gpu.lenet_head import HEAD_DEFAULT_IMGS, head_defines, prepare_head
 from convolab.models import MODELS, ConvBlock, conv_blocks, head_layers, param_shapes, spec
 from convolab.precision import NETWORK_MODES
@@ -169,6 +169,60 @@ def _channels_last_pair(model: str, mode: str) -> bool:
 
     return (len(blocks) == 2 and blocks[0].pool == 2 and blocks[0].shape.C == 1
             and fused_cl.cl_supports(blocks[1].shape, blocks[1].pool))
+
+
+def _kind_of(x: Any) -> str:
+    if isinstance(x, np.ndarray):
+        return "a NumPy array"
+    if type(x).__module__.split(".")[0] == "cupy":
+        return "a CuPy array"
+    return f"a {type(x).__name__}"
+
+
+def not_device_array(x: Any) -> str:
+    """Why `net(x)` refuses x (not a CuPy array), and what to call instead."""
+    return (f"FusedLeNet(x) takes a device (CuPy) array, got {_kind_of(x)}: for a host batch call "
+            "net.forward_chunks(x) (host in, host out, streamed in chunks), or copy it to the "
+            "GPU first with net(cupy.asarray(x))")
+
+
+def check_batch(shape: tuple[int, ...], dtype: Any, image_shape: tuple[int, int, int],
+                model: str = MODEL) -> None:
+    """A batch FusedLeNet takes: float32 images (B, *image_shape), or raw uint8 images
+    (B, h, w) of 1..MAX_RAW_PIXELS pixels each. Anything else: one InputError (shape) or
+    InputTypeError (dtype) naming the problem and the fix."""
+    # Every forward passes here: the accepted batches return before any message is built.
+    if len(shape) == 3 and dtype == np.uint8:
+        if 0 not in shape[1:] and shape[1] * shape[2] <= MAX_RAW_PIXELS:
+            return
+    elif len(shape) == 4 and dtype == np.float32 and tuple(shape[1:]) == tuple(image_shape):
+        return
+    raise _batch_error(tuple(shape), np.dtype(dtype), image_shape, model)
+
+
+def _batch_error(shape: tuple[int, ...], dtype: np.dtype, image_shape: tuple[int, int, int],
+                 model: str) -> ConvolabError:
+    floats = f"(B, {', '.join(map(str, image_shape))}) float32"
+    takes = f"FusedLeNet ({model}) takes float images {floats} or raw uint8 images (B, H, W)"
+    ndim = len(shape)
+    if ndim == 3 and dtype != np.uint8:
+        return InputTypeError(f"FusedLeNet: 3-D input is read as raw images (B, H, W) and must "
+                              f"be uint8 (the bytes of the image file), got {dtype}; float "
+                              f"images are {floats}")
+    if ndim == 3:
+        return InputError(f"FusedLeNet: raw images must have 1..{MAX_RAW_PIXELS} pixels each, "
+                          f"got shape {shape}")
+    if ndim == 4 and dtype == np.uint8:
+        hint = " (drop the channel axis: x[:, 0])" if shape[1] == 1 else ""
+        return InputError(f"FusedLeNet: uint8 input is read as raw images (B, H, W), got 4-D "
+                          f"shape {shape}{hint}")
+    if ndim == 2 and dtype == np.uint8:
+        return InputError(f"{takes}, got shape {shape}: one raw image needs its batch axis "
+                          f"(x[None])")
+    if ndim != 4 or tuple(shape[1:]) != tuple(image_shape):
+        return InputError(f"{takes}, got {dtype} of shape {shape}")
+    return InputTypeError(f"FusedLeNet: float images must be float32, got {dtype}; cast them "
+                          f"with x.astype(numpy.float32) (cupy.float32 on the device)")
 
 
 class FusedLeNet:
@@ -425,9 +479,12 @@ class FusedLeNet:
                         stream.end_capture()
 
     def __call__(self, x: Any) -> Any:
+        """Probabilities (B, classes) on the device for a device (CuPy) batch. A host batch
+        is refused, naming forward_chunks (host in, host out): what this returns is a device
+        array handed out again on later calls, and its graph replays from device addresses."""
         cp = self._cp
         if not isinstance(x, cp.ndarray):
-            raise TypeError("FusedLeNet(x): x must be a CuPy array (use forward_chunks for host)")
+            raise InputTypeError(not_device_array(x))
         self._check_batch(x)
         n, raw_hw = int(x.shape[0]), _raw_hw(x)
         try:
@@ -472,21 +529,7 @@ class FusedLeNet:
         return out
 
     def _check_batch(self, x: Any) -> None:
-        """Float images (B, C, S, S) float32 of the model's input size, or raw uint8 (B, h, w)."""
-        if x.ndim == 3:
-            if x.dtype != np.uint8:
-                raise InputError(f"3-D input is read as raw images (B, H, W) and must be uint8, "
-                                 f"got {x.dtype}")
-            if 0 in x.shape[1:] or x.shape[1] * x.shape[2] > MAX_RAW_PIXELS:
-                raise InputError(f"raw images must have 1..{MAX_RAW_PIXELS} pixels each, got "
-                                 f"shape {tuple(x.shape)}")
-            return
-        want = self.image_shape
-        if x.ndim != 4 or tuple(x.shape[1:]) != want:
-            raise ValueError(f"expected input (B, {', '.join(map(str, want))}) float32 or raw "
-                             f"uint8 (B, H, W), got shape {tuple(x.shape)}")
-        if x.dtype != np.float32:
-            raise TypeError(f"expected float32 input, got {x.dtype}")
+        check_batch(x.shape, x.dtype, self.image_shape, self.model)
 
     # ---- host batches of any size ---------------------------------------------------------
     def forward_chunks(self, x_host: np.ndarray, chunk: int = STREAM_CHUNK,
@@ -507,10 +550,12 @@ class FusedLeNet:
         """
         cp = self._cp
         if not isinstance(x_host, np.ndarray):
-            raise TypeError("forward_chunks: x_host must be a NumPy array")
+            raise InputTypeError(f"FusedLeNet.forward_chunks takes a host (NumPy) array, got "
+                                 f"{_kind_of(x_host)}: call net(x) for a device array")
         self._check_batch(x_host)
         if chunk < 1 or streams < 1:
-            raise ValueError("forward_chunks: chunk and streams must be >= 1")
+            raise InputError(f"FusedLeNet.forward_chunks: chunk and streams must be >= 1, got "
+                             f"chunk={chunk}, streams={streams}")
         n = x_host.shape[0]
         if out is None:
             out = np.empty((n,) if labels else (n, self.classes),
