@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM
 
 from convolab.check import poison, rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
@@ -333,101 +333,8 @@ def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
 
 # ---- CPU: the kernel source under g++, mma.sync emulated -------------------------------------
 
-EMU = CUDA_SHIM + BLOCK_SHIM + r"""
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
 #include <memory>
-struct uint2 { unsigned x, y; };
-struct uint4 { unsigned x, y, z, w; };
-inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
-typedef _Float16 __half;
-inline __half __float2half_rn(float f) { return (__half)f; }
-inline float __half2float(__half h) { return (float)h; }
-inline unsigned short __half_as_ushort(__half h) {
-  unsigned short u;
-  std::memcpy(&u, &h, 2);
-  return u;
-}
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-inline float tf32_round(float v) {
-  return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xFFFFE000u);
-}
-inline float tf32_split(float& v) {
-  const float big = tf32_round(v), small = tf32_round(v - big);
-  v = big;
-  return small;
-}
-struct __nv_bfloat162 { unsigned short x, y; };
-inline unsigned short bf16_bits(float f) {  // round to nearest even (finite values)
-  const unsigned u = __float_as_uint(f);
-  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
-  return {bf16_bits(lo), bf16_bits(hi)};
-}
-inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
-inline void cp_async8(void* dst, const void* src, bool) { std::memcpy(dst, src, 8); }
-inline void cp_async4(void* dst, const void* src, bool) { std::memcpy(dst, src, 4); }
-inline void cp_async_commit() {}
-inline void cp_async_wait_all() {}
-static double bf16(unsigned bits) { return (double)__uint_as_float((bits & 0xFFFF) << 16); }
-static double f16(unsigned bits) {
-  const unsigned short s = bits & 0xFFFF;
-  _Float16 h;
-  std::memcpy(&h, &s, 2);
-  return (double)h;
-}
-// the MMA reads the top 19 bits of a tf32 operand
-static double tf32(unsigned bits) { return (double)__uint_as_float(bits & 0xFFFFE000u); }
-// d += A B for one warp, from the PTX fragment layouts of m16n8k16 (fp16, bf16) and m16n8k8
-// (tf32).
-enum Kind { kF16, kBF16, kTF32 };
-template <Kind kind>
-void emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-             unsigned b1) {
-  const int l = threadIdx.x % 32;
-  WarpRegs& R = warp_regs[threadIdx.x / 32];
-  R.a[l][0] = a0; R.a[l][1] = a1; R.a[l][2] = a2; R.a[l][3] = a3; R.b[l][0] = b0; R.b[l][1] = b1;
-  warp_sync();
-  double A[16][16] = {}, B[16][8] = {};
-  for (int ln = 0; ln < 32; ++ln) {
-    const int g = ln / 4, t = ln % 4;
-    if (kind != kTF32) {
-      double (*half)(unsigned) = kind == kF16 ? f16 : bf16;
-      for (int h = 0; h < 2; ++h) {
-        A[g][2 * t + h] = half(R.a[ln][0] >> (16 * h));
-        A[g + 8][2 * t + h] = half(R.a[ln][1] >> (16 * h));
-        A[g][2 * t + 8 + h] = half(R.a[ln][2] >> (16 * h));
-        A[g + 8][2 * t + 8 + h] = half(R.a[ln][3] >> (16 * h));
-        B[2 * t + h][g] = half(R.b[ln][0] >> (16 * h));
-        B[2 * t + 8 + h][g] = half(R.b[ln][1] >> (16 * h));
-      }
-    } else {
-      A[g][t] = tf32(R.a[ln][0]); A[g + 8][t] = tf32(R.a[ln][1]);
-      A[g][t + 4] = tf32(R.a[ln][2]); A[g + 8][t + 4] = tf32(R.a[ln][3]);
-      B[t][g] = tf32(R.b[ln][0]); B[t + 4][g] = tf32(R.b[ln][1]);
-    }
-  }
-  const int g = l / 4, t = l % 4;
-  for (int r = 0; r < 4; ++r) {
-    const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
-    double s = d[r];
-    for (int k = 0; k < (kind == kTF32 ? 8 : 16); ++k) s += A[row][k] * B[k][col];
-    d[r] = (float)s;
-  }
-  warp_sync();
-}
-inline void mma_f16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                             unsigned b0, unsigned b1) {
-  emu_mma<kF16>(d, a0, a1, a2, a3, b0, b1);
-}
-inline void mma_bf16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                              unsigned b0, unsigned b1) {
-  emu_mma<kBF16>(d, a0, a1, a2, a3, b0, b1);
-}
-inline void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                             unsigned b0, unsigned b1) {
-  emu_mma<kTF32>(d, a0, a1, a2, a3, b0, b1);
-}
 alignas(16) unsigned char fw_smem[232448];
 #include "kernel.inc"
 int main(int argc, char** argv) {

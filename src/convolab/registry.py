@@ -36,6 +36,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.implicit_gemm",
     "convolab.gpu.implicit_gemm_wgmma",
     "convolab.gpu.gemv",
+    "convolab.gpu.gemv_mma",
     "convolab.gpu.auto",
 )
 

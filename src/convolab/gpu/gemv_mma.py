@@ -1,0 +1,275 @@
+"""Kernel 42: classifier layers at batch 1-64 on tensor cores, the weights streamed as the MMA's A
+operand and the batch as its columns (kernels/42_gemv_tensor_core.cu; `gemv-mma-fp16`,
+`gemv-mma-bf16`, `gemv-mma-tf32`, `gemv-mma-3xtf32`).
+
+Kernel 41 spends B FFMAs and B shared-memory reads of x on every weight, so from B = 8 it is
+bound by those rather than by the weight stream; an m16n8 MMA takes 16 rows x 8 columns at once.
+`prepare` packs W once in fragment order (`pack_weights`): a warp's load of one k piece of one
+16-row tile is 512 contiguous bytes, each lane's 16 bytes its A registers. TF32 keeps kernel 41's
+2.5 bytes a weight (`gemv.tf32_planes` applied to the packed pieces); 3xTF32 streams fp32 and
+splits in registers (fp32 accuracy). Everything above `prepare` is pure Python, tested on the
+CPU; CuPy is imported inside `prepare` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from convolab.backend import require_cupy, xp_of
+from convolab.gpu import gemv
+from convolab.gpu.compile import get_kernel
+from convolab.precision import TOLERANCE
+from convolab.registry import ConvImpl, Run, register
+from convolab.shapes import ConvShape, ceil_div
+
+KERNEL_FILE = "42_gemv_tensor_core.cu"
+MODES: dict[str, int] = {"fp16": 0, "bf16": 1, "tf32": 2, "3xtf32": 3}
+N_TILES = (1, 2, 4, 8)  # TM_NT: batch columns in tiles of 8
+MAX_BATCH = 8 * N_TILES[-1]
+CHANNEL_ALIGN = 8  # x read in float4s; kernel 41's alignment, so both take the same layers
+MAX_SLICES = 64
+SMEM_LIMIT = 227 * 1024
+DEFAULT_SMS = 132  # H100 SXM: the planner's assumption where no GPU is asked
+REDUCE_WEIGHT = 0.3
+
+# Tunable, all compile-time but SPLIT (0: chosen from the shape, `launch_plan`): MT m-tiles of
+# 16 rows a warp, CP k pieces a chunk (the weights a lane has in flight: MT x CP 16-byte loads),
+# WARPS a block.
+SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2, 4), "CP": (2, 4, 8), "WARPS": (4, 8),
+                                     "SPLIT": (0, 4, 8, 16, 32, 64)}
+DEFAULTS: dict[str, int] = {"MT": 2, "CP": 4, "WARPS": 8, "SPLIT": 0}
+
+
+def piece_k(mode: str) -> int:
+    """k values in one lane's 16-byte piece: a k16 step (fp16, bf16, tf32's two k8 steps in
+    16-bit halves) or a k8 step of fp32 (3xTF32)."""
+    return 8 if mode == "3xtf32" else 16
+
+
+def elem_bytes(mode: str) -> float:
+    """Bytes streamed a weight: 2 fp16 / bf16, 2.5 tf32, 4 3xtf32."""
+    return {"fp16": 2.0, "bf16": 2.0, "tf32": 2.5, "3xtf32": 4.0}[mode]
+
+
+def n_tiles(B: int) -> int:
+    """TM_NT: the fewest 8-column tiles in N_TILES that hold B columns."""
+    for nt in N_TILES:
+        if 8 * nt >= B:
+            return nt
+    raise ValueError(f"gemv-mma: batch {B} is over the {MAX_BATCH} columns kernel 42 keeps")
+
+
+def supports(shape: ConvShape) -> bool:
+    """A linear layer (1x1 images, 1x1 kernel), B <= 64, C a multiple of 8."""
+    return (shape.H == 1 and shape.W == 1 and shape.K == 1 and shape.B <= MAX_BATCH
+            and shape.C % CHANNEL_ALIGN == 0 and shape.M * shape.C < 2**31)
+
+
+def mma_defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
+    """The -D set of one configuration; ValueError names what is wrong with it."""
+    if mode not in MODES:
+        raise ValueError(f"gemv-mma: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    mt, cp_, warps = (int(params[k]) for k in ("MT", "CP", "WARPS"))
+    if mt not in SPACE["MT"] or cp_ not in SPACE["CP"] or warps not in SPACE["WARPS"]:
+        raise ValueError(f"gemv-mma: MT, CP and WARPS must be in {SPACE['MT']}, {SPACE['CP']} "
+                         f"and {SPACE['WARPS']}, got {mt}, {cp_}, {warps}")
+    return {"TM_MODE": MODES[mode], "TM_NT": n_tiles(B), "TM_MT": mt, "TM_CP": cp_,
+            "TM_WARPS": warps}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    defines: dict[str, int]
+    m_tiles: int  # 16-row tiles of W (packed, zero rows past M)
+    pieces: int  # k pieces a row (packed, zero past K)
+    slice_pieces: int  # pieces a block: whole chunks
+    slices: int  # gridDim.y
+    tiles: int  # gridDim.x: row tiles of WARPS x MT m-tiles
+    smem: int  # x's staged chunk
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.tiles, self.slices
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.defines["TM_WARPS"]
+
+
+def staged_x_bytes(mode: str, defines: Mapping[str, int]) -> int:
+    """Shared memory for x's chunk: 8 TM_NT rows of the chunk's k in the operand type, each row
+    padded by 16 bytes (the kernel's bank-conflict-free stride)."""
+    words = defines["TM_CP"] * piece_k(mode) // (2 if mode in ("fp16", "bf16") else 1)
+    return 8 * defines["TM_NT"] * (words + 4) * 4
+
+
+def piece_bytes(mode: str) -> int:
+    """Bytes a warp streams for one piece of one m-tile: 32 lanes x 16 bytes (TF32: plus one
+    word of nibbles a lane)."""
+    return 32 * (20 if mode == "tf32" else 16)
+
+
+def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
+                sms: int = DEFAULT_SMS) -> LaunchPlan:
+    """Row tiles and k slices. Automatic SPLIT (0): the slice count with the least modelled
+    time, in bytes the busiest SM moves: (blocks an SM, rounded up) x (chunks a block) x (a
+    chunk's weight bytes), plus the slice sum at the end, which one block a row tile does
+    alone: slices x its rows x B fp32 partials, weighted REDUCE_WEIGHT (an SM alone reads L2
+    several times faster than its share of the weight stream)."""
+    d = mma_defines(mode, shape.B, params)
+    m_tiles, pieces = ceil_div(shape.M, 16), ceil_div(shape.C, piece_k(mode))
+    tiles = ceil_div(m_tiles, d["TM_MT"] * d["TM_WARPS"])
+    chunks = ceil_div(pieces, d["TM_CP"])
+    chunk_bytes = d["TM_WARPS"] * d["TM_MT"] * d["TM_CP"] * piece_bytes(mode)
+    tile_rows = 16 * d["TM_MT"] * d["TM_WARPS"]
+    forced = int(params["SPLIT"])
+    options = [min(forced, chunks)] if forced else range(1, min(chunks, MAX_SLICES) + 1)
+
+    def cost(slices: int) -> tuple[float, int]:
+        per_slice = ceil_div(chunks, slices)
+        real = ceil_div(chunks, per_slice)
+        stream = ceil_div(tiles * real, sms) * per_slice * chunk_bytes
+        reduce = real * tile_rows * shape.B * 4 * REDUCE_WEIGHT if real > 1 else 0.0
+        return stream + reduce, real
+
+    per_slice = ceil_div(chunks, min(cost(s) for s in options)[1])
+    slices = ceil_div(chunks, per_slice)
+    smem = staged_x_bytes(mode, d)
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"gemv-mma: x's chunk needs {smem} B of shared memory, over "
+                         f"{SMEM_LIMIT}: use a smaller CP")
+    return LaunchPlan(d, m_tiles, pieces, per_slice * d["TM_CP"], slices, tiles, smem)
+
+
+# What CI's nvcc check builds (compile_variants): every mode at the fewest and the most batch
+# tiles with the defaults, and at the most tiles each other value of MT, CP and WARPS once (they
+# change only register arrays and loop trip counts; TM_NT and TM_MODE change the code paths).
+def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
+    def variants() -> list[dict[str, int]]:
+        points = [dict(DEFAULTS) for _ in range(2)]
+        batches = [8 * N_TILES[0], MAX_BATCH]
+        for key in ("MT", "CP", "WARPS"):
+            for value in SPACE[key]:
+                if value != DEFAULTS[key]:
+                    points.append({**DEFAULTS, key: value})
+                    batches.append(MAX_BATCH)
+        out: list[dict[str, int]] = []
+        for batch, point in zip(batches, points, strict=True):
+            d = mma_defines(mode, batch, point)
+            if d not in out:
+                out.append(d)
+        return out
+
+    return variants
+
+
+# --------------------------------------------------------------------------------------
+# The weights in fragment order (NumPy or CuPy)
+# --------------------------------------------------------------------------------------
+
+# Axis orders that take W, reshaped to (m-tile, row half h, g, piece, ...k axes), to (m-tile,
+# piece, g, t, one lane's values in register order). fp16 / bf16 (m16n8k16): register r holds
+# row g + 8 (r % 2), columns 2t, 2t + 1 (+ 8 for r >= 2): k axes (k half, t, pair). TF32 pieces
+# (two m16n8k8 steps s): value 4s + 2c + h is row g + 8h, column 8s + t + 4c: k axes (s, c, t).
+# 3xTF32 (one m16n8k8 step): value 2c + h, column t + 4c: k axes (c, t).
+_ORDER = {
+    "fp16": ((2, 4, 2), (0, 3, 2, 5, 4, 1, 6)),
+    "tf32": ((2, 2, 4), (0, 3, 2, 6, 4, 5, 1)),
+    "3xtf32": ((2, 4), (0, 3, 2, 5, 4, 1)),
+}
+
+
+def fragment_values(w2: Any, mode: str) -> Any:
+    """(M, C) -> (m-tiles, pieces, 32 lanes, values a lane) in the MMA's register order, zero
+    rows past M and zero columns past C (same dtype, NumPy or CuPy)."""
+    xp = xp_of(w2)
+    M, C = w2.shape
+    pk = piece_k(mode)
+    mt, pieces = ceil_div(M, 16), ceil_div(C, pk)
+    padded = xp.zeros((16 * mt, pk * pieces), dtype=w2.dtype)
+    padded[:M, :C] = w2
+    k_axes, order = _ORDER["fp16" if mode == "bf16" else mode]
+    v = padded.reshape(mt, 2, 8, pieces, *k_axes).transpose(order)
+    return xp.ascontiguousarray(v).reshape(mt, pieces, 32, -1)
+
+
+def pack_weights(w2: Any, mode: str) -> Any:
+    """(M, C) fp32 -> the kernel's operand: fp16 values, bf16 bit patterns (uint16, nearest
+    even), fp32 (3xTF32), or for TF32 one uint8 buffer: the pieces' 16-bit upper halves, then
+    one 32-bit word of 3-bit nibbles a lane and piece (`gemv.tf32_planes` of the pieces)."""
+    xp = xp_of(w2)
+    w2 = xp.ascontiguousarray(w2, dtype=xp.float32)
+    if w2.ndim != 2 or w2.shape[1] % CHANNEL_ALIGN:
+        raise ValueError(f"gemv-mma: weights must be (M, C) with C a multiple of "
+                         f"{CHANNEL_ALIGN}, got shape {w2.shape}")
+    if mode == "tf32":
+        hi, lo = gemv.tf32_planes(fragment_values(w2, mode).reshape(-1, 8))
+        return xp.concatenate([hi.reshape(-1).view(xp.uint8), lo.reshape(-1).view(xp.uint8)])
+    if mode == "fp16":
+        return fragment_values(w2.astype(xp.float16), mode)
+    if mode == "bf16":
+        u = w2.view(xp.uint32)
+        bits = ((u + ((u >> xp.uint32(16)) & xp.uint32(1)) + xp.uint32(0x7FFF))
+                >> xp.uint32(16)).astype(xp.uint16)
+        return fragment_values(bits, mode)
+    if mode == "3xtf32":
+        return fragment_values(w2, mode)
+    raise ValueError(f"gemv-mma: unknown mode {mode!r}; known: {', '.join(MODES)}")
+
+
+# --------------------------------------------------------------------------------------
+# prepare / run (CuPy from here on)
+# --------------------------------------------------------------------------------------
+
+
+def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
+    def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        cp = require_cupy()
+        from convolab.gpu.device import sm_count
+
+        if not supports(shape):
+            raise ValueError(f"gemv-mma-{mode} does not support shape {shape}")
+        if w.shape[0] != shape.M or w.size != shape.M * shape.C:
+            raise ValueError(f"gemv-mma-{mode}: weights of shape {tuple(w.shape)} for {shape} "
+                             f"(want {shape.w_shape})")
+        plan = launch_plan(shape, mode, params, sm_count())
+        kernel = get_kernel(KERNEL_FILE, "gemv_mma", plan.defines)
+        kernel.max_dynamic_shared_size_bytes = plan.smem
+        w2 = cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C)
+        w_op = pack_weights(w2, mode)
+        b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
+        partial = cp.empty((plan.slices if plan.slices > 1 else 0, shape.B, shape.M),
+                           dtype=cp.float32)
+        tickets = cp.zeros(plan.tiles, dtype=cp.int32)
+        args = tuple(np.int32(v) for v in (shape.B, shape.M, shape.C, plan.m_tiles,
+                                           plan.pieces, plan.slice_pieces))
+        threads = (plan.threads,)
+
+        def run(x: Any, y: Any) -> None:
+            kernel(plan.grid, threads, (x, w_op, b_d, y, partial, tickets, *args),
+                   shared_mem=plan.smem)
+
+        return run
+
+    return prepare
+
+
+WHAT = {"fp16": "fp16 weights and x, fp32 accumulate", "bf16": "bf16 weights and x",
+        "tf32": "TF32 weights in 2.5 bytes, x rounded to TF32",
+        "3xtf32": "fp32 weights split big + small in registers, three TF32 MMAs (fp32-accurate)"}
+
+for _mode in MODES:
+    register(ConvImpl(
+        name=f"gemv-mma-{_mode}", rung=42, device="gpu", kernel_file=KERNEL_FILE,
+        demonstrates=f"classifier layer at batch <= {MAX_BATCH} on tensor cores: weights packed "
+                     f"in fragment order and streamed once as the MMA's A, the batch as its "
+                     f"columns, split k summed in slice order in-kernel ({WHAT[_mode]})",
+        prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
+        compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
+
+__all__ = ["elem_bytes", "fragment_values", "launch_plan", "mma_defines", "n_tiles",
+           "pack_weights", "piece_k", "staged_x_bytes", "supports"]

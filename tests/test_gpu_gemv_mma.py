@@ -1,0 +1,324 @@
+"""Kernel 42 (`gemv-mma-fp16`, `-bf16`, `-tf32`, `-3xtf32`): classifier layers at batch 1-64 on
+tensor cores, the weights packed in fragment order and streamed as the MMA's A.
+
+CPU tests: the packed weights read back through the PTX fragment layouts (written out here
+independently of the packer's axis orders) give W exactly, zero past M and C; TF32's two planes
+are the TF32 rounding of every weight; bf16 bits round to nearest even; the launch plan's slices
+cover k exactly in whole chunks; the compiled define sets cover every value; and the kernel
+source run on the CPU by the emulator (one std::thread a CUDA thread, mma.sync from its fragment
+layouts) on small layers in every mode, with several slices, launched twice with the blocks in a
+random order each time. GPU tests: every mode against the fp64 reference on fresh random shapes
+(B 1-64, C and M off the tile multiples), outputs poisoned with NaN, at the defaults and at
+random points of the space, each run twice (bit-identical); VGG's fc6 / fc7 at B = 1, 13, 64;
+TF32 at fp32 accuracy against its rounded operands; 3xTF32 at fp32 accuracy.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conv_cases import Case, make_case
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM
+
+from convolab.check import poison, rel_l2
+from convolab.conv_cpu import conv_reference
+from convolab.gpu import gemv_mma
+from convolab.gpu.compile import KERNEL_DIR, define_flags
+from convolab.gpu.implicit_gemm_wgmma import tf32_round
+from convolab.precision import TOLERANCE
+from convolab.registry import get_impl
+from convolab.shapes import ConvShape, ceil_div
+
+MODES = list(gemv_mma.MODES)
+NAMES = [f"gemv-mma-{m}" for m in MODES]
+GXX = shutil.which("g++")
+FC6, FC7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
+
+
+def random_shape(rng: np.random.Generator) -> ConvShape:
+    """A linear layer: C a multiple of 8 (not of a piece), M anything, B 1..64."""
+    return ConvShape(int(rng.integers(1, gemv_mma.MAX_BATCH + 1)), 8 * int(rng.integers(1, 500)),
+                     1, 1, int(rng.integers(1, 700)), 1)
+
+
+def random_point(rng: np.random.Generator) -> dict[str, int]:
+    return {k: v[int(rng.integers(len(v)))] for k, v in gemv_mma.SPACE.items()}
+
+
+# ------------------------------------------------------------------------------- CPU
+
+
+def unpack(values: np.ndarray, mode: str) -> np.ndarray:
+    """(m-tiles, pieces, 32, n) lane values -> the (16 m-tiles, k) matrix they are A fragments
+    of, from the PTX layouts: lane 4g + t; m16n8k16 register r = row g + 8 (r % 2), columns
+    2t + 8 (r // 2) and + 1; m16n8k8 a0..a3 = (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)."""
+    tiles, pieces = values.shape[:2]
+    pk = gemv_mma.piece_k(mode)
+    out = np.full((16 * tiles, pk * pieces), np.nan, np.float64)
+    for tile, piece, lane in np.ndindex(tiles, pieces, 32):
+        g, t, v = lane // 4, lane % 4, values[tile, piece, lane]
+        r0, k0 = 16 * tile, pk * piece
+        if mode in ("fp16", "bf16"):
+            for r in range(4):
+                for e in range(2):
+                    out[r0 + g + 8 * (r % 2), k0 + 2 * t + 8 * (r // 2) + e] = v[2 * r + e]
+        else:
+            for s in range(2 if mode == "tf32" else 1):
+                for i, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 4), (8, 4))):
+                    out[r0 + g + dr, k0 + 8 * s + t + dk] = v[4 * s + i]
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fragment_values_are_w_in_the_ptx_layout(mode: str, rng: np.random.Generator) -> None:
+    M, C = int(rng.integers(1, 60)), 8 * int(rng.integers(1, 12))
+    w = rng.standard_normal((M, C)).astype(np.float32)
+    values = gemv_mma.fragment_values(w, mode)
+    assert values.shape == (ceil_div(M, 16), ceil_div(C, gemv_mma.piece_k(mode)), 32,
+                            {"3xtf32": 4}.get(mode, 8))
+    full = unpack(values, mode)
+    assert not np.isnan(full).any(), "a position no lane holds"
+    np.testing.assert_array_equal(full[:M, :C], w)
+    assert not full[M:].any() and not full[:, C:].any(), "padding is not zero"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_packed_weights_are_the_operand_values(mode: str, rng: np.random.Generator) -> None:
+    M, C = int(rng.integers(1, 40)), 8 * int(rng.integers(1, 10))
+    w = rng.standard_normal((M, C)).astype(np.float32) * np.float32(2.0) ** rng.integers(
+        -10, 10, (M, C)).astype(np.float32)
+    packed = gemv_mma.pack_weights(w, mode)
+    shape = gemv_mma.fragment_values(w, mode).shape
+    if mode == "tf32":
+        n = int(np.prod(shape))
+        assert packed.dtype == np.uint8 and packed.size == 2 * n + n // 2
+        hi = packed[: 2 * n].view(np.uint16).astype(np.uint32).reshape(-1, 8)
+        lo = packed[2 * n:].view(np.uint32)
+        nib = (lo[:, None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(7)
+        got = ((hi << 16) | (nib << 13)).view(np.float32).reshape(shape)
+        want = tf32_round(w)
+    elif mode == "bf16":
+        got = (packed.astype(np.uint32) << 16).view(np.float32)
+        u = w.astype(np.float64)
+        want = w  # checked below: nearest of the two bf16 neighbours
+        lower = (w.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+        upper = ((w.view(np.uint32) & np.uint32(0xFFFF0000)) + np.uint32(0x10000)).view(np.float32)
+        full = unpack(got, mode)[:M, :C]
+        assert ((full == lower) | (full == upper)).all()
+        err = np.abs(full - u)
+        assert (err <= np.minimum(np.abs(lower - u), np.abs(upper - u))).all()
+        return
+    else:
+        got = packed.astype(np.float32)
+        want = w.astype(np.float16).astype(np.float32) if mode == "fp16" else w
+    np.testing.assert_array_equal(unpack(np.asarray(got, np.float32), mode)[:M, :C], want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_launch_plan_covers_k_in_whole_chunks(mode: str, rng: np.random.Generator) -> None:
+    for _ in range(40):
+        shape = random_shape(rng)
+        params = random_point(rng)
+        plan = gemv_mma.launch_plan(shape, mode, params, sms=int(rng.integers(1, 140)))
+        pieces = ceil_div(shape.C, gemv_mma.piece_k(mode))
+        assert plan.pieces == pieces and plan.m_tiles == ceil_div(shape.M, 16)
+        assert plan.slice_pieces % plan.defines["TM_CP"] == 0
+        assert (plan.slices - 1) * plan.slice_pieces < pieces <= plan.slices * plan.slice_pieces
+        rows = 16 * plan.defines["TM_MT"] * plan.defines["TM_WARPS"]
+        assert (plan.tiles - 1) * rows < shape.M <= plan.tiles * rows
+        assert 8 * plan.defines["TM_NT"] >= shape.B
+        if params["SPLIT"]:
+            assert plan.slices <= params["SPLIT"]
+        assert plan.smem == gemv_mma.staged_x_bytes(mode, plan.defines) <= gemv_mma.SMEM_LIMIT
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compiled_define_sets_cover_every_value(mode: str) -> None:
+    compiled = gemv_mma.compile_variants(mode)()
+    for key, values in (("TM_NT", (1, gemv_mma.N_TILES[-1])), ("TM_MT", gemv_mma.SPACE["MT"]),
+                        ("TM_CP", gemv_mma.SPACE["CP"]), ("TM_WARPS", gemv_mma.SPACE["WARPS"])):
+        assert {d[key] for d in compiled} >= set(values), key
+    assert len(compiled) <= 8, "CI's nvcc check compiles each of these"
+
+
+def test_bad_parameters_name_the_problem() -> None:
+    with pytest.raises(ValueError, match="MT, CP and WARPS"):
+        gemv_mma.mma_defines("fp16", 8, {"MT": 3, "CP": 4, "WARPS": 8})
+    with pytest.raises(ValueError, match="unknown mode"):
+        gemv_mma.mma_defines("fp8", 8, gemv_mma.DEFAULTS)
+    with pytest.raises(ValueError, match="batch 65"):
+        gemv_mma.n_tiles(65)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gemv_mma.pack_weights(np.zeros((4, 12), np.float32), "fp16")
+    assert not gemv_mma.supports(ConvShape(65, 64, 1, 1, 8, 1))
+    assert not gemv_mma.supports(ConvShape(4, 12, 1, 1, 8, 1))
+    assert not gemv_mma.supports(ConvShape(4, 64, 3, 3, 8, 1))
+
+
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
+#include <atomic>
+#include <numeric>
+#include <random>
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct __half2 { _Float16 x, y; };
+inline __half2 __floats2half2_rn(float a, float b) { return {(_Float16)a, (_Float16)b}; }
+template <class T> inline T __ldcs(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+std::atomic<int> block_or;
+inline bool __syncthreads_or(bool p) {
+  if (p) block_or = 1;
+  block_bar->arrive_and_wait();
+  const bool any = block_or != 0;
+  block_bar->arrive_and_wait();
+  if (threadIdx.x == 0) block_or = 0;
+  block_bar->arrive_and_wait();
+  return any;
+}
+alignas(16) unsigned xs[232448 / 4];
+#include "kernel.inc"
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]), m_tiles = atoi(argv[5]);
+  const int pieces = atoi(argv[6]), slice_pieces = atoi(argv[7]), tiles = atoi(argv[8]);
+  const int slices = atoi(argv[9]), launches = atoi(argv[10]);
+  const size_t w_bytes = atol(argv[11]);
+  std::mt19937 order_rng(atoi(argv[12]));
+  float* x = read<float>(dir, "x.bin", (size_t)B * K);
+  unsigned char* w = read<unsigned char>(dir, "w.bin", w_bytes);
+  float* bias = read<float>(dir, "b.bin", M);
+  float* partial = read<float>(dir, "partial.bin", (size_t)slices * B * M);
+  const size_t ny = (size_t)B * M + 64;
+  float* y = read<float>(dir, "y.bin", ny);
+  int* tickets = read<int>(dir, "tickets.bin", tiles);
+  gridDim.x = tiles;
+  gridDim.y = slices;
+  std::vector<int> order(tiles * slices);
+  std::iota(order.begin(), order.end(), 0);
+  for (int launch = 0; launch < launches; ++launch) {
+    std::fill(y, y + ny, NAN);
+    std::shuffle(order.begin(), order.end(), order_rng);  // blocks finish in any order
+    for (const int blk : order) {
+      std::memset(xs, 0xFF, sizeof xs);  // NaN: unstaged reads show
+      const int bx = blk % tiles, by = blk / tiles;
+      run_block(bx, 32 * TM_WARPS, [=] {
+        blockIdx.y = by;
+        gemv_mma(x, w, bias, y, partial, tickets, B, M, K, m_tiles, pieces, slice_pieces);
+      });
+    }
+    char path[1024]; snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
+    FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
+  }
+  char path[1024]; snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(tickets, 4, tiles, f); fclose(f);
+}
+"""
+
+EMULATED = [  # (mode, shape, params): several slices, B and M off the tiles, a partial row tile
+    ("fp16", ConvShape(5, 200, 1, 1, 70, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 4}),
+    ("bf16", ConvShape(11, 136, 1, 1, 40, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 0}),
+    ("tf32", ConvShape(3, 264, 1, 1, 37, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 3}),
+    ("tf32", ConvShape(17, 96, 1, 1, 20, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 1}),
+    ("3xtf32", ConvShape(9, 152, 1, 1, 33, 1), {"MT": 1, "CP": 4, "WARPS": 4, "SPLIT": 2}),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("mode,shape,params", EMULATED)
+def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
+                                tmp_path: Path, rng: np.random.Generator) -> None:
+    plan = gemv_mma.launch_plan(shape, mode, params, sms=4)
+    source = (KERNEL_DIR / gemv_mma.KERNEL_FILE).read_text()
+    assert "asm" not in source, "inline PTX the emulator does not know"
+    (tmp_path / "kernel.inc").write_text(source.replace('#include "common.cuh"', "")
+                                         .replace("#include <cuda_bf16.h>", ""))
+    (tmp_path / "emu.cpp").write_text(EMU)
+    exe = tmp_path / "emu"
+    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
+                            "-w", *define_flags(plan.defines), "-o", str(exe),
+                            str(tmp_path / "emu.cpp")], capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    case = make_case(rng, shape)
+    packed = np.ascontiguousarray(gemv_mma.pack_weights(case.w.reshape(shape.M, -1), mode))
+    packed.tofile(tmp_path / "w.bin")
+    for name, a in (("x", case.x), ("b", case.b),
+                    ("partial", np.full(plan.slices * shape.B * shape.M, np.nan)),
+                    ("y", np.full(shape.B * shape.M + 64, np.nan))):
+        np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
+    np.zeros(plan.tiles, np.int32).tofile(tmp_path / "tickets.bin")
+    args = (shape.B, shape.M, shape.C, plan.m_tiles, plan.pieces, plan.slice_pieces, plan.tiles,
+            plan.slices, 2, packed.nbytes, int(rng.integers(2**31)))
+    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
+    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
+    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
+    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
+    got = ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+    assert rel_l2(got, case.ref) <= TOLERANCE[mode], rel_l2(got, case.ref)
+    if mode == "tf32":  # the products of the TF32 operands, summed in fp64 by the emulator
+        ref = conv_reference(tf32_round(case.x), tf32_round(case.w), case.b)
+        assert rel_l2(got, ref) <= TOLERANCE["fp32"], rel_l2(got, ref)
+
+
+# ------------------------------------------------------------------------------- GPU
+
+
+def outputs_of_two_runs(name: str, case: Case, params: dict | None = None) -> list:
+    """Two runs of one prepared layer, each into an output poisoned with NaN first."""
+    import cupy as cp
+
+    impl = get_impl(name)
+    run = impl.prepare(case.shape, cp.asarray(case.w), cp.asarray(case.b),
+                       impl.params_for(params))
+    x = cp.asarray(case.x)
+    outs = []
+    for _ in range(2):
+        y = cp.empty(case.shape.y_shape, dtype=cp.float32)
+        poison(y)
+        run(x, y)
+        outs.append(y)
+    return outs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    mode = name.removeprefix("gemv-mma-")
+    for i in range(6):
+        case = make_case(rng, random_shape(rng))
+        params = None if i < 2 else random_point(rng)
+        outs = outputs_of_two_runs(name, case, params)
+        err = rel_l2(outs[0], case.ref)
+        assert err <= TOLERANCE[mode], (case.shape, params, err)
+        assert bool(cp.array_equal(outs[0], outs[1])), (case.shape, params, "runs differ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("batch", [1, 13, 64])
+def test_vgg_classifier_layers(name: str, batch: int, rng: np.random.Generator) -> None:
+    mode = name.removeprefix("gemv-mma-")
+    for base in (FC6, FC7):
+        case = make_case(rng, ConvShape(batch, base.C, 1, 1, base.M, 1))
+        outs = outputs_of_two_runs(name, case)
+        assert rel_l2(outs[0], case.ref) <= TOLERANCE[mode], (base, batch)
+
+
+@pytest.mark.gpu
+def test_tf32_is_fp32_accurate_against_its_rounded_operands(rng: np.random.Generator) -> None:
+    """The kernel's operands are the TF32 roundings of x and W: against those in fp64 the error
+    is the fp32 accumulation's, far below the rounding's."""
+    case = make_case(rng, ConvShape(24, 4096, 1, 1, 300, 1))
+    got = outputs_of_two_runs("gemv-mma-tf32", case)[0].get()
+    ref = conv_reference(tf32_round(case.x), tf32_round(case.w), case.b)
+    assert rel_l2(got, ref) < rel_l2(got, case.ref) / 10
