@@ -34,7 +34,7 @@ CHANNEL_ALIGN = 8  # x read in float4s; kernel 41's alignment, so both take the 
 MAX_SLICES = 64
 SMEM_LIMIT = 227 * 1024
 DEFAULT_SMS = 132  # H100 SXM: the planner's assumption where no GPU is asked
-REDUCE_WEIGHT = 0.3
+REDUCE_WEIGHT = 0.1
 
 # Tunable, all compile-time but SPLIT (0: chosen from the shape, `launch_plan`): MT m-tiles of
 # 16 rows a warp, CP k pieces a chunk (the weights a lane has in flight: MT x CP 16-byte loads),
@@ -102,9 +102,10 @@ class LaunchPlan:
 
 def staged_x_bytes(mode: str, defines: Mapping[str, int]) -> int:
     """Shared memory for x's chunk: 8 TM_NT rows of the chunk's k in the operand type, each row
-    padded by 16 bytes (the kernel's bank-conflict-free stride)."""
+    padded by 16 bytes (the kernel's bank-conflict-free stride); 3xTF32 keeps big and small
+    parts as two planes."""
     words = defines["TM_CP"] * piece_k(mode) // (2 if mode in ("fp16", "bf16") else 1)
-    return 8 * defines["TM_NT"] * (words + 4) * 4
+    return (2 if mode == "3xtf32" else 1) * 8 * defines["TM_NT"] * (words + 4) * 4
 
 
 def piece_bytes(mode: str) -> int:
@@ -143,6 +144,37 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
         raise ValueError(f"gemv-mma: x's chunk needs {smem} B of shared memory, over "
                          f"{SMEM_LIMIT}: use a smaller CP")
     return LaunchPlan(d, m_tiles, pieces, per_slice * d["TM_CP"], slices, tiles, smem)
+
+
+# Where `auto` runs kernel 42 without a cache entry (H100, 2026-11-28, docs/vgg.md "Kernel 42"),
+# against kernel 41 and the split-K GEMMs it replaces, and cuBLAS in the same runs:
+# - TF32 from B = 8: fc6 0.114-0.131 ms at B = 8-32 (before: 0.177-0.189; cuBLAS TF32
+#   0.17-0.20), 0.18 at 64 (0.19); fc7 at 8-16 (0.021-0.022 at 16 against 0.030). Below 8,
+#   kernel 41's FFMA stream of the same 2.5-byte weights is as fast. fc7 at 32-64 is not
+#   taken: there it ran 0.028-0.047 ms against the split-K GEMM's 0.025-0.031.
+# - FP16 up to B = 32 on every classifier layer: fc6 0.087-0.105 (kernel 41 / split-K
+#   0.095-0.118), fc7 0.015-0.025 (0.016-0.027). At 64 both layers ran slower (fc6 0.131
+#   against split-K's 0.121, fc7 0.038 against 0.030).
+# Layers below BIG_LAYER weights with B >= SMALL_TILE_BATCH use 64-row tiles (MT = 1, WARPS =
+# 4): fc7 (M = 1024) has only 4 tiles of 256 rows, so k is split 8-16 ways and one block sums
+# a quarter-megabyte of partials (fc7 fp16 B = 32: 0.025 against 0.048 ms).
+AUTO_BATCHES: dict[str, tuple[int, int]] = {"tf32": (8, MAX_BATCH), "fp16": (1, 32)}
+SMALL_LAYER_MAX_BATCH = {"tf32": 16, "fp16": 32}
+BIG_LAYER = 1 << 24  # weights (M x C): fc6 has 102.8M, fc7 4.2M
+SMALL_TILE_BATCH = 16
+SMALL_TILES: dict[str, int] = {"MT": 1, "WARPS": 4}
+
+
+def auto_params(shape: ConvShape, mode: str) -> dict[str, int] | None:
+    """The parameters `auto` runs kernel 42 with for this layer in this mode (only the ones
+    that differ from DEFAULTS), or None where it keeps kernel 41 or the GEMMs."""
+    if mode not in AUTO_BATCHES or not supports(shape):
+        return None
+    low, high = AUTO_BATCHES[mode]
+    big = shape.M * shape.C >= BIG_LAYER
+    if not low <= shape.B <= (high if big else SMALL_LAYER_MAX_BATCH[mode]):
+        return None
+    return dict(SMALL_TILES) if not big and shape.B >= SMALL_TILE_BATCH else {}
 
 
 # What CI's nvcc check builds (compile_variants): every mode at the fewest and the most batch
@@ -271,5 +303,5 @@ for _mode in MODES:
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["elem_bytes", "fragment_values", "launch_plan", "mma_defines", "n_tiles",
+__all__ = ["auto_params", "elem_bytes", "fragment_values", "launch_plan", "mma_defines", "n_tiles",
            "pack_weights", "piece_k", "staged_x_bytes", "supports"]

@@ -27,7 +27,7 @@
 // (an atomic ticket) adds the slices in slice order plus the bias, then resets its ticket.
 //
 // Launch: grid (ceil(M / (16 TM_MT TM_WARPS)), slices), 32 TM_WARPS threads, dynamic shared
-// memory TM_NT * 8 * TM_XROW * (2 or 4) bytes; k_slice a multiple of TM_CP pieces, K a multiple
+// memory TM_NT * 8 * TM_XROW * 4 bytes (twice that in 3xTF32: big and small planes); k_slice a multiple of TM_CP pieces, K a multiple
 // of 4 (float4 loads of x), the packed W padded to whole m-tiles and pieces. A prepared run
 // serves one stream at a time (the partials and tickets are its own).
 
@@ -51,6 +51,7 @@
 #endif
 
 #define TM_THREADS (32 * TM_WARPS)
+#define TM_SUM_OUTS 4  // outputs a thread sums at once in the split-k reduction
 #define TM_PK (TM_MODE == 3 ? 8 : 16)  // k a piece
 #define TM_KC (TM_CP * TM_PK)          // k a chunk
 #define TM_ROWS (8 * TM_NT)            // batch rows of x staged
@@ -113,7 +114,12 @@ __device__ __forceinline__ void store_x(unsigned* xs, const float4 (&xr)[TM_XLOA
     *reinterpret_cast<float4*>(xs + row * TM_XROW + 4 * c) =
         make_float4(tf32_round(v.x), tf32_round(v.y), tf32_round(v.z), tf32_round(v.w));
 #else
-    *reinterpret_cast<float4*>(xs + row * TM_XROW + 4 * c) = v;  // split where it is read
+    // 3xTF32: big parts, then small parts one plane later (split once, not once per warp)
+    float4 big = v, small;
+    small.x = tf32_split(big.x), small.y = tf32_split(big.y);
+    small.z = tf32_split(big.z), small.w = tf32_split(big.w);
+    *reinterpret_cast<float4*>(xs + row * TM_XROW + 4 * c) = big;
+    *reinterpret_cast<float4*>(xs + (TM_ROWS + row) * TM_XROW + 4 * c) = small;
 #endif
   }
 }
@@ -174,12 +180,11 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[TM_MT][TM_NT][4],
 #pragma unroll
     for (int j = 0; j < TM_NT; ++j) {
       const unsigned* row = xs + (8 * j + g) * TM_XROW + 8 * q + t;
+      const unsigned* row_small = row + TM_ROWS * TM_XROW;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float v = __uint_as_float(row[4 * h]);
-        const float small = tf32_split(v);
-        bb[j][h] = __float_as_uint(v);
-        bs[j][h] = __float_as_uint(small);
+        bb[j][h] = row[4 * h];
+        bs[j][h] = row_small[4 * h];
       }
     }
 #pragma unroll
@@ -224,7 +229,7 @@ gemv_mma(const float* __restrict__ x, const void* __restrict__ w_packed,
          const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
          int* __restrict__ tickets, int B, int M, int K, int m_tiles, int pieces,
          int slice_pieces) {
-  extern __shared__ unsigned xs[];  // [TM_ROWS][TM_XROW]
+  extern __shared__ unsigned xs[];  // [planes][TM_ROWS][TM_XROW]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tile0 = (blockIdx.x * TM_WARPS + warp) * TM_MT;  // the warp's first m-tile
   const uint4* w = static_cast<const uint4*>(w_packed);
@@ -309,21 +314,38 @@ gemv_mma(const float* __restrict__ x, const void* __restrict__ w_packed,
   __threadfence();
   const int tile_rows = 16 * TM_MT * TM_WARPS, m0 = blockIdx.x * tile_rows;
   const size_t plane = (size_t)B * M;
-  for (int idx = threadIdx.x; idx < tile_rows * B; idx += TM_THREADS) {
-    const int n = idx / tile_rows, m = m0 + (idx - n * tile_rows);
-    if (m >= M) continue;
-    const float* p = partial + (size_t)n * M + m;
-    float s = 0.f;
-    int z = 0;
-    for (; z + 8 <= (int)gridDim.y; z += 8) {  // 8 loads in flight, added in slice order
-      float v[8];
+  // One block sums the whole tile, so its loads must overlap: TM_SUM_OUTS outputs x 8 slices
+  // in flight a thread (with 8 loads in flight, fc7 at B = 64 spent ~80 us here on L2 latency).
+  for (int base = threadIdx.x; base < tile_rows * B; base += TM_THREADS * TM_SUM_OUTS) {
+    const float* p[TM_SUM_OUTS];
+    float s[TM_SUM_OUTS];
+    bool live[TM_SUM_OUTS];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = __ldcg(p + (z + k) * plane);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) s += v[k];
+    for (int o = 0; o < TM_SUM_OUTS; ++o) {
+      const int idx = base + o * TM_THREADS, n = idx / tile_rows, m = m0 + idx % tile_rows;
+      live[o] = idx < tile_rows * B && m < M;
+      p[o] = partial + (size_t)n * M + m;
+      s[o] = 0.f;
     }
-    for (; z < (int)gridDim.y; ++z) s += __ldcg(p + z * plane);
-    y[(size_t)n * M + m] = s + bias[m];
+    for (int z = 0; z < (int)gridDim.y; z += 8) {  // added in slice order
+      float v[TM_SUM_OUTS][8];
+#pragma unroll
+      for (int o = 0; o < TM_SUM_OUTS; ++o)
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          v[o][k] = live[o] && z + k < (int)gridDim.y ? __ldcg(p[o] + (z + k) * plane) : 0.f;
+#pragma unroll
+      for (int o = 0; o < TM_SUM_OUTS; ++o)
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          if (z + k < (int)gridDim.y) s[o] += v[o][k];
+    }
+#pragma unroll
+    for (int o = 0; o < TM_SUM_OUTS; ++o)
+      if (live[o]) {
+        const int idx = base + o * TM_THREADS, n = idx / tile_rows, m = m0 + idx % tile_rows;
+        y[(size_t)n * M + m] = s[o] + bias[m];
+      }
   }
   if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
 }
