@@ -11,7 +11,7 @@ heuristic below is used instead.
 Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a linear layer where kernel 42 (the tensor-core GEMV: weights streamed as the MMA's A, the
     batch as n) measured fastest: TF32 from B = 8 (up to 64 on fc6-sized layers, 16 on
-    smaller), FP16 up to B = 32, with 64-row tiles on small layers from B = 16
+    smaller), FP16 up to B = 32, with 64-row tiles on small layers from B = 12
     (`gemv_mma.auto_params`, measured on fc6/fc7 at batch 1..64, docs/vgg.md);
   * a linear layer (1x1 images and kernel) at B <= GEMV_MAX_BATCH[mode]: kernel 41's
     weight-streaming GEMV (`gemv-fp32` for fp32 up to B=16: exact; `gemv-tf32` for tf32 up
