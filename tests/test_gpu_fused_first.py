@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM
 
 from convolab import data
 from convolab.check import rel_l2
@@ -372,22 +372,16 @@ def test_default_threads_leave_fewest_idle(rng: np.random.Generator) -> None:
 
 # ---- CPU: 29c's source under g++, mma.sync emulated --------------------------------------------
 
-EMU = CUDA_SHIM + BLOCK_SHIM + r"""
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
 #undef __shared__
 #define __shared__ static
 #include <memory>
 alignas(16) unsigned char fr_dyn_emu[64 * 1024];  // the dynamic shared memory (FR_OUT_SMEM)
 #define FR_DYN_SMEM fr_dyn_emu
-struct uint2 { unsigned x, y; };
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
-typedef _Float16 __half;
 struct __half2 { __half x, y; };
-inline __half __float2half_rn(float f) { return (__half)f; }
-inline float __half2float(__half h) { return (float)h; }
 inline __half2 pack_half2(float lo, float hi) { return {(__half)lo, (__half)hi}; }
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
@@ -395,40 +389,6 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float fminf(float a, float b) { return std::fmin(a, b); }
 inline float fabsf(float a) { return std::fabs(a); }
 using std::max;
-static double f16(unsigned bits) {
-  const unsigned short s = bits & 0xFFFF;
-  _Float16 h;
-  std::memcpy(&h, &s, 2);
-  return (double)h;
-}
-// d += A B for one warp, from the PTX fragment layout of m16n8k16 (fp16)
-inline void mma_f16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                             unsigned b0, unsigned b1) {
-  const int l = threadIdx.x % 32;
-  WarpRegs& R = warp_regs[threadIdx.x / 32];
-  R.a[l][0] = a0; R.a[l][1] = a1; R.a[l][2] = a2; R.a[l][3] = a3; R.b[l][0] = b0; R.b[l][1] = b1;
-  warp_sync();
-  double A[16][16] = {}, B[16][8] = {};
-  for (int ln = 0; ln < 32; ++ln) {
-    const int g = ln / 4, t = ln % 4;
-    for (int h = 0; h < 2; ++h) {
-      A[g][2 * t + h] = f16(R.a[ln][0] >> (16 * h));
-      A[g + 8][2 * t + h] = f16(R.a[ln][1] >> (16 * h));
-      A[g][2 * t + 8 + h] = f16(R.a[ln][2] >> (16 * h));
-      A[g + 8][2 * t + 8 + h] = f16(R.a[ln][3] >> (16 * h));
-      B[2 * t + h][g] = f16(R.b[ln][0] >> (16 * h));
-      B[2 * t + 8 + h][g] = f16(R.b[ln][1] >> (16 * h));
-    }
-  }
-  const int g = l / 4, t = l % 4;
-  for (int r = 0; r < 4; ++r) {
-    const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
-    double s = d[r];
-    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
-    d[r] = (float)s;
-  }
-  warp_sync();
-}
 #include "kernel.inc"
 int main(int argc, char** argv) {
   const char* dir = argv[1];

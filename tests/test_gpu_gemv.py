@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import Case, make_case
+from conv_cases import Case, make_case, outputs_of_two_runs
 from cuda_emulator import CUDA_SHIM
 
-from convolab.check import poison, rel_l2
+from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
 from convolab.gpu import gemv
 from convolab.gpu.compile import KERNEL_DIR, define_flags
@@ -484,23 +484,6 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
 
 
 # ------------------------------------------------------------------------------- GPU
-
-
-def outputs_of_two_runs(name: str, case: Case, params: dict | None = None) -> list:
-    """Two runs of one prepared layer, each into an output poisoned with NaN first."""
-    import cupy as cp
-
-    impl = get_impl(name)
-    run = impl.prepare(case.shape, cp.asarray(case.w), cp.asarray(case.b),
-                       impl.params_for(params))
-    x = cp.asarray(case.x)
-    outs = []
-    for _ in range(2):
-        y = cp.empty(case.shape.y_shape, dtype=cp.float32)
-        poison(y)
-        run(x, y)
-        outs.append(y)
-    return outs
 
 
 def run_twice(name: str, case: Case, params: dict | None = None) -> tuple[float, bool]:
