@@ -10,6 +10,7 @@ fp64 convolution, and the ldmatrix addresses deliver exactly the mma.sync fragme
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -49,11 +50,46 @@ def test_defaults_and_space_are_valid(mode: str, split: bool) -> None:
     impl = get_impl(f"igemm-{'splitk-' if split else ''}{mode}")
     assert impl.tolerance == TOLERANCE[mode]
     ig.igemm_defines(mode, impl.defaults)
-    assert len(impl.compile_variants()) == len(
-        [p for p in itertools.product(*(v for k, v in impl.space.items() if k != "SPLIT"))])
-    for d in impl.compile_variants():
+    tiles = {k: v for k, v in impl.space.items() if k != "SPLIT"}
+    points = [dict(zip(tiles, c, strict=True)) for c in itertools.product(*tiles.values())]
+    # CI compiles every pair of tile values that a valid point has (compile.pairwise_points).
+    compiled = impl.compile_variants()
+    for point in points:
+        d = ig.igemm_defines(mode, point)
         assert d["IG_MODE"] == ig.MODES[mode]
         assert ig.smem_bytes(mode, d["BM"], d["BN"], d["BK"], d["STAGES"]) <= ig.SMEM_LIMIT
+        for a, b in itertools.combinations(tiles, 2):
+            assert any(c[a] == d[a] and c[b] == d[b] for c in compiled), (a, b, point)
+    assert len(compiled) < len(points)
+
+
+def test_pairwise_points_cover_every_valid_pair(rng: np.random.Generator) -> None:
+    """compile.pairwise_points on random spaces with a random refusal rule: every pair of
+    values two valid points share is in a chosen point, only valid points are chosen, the
+    answer is the same twice, and it is smaller than the product once the space is big."""
+    from convolab.gpu.compile import pairwise_points
+
+    for _ in range(20):
+        space = {f"P{i}": tuple(range(int(rng.integers(1, 4)))) for i in range(
+            int(rng.integers(2, 5)))}
+        banned = int(rng.integers(0, 3))
+
+        def define(point: dict, banned: int = banned) -> dict:
+            if sum(point.values()) % 3 == banned and len(point) > 2:
+                raise ValueError("refused")
+            return {k: int(v) for k, v in point.items()}
+
+        chosen = pairwise_points(space, define)
+        assert chosen == pairwise_points(space, define)
+        keys = sorted(space)
+        valid = []
+        for combo in itertools.product(*(space[k] for k in keys)):
+            with contextlib.suppress(ValueError):
+                valid.append(define(dict(zip(keys, combo, strict=True))))
+        assert all(c in valid for c in chosen)
+        for v in valid:
+            for a, b in itertools.combinations(keys, 2):
+                assert any(c[a] == v[a] and c[b] == v[b] for c in chosen), (space, v, a, b)
 
 
 @pytest.mark.parametrize("bad", [
@@ -205,8 +241,13 @@ def test_padded_rows_are_free_of_bank_conflicts(row_bytes: int) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_loader_covers_each_stage_piece_once(mode: str) -> None:
-    variants = get_impl(f"igemm-{mode}").compile_variants()
-    for d in variants + get_impl(f"igemm-splitk-{mode}").compile_variants():
+    """At every tile point of both rungs' spaces."""
+    variants = []
+    for name in (f"igemm-{mode}", f"igemm-splitk-{mode}"):
+        tiles = {k: v for k, v in get_impl(name).space.items() if k != "SPLIT"}
+        variants += [ig.igemm_defines(mode, dict(zip(tiles, c, strict=True)))
+                     for c in itertools.product(*tiles.values())]
+    for d in variants:
         threads = 32 * d["WARPS_M"] * d["WARPS_N"]
         chunks = d["BK"] * ig.elem_bytes(mode) // 16
         for rows in (d["BM"], d["BN"]):

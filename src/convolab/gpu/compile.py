@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,38 @@ def cuda_include_dirs() -> list[str]:
     """Where <mma.h> and <cuda_fp16.h> live: NVRTC does not find crt/mma.h by itself."""
     candidates = [os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
     return [str(Path(c) / "include") for c in candidates if c and (Path(c) / "include").is_dir()]
+
+
+def pairwise_points(space: Mapping[str, Sequence[Any]],
+                    define: Callable[[dict[str, Any]], dict[str, int]]) -> list[dict[str, int]]:
+    """The define sets CI's nvcc check builds for a tunable space: instead of the whole product,
+    points chosen so that every pair of values of any two parameters that some valid point has
+    appears together in at least one (a compile error needs one value, or two that clash).
+    `define` maps a point to its -D set and raises ValueError for a point the host refuses.
+    Greedy and deterministic: the valid point that covers the most uncovered pairs, first in
+    product order on a tie."""
+    keys = sorted(space)
+    valid = []
+    for combo in itertools.product(*(space[k] for k in keys)):
+        point = dict(zip(keys, combo, strict=True))
+        try:
+            valid.append((point, define(point)))
+        except ValueError:
+            continue
+
+    def pairs(point: Mapping[str, Any]) -> set[tuple[tuple[str, Any], tuple[str, Any]]]:
+        return {((a, point[a]), (b, point[b])) for a, b in itertools.combinations(keys, 2)}
+
+    uncovered = set().union(*(pairs(p) for p, _ in valid)) if valid else set()
+    chosen: list[dict[str, int]] = []
+    while uncovered or not chosen:
+        best = max(valid, key=lambda pd: len(pairs(pd[0]) & uncovered), default=None)
+        if best is None:
+            break
+        uncovered -= pairs(best[0])
+        if best[1] not in chosen:
+            chosen.append(best[1])
+    return chosen
 
 
 def define_flags(defines: Mapping[str, Any]) -> tuple[str, ...]:

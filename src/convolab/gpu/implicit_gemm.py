@@ -11,14 +11,13 @@ tested on the CPU. CuPy is imported inside `prepare` only.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from convolab.backend import require_cupy
-from convolab.gpu.compile import get_kernel
+from convolab.gpu.compile import get_kernel, pairwise_points
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
@@ -252,21 +251,10 @@ def igemm_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
             "WARPS_N": wn, "STAGES": stages}
 
 
-def _product(sp: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    keys = sorted(sp)
-    return [dict(zip(keys, c, strict=True)) for c in itertools.product(*(sp[k] for k in keys))]
-
-
 def _variants(mode: str, split: bool) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
-        out = []
         tiles = {k: v for k, v in space(mode, split).items() if k != "SPLIT"}
-        for p in _product(tiles):
-            try:
-                out.append(igemm_defines(mode, p))
-            except ValueError:
-                continue
-        return out
+        return pairwise_points(tiles, lambda p: igemm_defines(mode, p))
 
     return variants
 

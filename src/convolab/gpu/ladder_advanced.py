@@ -8,14 +8,13 @@ CuPy is imported inside `prepare` only, so this module imports on machines witho
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from convolab.backend import require_cupy
-from convolab.gpu.compile import get_kernel
+from convolab.gpu.compile import get_kernel, pairwise_points
 from convolab.gpu.device import SMEM_STATIC_LIMIT
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, get_impl, register
@@ -32,14 +31,6 @@ def _dims(shape: ConvShape) -> tuple[np.int32, ...]:
     return _i32(
         shape.B, shape.C, shape.H, shape.W, shape.M, shape.K, shape.S, shape.H_out, shape.W_out
     )
-
-
-def _product(space: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    keys = sorted(space)
-    return [
-        dict(zip(keys, combo, strict=True))
-        for combo in itertools.product(*(space[k] for k in keys))
-    ]
 
 
 def _device_weights(w: Any, b: Any) -> tuple[Any, Any]:
@@ -90,13 +81,7 @@ def tree_defines(params: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _tree_variants() -> list[dict[str, int]]:
-    out = []
-    for p in _product(TREE_SPACE):
-        try:
-            out.append(tree_defines(p))
-        except ValueError:
-            continue
-    return out
+    return pairwise_points(TREE_SPACE, tree_defines)
 
 
 def prepare_channel_tree(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
@@ -204,13 +189,7 @@ def fp16_defines(params: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _fp16_variants() -> list[dict[str, int]]:
-    out = []
-    for p in _product(FP16_SPACE):
-        try:
-            out.append(fp16_defines(p))
-        except ValueError:
-            continue
-    return out
+    return pairwise_points(FP16_SPACE, fp16_defines)
 
 
 def _fp16_supports(shape: ConvShape) -> bool:
@@ -287,13 +266,7 @@ def tc_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
 
 def _tc_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
-        out = []
-        for p in _product(TC_SPACE):
-            try:
-                out.append(tc_defines(mode, p))
-            except ValueError:
-                continue
-        return out
+        return pairwise_points(TC_SPACE, lambda p: tc_defines(mode, p))
 
     return variants
 
@@ -582,7 +555,7 @@ register(
         prepare=prepare_channel_atomic,
         space=ATOMIC_SPACE,
         defaults=ATOMIC_DEFAULTS,
-        compile_variants=lambda: [atomic_defines(p) for p in _product(ATOMIC_SPACE)],
+        compile_variants=lambda: pairwise_points(ATOMIC_SPACE, atomic_defines),
         tolerance=TOLERANCE["fp32"],
     )
 )
