@@ -145,8 +145,9 @@ def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
             s = shape.with_batch(batch)
             for mode in auto.GEMM_FAMILY:
                 choice = auto.default_choice(s, names, mode)
-                if gemv_mma.auto_params(s, mode) is not None:
-                    assert choice.impl == f"gemv-mma-{mode}"
+                taken = gemv_mma.auto_choice(s, mode)
+                if taken is not None:
+                    assert choice.impl == taken[0]
                 elif batch <= auto.GEMV_MAX_BATCH[mode]:
                     assert choice.impl == f"gemv-{auto.GEMV_FAMILY[mode]}"
                     assert get_impl(choice.impl).tolerance <= TOLERANCE[mode]

@@ -30,10 +30,11 @@ from convolab.gpu import gemv_mma
 from convolab.gpu.compile import KERNEL_DIR, define_flags
 from convolab.gpu.implicit_gemm_wgmma import tf32_round
 from convolab.precision import TOLERANCE
+from convolab.registry import get_impl
 from convolab.shapes import ConvShape, ceil_div
 
 MODES = list(gemv_mma.MODES)
-NAMES = [f"gemv-mma-{m}" for m in MODES]
+NAMES = [f"gemv-{kind}-{m}" for kind in ("mma", "bulk") for m in MODES]
 GXX = shutil.which("g++")
 FC6, FC7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
 
@@ -44,8 +45,9 @@ def random_shape(rng: np.random.Generator) -> ConvShape:
                      1, 1, int(rng.integers(1, 700)), 1)
 
 
-def random_point(rng: np.random.Generator) -> dict[str, int]:
-    return {k: v[int(rng.integers(len(v)))] for k, v in gemv_mma.SPACE.items()}
+def random_point(rng: np.random.Generator, space: dict | None = None) -> dict[str, int]:
+    space = gemv_mma.SPACE if space is None else space
+    return {k: v[int(rng.integers(len(v)))] for k, v in space.items()}
 
 
 # ------------------------------------------------------------------------------- CPU
@@ -148,6 +150,41 @@ def test_compiled_define_sets_cover_every_value(mode: str) -> None:
     assert len(compiled) <= 7, "CI's nvcc check compiles each of these"
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_bulk_define_sets_and_shared_memory(mode: str) -> None:
+    """Kernel 43: each mode compiled at the fewest and most batch tiles, fp16 at every ring
+    depth; every ring depth fits shared memory at the default tiles and 64 columns."""
+    compiled = gemv_mma.bulk_compile_variants(mode)()
+    assert {d["TM_NT"] for d in compiled} == {1, gemv_mma.N_TILES[-1]}
+    if mode == "fp16":
+        assert {d["TB_STAGES"] for d in compiled} == set(gemv_mma.BULK_SPACE["STAGES"])
+    for stages in gemv_mma.BULK_SPACE["STAGES"]:
+        d = gemv_mma.bulk_defines(mode, gemv_mma.MAX_BATCH,
+                                  {**gemv_mma.BULK_DEFAULTS, "STAGES": stages})
+        assert gemv_mma.bulk_smem(mode, d) <= gemv_mma.SMEM_LIMIT
+    with pytest.raises(ValueError, match="STAGES"):
+        gemv_mma.bulk_defines(mode, 8, {**gemv_mma.BULK_DEFAULTS, "STAGES": 5})
+
+
+def test_chunks_are_the_fragment_pieces_block_by_block(rng: np.random.Generator) -> None:
+    """pack_chunks (fp16): chunk c of row group g holds, in (warp, m-tile, piece, lane) order,
+    the fragment piece of m-tile (g, warp, m-tile) and piece c x CP + piece; zeros past the
+    layer."""
+    M, C = int(rng.integers(1, 90)), 8 * int(rng.integers(1, 30))
+    w = rng.standard_normal((M, C)).astype(np.float32)
+    d = {"TM_WARPS": 2, "TM_MT": 2, "TM_CP": 2}
+    values = gemv_mma.operand_values(w, "fp16")
+    packed = gemv_mma.pack_chunks(w, "fp16", d).view(np.float16)
+    tiles, pieces = values.shape[:2]
+    groups, chunks = ceil_div(tiles, 4), ceil_div(pieces, 2)
+    got = packed.reshape(groups, chunks, 2, 2, 2, 32, 8)
+    for g, c, wp, i, q in np.ndindex(groups, chunks, 2, 2, 2):
+        tile, piece = (g * 2 + wp) * 2 + i, c * 2 + q
+        want = (values[tile, piece] if tile < tiles and piece < pieces
+                else np.zeros((32, 8), np.float16))
+        np.testing.assert_array_equal(got[g, c, wp, i, q], want)
+
+
 def test_bad_parameters_name_the_problem() -> None:
     with pytest.raises(ValueError, match="MT, CP and WARPS"):
         gemv_mma.mma_defines("fp16", 8, {"MT": 3, "CP": 4, "WARPS": 8})
@@ -184,11 +221,12 @@ inline bool __syncthreads_or(bool p) {
   return any;
 }
 alignas(16) unsigned xs[232448 / 4];
+alignas(128) unsigned char smem[232448];
 #include "kernel.inc"
 int main(int argc, char** argv) {
   const char* dir = argv[1];
-  const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]), m_tiles = atoi(argv[5]);
-  const int pieces = atoi(argv[6]), slice_pieces = atoi(argv[7]), tiles = atoi(argv[8]);
+  const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]);
+  const int a5 = atoi(argv[5]), a6 = atoi(argv[6]), a7 = atoi(argv[7]), tiles = atoi(argv[8]);
   const int slices = atoi(argv[9]), launches = atoi(argv[10]);
   const size_t w_bytes = atol(argv[11]);
   std::mt19937 order_rng(atoi(argv[12]));
@@ -208,10 +246,15 @@ int main(int argc, char** argv) {
     std::shuffle(order.begin(), order.end(), order_rng);  // blocks finish in any order
     for (const int blk : order) {
       std::memset(xs, 0xFF, sizeof xs);  // NaN: unstaged reads show
+      std::memset(smem, 0xFF, sizeof smem);
       const int bx = blk % tiles, by = blk / tiles;
       run_block(bx, 32 * TM_WARPS, [=] {
         blockIdx.y = by;
-        gemv_mma(x, w, bias, y, partial, tickets, B, M, K, m_tiles, pieces, slice_pieces);
+#ifdef TB_STAGES
+        gemv_bulk(x, w, bias, y, partial, tickets, B, M, K, a5, a6);
+#else
+        gemv_mma(x, w, bias, y, partial, tickets, B, M, K, a5, a6, a7);
+#endif
       });
     }
     char path[1024]; snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
@@ -222,41 +265,83 @@ int main(int argc, char** argv) {
 }
 """
 
-EMULATED = [  # (mode, shape, params): several slices, B and M off the tiles, a partial row tile
-    ("fp16", ConvShape(5, 200, 1, 1, 70, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 4}),
-    ("bf16", ConvShape(11, 136, 1, 1, 40, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 0}),
-    ("tf32", ConvShape(3, 264, 1, 1, 37, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 3}),
-    ("tf32", ConvShape(17, 96, 1, 1, 20, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 1}),
-    ("3xtf32", ConvShape(9, 152, 1, 1, 33, 1), {"MT": 1, "CP": 4, "WARPS": 4, "SPLIT": 2}),
+# mbarrier.cuh on the CPU: a bulk copy is a memcpy done by the time its thread passes the next
+# block barrier, which every read of the stage follows, so the waits have nothing to wait for.
+BULK_SHIM = r"""
+inline size_t __cvta_generic_to_shared(const void* p) {
+  return static_cast<const unsigned char*>(p) - smem;
+}
+inline void mbar_init(unsigned, unsigned) {}
+inline void fence_barrier_init() {}
+inline void mbar_expect_tx(unsigned, unsigned) {}
+inline void mbar_wait(unsigned, unsigned) {}
+inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned) {
+  std::memcpy(smem + dst, src, bytes);
+}
+"""
+
+
+def emulated_source(filename: str) -> str:
+    """A kernel file with gemv_mma.cuh inlined and common.cuh's PTX, cuda_bf16.h and
+    mbarrier.cuh left to the shims."""
+    header = (KERNEL_DIR / "gemv_mma.cuh").read_text().replace("#pragma once", "")
+    source = (KERNEL_DIR / filename).read_text().replace('#include "gemv_mma.cuh"', header)
+    source = source.replace('#include "mbarrier.cuh"', BULK_SHIM)
+    source = source.replace('#include "common.cuh"', "").replace("#include <cuda_bf16.h>", "")
+    assert "asm" not in source, "inline PTX the emulator does not know"
+    return source
+
+
+EMULATED = [  # (kernel, mode, shape, params): several slices, B and M off the tiles, a partial
+    # row tile; kernel 43 with more chunks a slice than ring stages
+    (42, "fp16", ConvShape(5, 200, 1, 1, 70, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 4}),
+    (42, "bf16", ConvShape(11, 136, 1, 1, 40, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 0}),
+    (42, "tf32", ConvShape(3, 264, 1, 1, 37, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 3}),
+    (42, "tf32", ConvShape(17, 96, 1, 1, 20, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 1}),
+    (42, "3xtf32", ConvShape(9, 152, 1, 1, 33, 1), {"MT": 1, "CP": 4, "WARPS": 4, "SPLIT": 2}),
+    (43, "fp16", ConvShape(5, 520, 1, 1, 70, 1),
+     {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 2, "STAGES": 3}),
+    (43, "tf32", ConvShape(12, 392, 1, 1, 37, 1),
+     {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 1, "STAGES": 2}),
+    (43, "3xtf32", ConvShape(9, 264, 1, 1, 33, 1),
+     {"MT": 1, "CP": 4, "WARPS": 4, "SPLIT": 2, "STAGES": 4}),
 ]
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize("mode,shape,params", EMULATED)
-def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
+@pytest.mark.parametrize("kernel,mode,shape,params", EMULATED)
+def test_kernel_emulated_on_cpu(kernel: int, mode: str, shape: ConvShape, params: dict[str, int],
                                 tmp_path: Path, rng: np.random.Generator) -> None:
+    bulk = kernel == 43
+    params = {**(gemv_mma.BULK_DEFAULTS if bulk else gemv_mma.DEFAULTS), **params}
     plan = gemv_mma.launch_plan(shape, mode, params, sms=4)
-    source = (KERNEL_DIR / gemv_mma.KERNEL_FILE).read_text()
-    assert "asm" not in source, "inline PTX the emulator does not know"
-    (tmp_path / "kernel.inc").write_text(source.replace('#include "common.cuh"', "")
-                                         .replace("#include <cuda_bf16.h>", ""))
+    defines = gemv_mma.bulk_defines(mode, shape.B, params) if bulk else plan.defines
+    if bulk:  # the slices hold more chunks than the ring has stages
+        assert plan.slice_pieces // defines["TM_CP"] > defines["TB_STAGES"]
+    filename = gemv_mma.BULK_KERNEL_FILE if bulk else gemv_mma.KERNEL_FILE
+    (tmp_path / "kernel.inc").write_text(emulated_source(filename))
     (tmp_path / "emu.cpp").write_text(EMU)
     exe = tmp_path / "emu"
     build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
-                            "-w", *define_flags(plan.defines), "-o", str(exe),
+                            "-w", *define_flags(defines), "-o", str(exe),
                             str(tmp_path / "emu.cpp")], capture_output=True, text=True,
                            timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     case = make_case(rng, shape)
-    packed = np.ascontiguousarray(gemv_mma.pack_weights(case.w.reshape(shape.M, -1), mode))
+    w2 = case.w.reshape(shape.M, -1)
+    packed = np.ascontiguousarray(gemv_mma.pack_chunks(w2, mode, defines) if bulk
+                                  else gemv_mma.pack_weights(w2, mode))
     packed.tofile(tmp_path / "w.bin")
     for name, a in (("x", case.x), ("b", case.b),
                     ("partial", np.full(plan.slices * shape.B * shape.M, np.nan)),
                     ("y", np.full(shape.B * shape.M + 64, np.nan))):
         np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
     np.zeros(plan.tiles, np.int32).tofile(tmp_path / "tickets.bin")
-    args = (shape.B, shape.M, shape.C, plan.m_tiles, plan.pieces, plan.slice_pieces, plan.tiles,
-            plan.slices, 2, packed.nbytes, int(rng.integers(2**31)))
+    cp_ = defines["TM_CP"]
+    sizes = ((ceil_div(plan.pieces, cp_), plan.slice_pieces // cp_, 0) if bulk
+             else (plan.m_tiles, plan.pieces, plan.slice_pieces))
+    args = (shape.B, shape.M, shape.C, *sizes, plan.tiles, plan.slices, 2, packed.nbytes,
+            int(rng.integers(2**31)))
     run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -279,10 +364,16 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
 def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> None:
     import cupy as cp
 
-    mode = name.removeprefix("gemv-mma-")
+    mode = name.split("-")[-1]
+    impl = get_impl(name)
     for i in range(6):
-        case = make_case(rng, random_shape(rng))
-        params = None if i < 2 else random_point(rng)
+        shape = random_shape(rng)
+        case = make_case(rng, shape)
+        params = None if i < 2 else random_point(rng, dict(impl.space))
+        while name.startswith("gemv-bulk") and params is not None and gemv_mma.bulk_smem(
+                mode, gemv_mma.bulk_defines(mode, shape.B, impl.params_for(params))) > \
+                gemv_mma.SMEM_LIMIT:  # a ring that does not fit is refused by prepare
+            params = random_point(rng, dict(impl.space))
         outs = outputs_of_two_runs(name, case, params)
         err = rel_l2(outs[0], case.ref)
         assert err <= TOLERANCE[mode], (case.shape, params, err)
@@ -293,7 +384,7 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("batch", [1, 13, 64])
 def test_vgg_classifier_layers(name: str, batch: int, rng: np.random.Generator) -> None:
-    mode = name.removeprefix("gemv-mma-")
+    mode = name.split("-")[-1]
     for base in (FC6, FC7):
         case = make_case(rng, ConvShape(batch, base.C, 1, 1, base.M, 1))
         outs = outputs_of_two_runs(name, case)

@@ -402,26 +402,32 @@ def test_screen_starts_from_the_shape_models_tiles() -> None:
 
 
 def test_auto_sends_classifier_layers_to_kernel_42_where_it_was_measured_fastest() -> None:
-    """fc6/fc7: TF32 from B = 8 (fc7 only up to 16), FP16 up to 32, exact never; fc7 with
-    64-row tiles from B = 12; elsewhere kernel 41 or the GEMMs as before."""
+    """fc6/fc7: TF32 from B = 8 (fc7 only up to 16; fc6 from 32 on kernel 43), FP16 up to 32,
+    exact never; fc7 with 64-row tiles from B = 12; elsewhere kernel 41 or the GEMMs."""
     from convolab.bench.cases import VGG_SWEEP_BATCHES
     from convolab.gpu import gemv_mma
     from convolab.registry import get_impl
 
-    names = {f"gemv-mma-{m}" for m in gemv_mma.MODES} | {"gemv-fp32", "gemv-tf32", "gemv-fp16"}
+    names = ({f"gemv-{k}-{m}" for k in ("mma", "bulk") for m in gemv_mma.MODES}
+             | {"gemv-fp32", "gemv-tf32", "gemv-fp16"})
     fc6, fc7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
     for base, batch in itertools.product((fc6, fc7), VGG_SWEEP_BATCHES):
         shape = base.with_batch(batch)
         small = base is fc7
-        want = {"fp32": False, "tf32": batch >= 8 and (batch <= 16 or not small),
-                "fp16": batch <= 32}
+        want = {"fp32": None,
+                "tf32": ("gemv-bulk-tf32" if not small and batch >= 32 else "gemv-mma-tf32")
+                if batch >= 8 and (batch <= 16 or not small) else None,
+                "fp16": "gemv-mma-fp16" if batch <= 32 else None}
         for mode, takes in want.items():
             choice = auto.default_choice(shape, ALL | names, mode)
-            assert (choice.impl == f"gemv-mma-{mode}") == takes, (shape, mode, choice)
-            if takes:
-                tiles = small and batch >= gemv_mma.SMALL_TILE_BATCH
-                assert choice.params == (gemv_mma.SMALL_TILES if tiles else {})
-                get_impl(choice.impl).params_for(choice.params)
+            if takes is None:
+                assert not choice.impl.startswith("gemv-mma") and not choice.impl.startswith(
+                    "gemv-bulk"), (shape, mode, choice)
+                continue
+            assert choice.impl == takes, (shape, mode, choice)
+            tiles = small and batch >= gemv_mma.SMALL_TILE_BATCH
+            assert choice.params == (gemv_mma.SMALL_TILES if tiles else {})
+            get_impl(choice.impl).params_for(choice.params)
     # A conv layer never, whatever its batch.
     conv = ConvShape(8, 512, 14, 14, 512, 3)
     assert not auto.default_choice(conv, ALL | names, "fp16").impl.startswith("gemv")

@@ -11,8 +11,9 @@ heuristic below is used instead.
 Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a linear layer where kernel 42 (the tensor-core GEMV: weights streamed as the MMA's A, the
     batch as n) measured fastest: TF32 from B = 8 (up to 64 on fc6-sized layers, 16 on
-    smaller), FP16 up to B = 32, with 64-row tiles on small layers from B = 12
-    (`gemv_mma.auto_params`, measured on fc6/fc7 at batch 1..64, docs/vgg.md);
+    smaller), FP16 up to B = 32, with 64-row tiles on small layers from B = 12, and kernel
+    43 (the same fed by the bulk copy engine) for TF32 on large layers from B = 32
+    (`gemv_mma.auto_choice`, measured on fc6/fc7 at batch 1..64, docs/vgg.md);
   * a linear layer (1x1 images and kernel) at B <= GEMV_MAX_BATCH[mode]: kernel 41's
     weight-streaming GEMV (`gemv-fp32` for fp32 up to B=16: exact; `gemv-tf32` for tf32 up
     to B=16: the TF32 weights in 2.5 bytes; `gemv-fp16` for fp16 up to B=8: half the bytes,
@@ -80,9 +81,9 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     """The no-cache heuristic (see the module docstring); only names in `eligible`."""
     n_out = shape.B * shape.M * shape.H_out * shape.W_out
     wishes: list[Choice] = []
-    mma_params = gemv_mma.auto_params(shape, mode)
-    if mma_params is not None:
-        wishes.append(Choice(f"gemv-mma-{mode}", mma_params))
+    tensor_core_gemv = gemv_mma.auto_choice(shape, mode)
+    if tensor_core_gemv is not None:
+        wishes.append(Choice(*tensor_core_gemv))
     if gemv.supports(shape) and GEMV_MAX_BATCH[mode] >= shape.B:
         wishes.append(Choice(f"gemv-{GEMV_FAMILY[mode]}"))
     if shape.C >= GEMM_C and shape.M >= GEMM_M:

@@ -1,6 +1,7 @@
-"""Kernel 42: classifier layers at batch 1-64 on tensor cores, the weights streamed as the MMA's A
-operand and the batch as its columns (kernels/42_gemv_tensor_core.cu; `gemv-mma-fp16`,
-`gemv-mma-bf16`, `gemv-mma-tf32`, `gemv-mma-3xtf32`).
+"""Kernels 42 and 43: classifier layers at batch 1-64 on tensor cores, the weights streamed as the
+MMA's A operand and the batch as its columns (kernels/42_gemv_tensor_core.cu: `gemv-mma-fp16`,
+`-bf16`, `-tf32`, `-3xtf32`; kernels/43_gemv_tensor_core_bulk.cu: `gemv-bulk-*`, the same with
+each block's weights brought a chunk at a time by the bulk copy engine, `pack_chunks`).
 
 Kernel 41 spends B FFMAs and B shared-memory reads of x on every weight, so from B = 8 it is
 bound by those rather than by the weight stream; an m16n8 MMA takes 16 rows x 8 columns at once.
@@ -42,6 +43,10 @@ REDUCE_WEIGHT = 0.1
 SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2, 4), "CP": (2, 4, 8), "WARPS": (4, 8),
                                      "SPLIT": (0, 4, 8, 16, 32, 64)}
 DEFAULTS: dict[str, int] = {"MT": 2, "CP": 4, "WARPS": 8, "SPLIT": 0}
+# Kernel 43 adds STAGES, the chunks of weights in its shared-memory ring.
+BULK_KERNEL_FILE = "43_gemv_tensor_core_bulk.cu"
+BULK_SPACE: dict[str, tuple[int, ...]] = {**SPACE, "STAGES": (2, 3, 4)}
+BULK_DEFAULTS: dict[str, int] = {**DEFAULTS, "STAGES": 4}
 
 
 def piece_k(mode: str) -> int:
@@ -108,6 +113,28 @@ def staged_x_bytes(mode: str, defines: Mapping[str, int]) -> int:
     return (2 if mode == "3xtf32" else 1) * 8 * defines["TM_NT"] * (words + 4) * 4
 
 
+def bulk_defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
+    """Kernel 43's -D set: kernel 42's plus TB_STAGES."""
+    stages = int(params["STAGES"])
+    if stages not in BULK_SPACE["STAGES"]:
+        raise ValueError(f"gemv-bulk: STAGES must be in {BULK_SPACE['STAGES']}, got {stages}")
+    return {**mma_defines(mode, B, params), "TB_STAGES": stages}
+
+
+def chunk_bytes(mode: str, defines: Mapping[str, int]) -> int:
+    """One block's chunk of packed weights (kernel 43's copy): its pieces' 16 bytes a lane,
+    plus TF32's nibble word a lane."""
+    return (defines["TM_WARPS"] * defines["TM_MT"] * defines["TM_CP"] * 32
+            * (20 if mode == "tf32" else 16))
+
+
+def bulk_smem(mode: str, defines: Mapping[str, int]) -> int:
+    """Kernel 43's dynamic shared memory: the ring, the mbarriers (16-byte aligned), x."""
+    stages = defines["TB_STAGES"]
+    return (stages * chunk_bytes(mode, defines) + ceil_div(8 * stages, 16) * 16
+            + staged_x_bytes(mode, defines))
+
+
 def piece_bytes(mode: str) -> int:
     """Bytes a warp streams for one piece of one m-tile: 32 lanes x 16 bytes (TF32: plus one
     word of nibbles a lane)."""
@@ -164,18 +191,26 @@ SMALL_LAYER_MAX_BATCH = {"tf32": 16, "fp16": 32}
 BIG_LAYER = 1 << 24  # weights (M x C): fc6 has 102.8M, fc7 4.2M
 SMALL_TILE_BATCH = 12
 SMALL_TILES: dict[str, int] = {"MT": 1, "WARPS": 4}
+BULK_FROM_BATCH: dict[str, int] = {"tf32": 32}
 
 
-def auto_params(shape: ConvShape, mode: str) -> dict[str, int] | None:
-    """The parameters `auto` runs kernel 42 with for this layer in this mode (only the ones
-    that differ from DEFAULTS), or None where it keeps kernel 41 or the GEMMs."""
+def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
+    """The implementation `auto` runs for this layer in this mode and its parameters (only the
+    ones that differ from the defaults), or None where it keeps kernel 41 or the GEMMs.
+    Kernel 43 on layers of BIG_LAYER weights from BULK_FROM_BATCH in TF32 (fc6 B = 32: 0.120 ms
+    against kernel 42's 0.135, B = 64: 0.140 against 0.186; in fp16 and at B = 1-8 it was level
+    with kernel 42 or slower)."""
     if mode not in AUTO_BATCHES or not supports(shape):
         return None
     low, high = AUTO_BATCHES[mode]
     big = shape.M * shape.C >= BIG_LAYER
     if not low <= shape.B <= (high if big else SMALL_LAYER_MAX_BATCH[mode]):
         return None
-    return dict(SMALL_TILES) if not big and shape.B >= SMALL_TILE_BATCH else {}
+    bulk_from = BULK_FROM_BATCH.get(mode, MAX_BATCH + 1)
+    if big and bulk_from <= shape.B:
+        return f"gemv-bulk-{mode}", {}
+    small_tiles = not big and shape.B >= SMALL_TILE_BATCH
+    return f"gemv-mma-{mode}", dict(SMALL_TILES) if small_tiles else {}
 
 
 # What CI's nvcc check builds (compile_variants): every mode at the fewest and the most batch
@@ -194,6 +229,24 @@ def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
         out: list[dict[str, int]] = []
         for batch, point in points:
             d = mma_defines(mode, batch, point)
+            if d not in out:
+                out.append(d)
+        return out
+
+    return variants
+
+
+def bulk_compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
+    """Kernel 43: every mode at the fewest and the most batch tiles, and fp16 at every ring
+    depth (the tile values are kernel 42's code, compiled there)."""
+    def variants() -> list[dict[str, int]]:
+        points = [(8 * N_TILES[0], dict(BULK_DEFAULTS)), (MAX_BATCH, dict(BULK_DEFAULTS))]
+        if mode == "fp16":
+            points += [(MAX_BATCH, {**BULK_DEFAULTS, "STAGES": s})
+                       for s in BULK_SPACE["STAGES"] if s != BULK_DEFAULTS["STAGES"]]
+        out: list[dict[str, int]] = []
+        for batch, point in points:
+            d = bulk_defines(mode, batch, point)
             if d not in out:
                 out.append(d)
         return out
@@ -231,18 +284,16 @@ def fragment_values(w2: Any, mode: str) -> Any:
     return xp.ascontiguousarray(v).reshape(mt, pieces, 32, -1)
 
 
-def pack_weights(w2: Any, mode: str) -> Any:
-    """(M, C) fp32 -> the kernel's operand: fp16 values, bf16 bit patterns (uint16, nearest
-    even), fp32 (3xTF32), or for TF32 one uint8 buffer: the pieces' 16-bit upper halves, then
-    one 32-bit word of 3-bit nibbles a lane and piece (`gemv.tf32_planes` of the pieces)."""
+def operand_values(w2: Any, mode: str) -> Any:
+    """(M, C) fp32 -> `fragment_values` in the operand type: fp16 values, bf16 bit patterns
+    (uint16, nearest even), fp32 (3xTF32; TF32 before its rounding in `gemv.tf32_planes`)."""
     xp = xp_of(w2)
     w2 = xp.ascontiguousarray(w2, dtype=xp.float32)
     if w2.ndim != 2 or w2.shape[1] % CHANNEL_ALIGN:
         raise ValueError(f"gemv-mma: weights must be (M, C) with C a multiple of "
                          f"{CHANNEL_ALIGN}, got shape {w2.shape}")
-    if mode == "tf32":
-        hi, lo = gemv.tf32_planes(fragment_values(w2, mode).reshape(-1, 8))
-        return xp.concatenate([hi.reshape(-1).view(xp.uint8), lo.reshape(-1).view(xp.uint8)])
+    if mode not in MODES:
+        raise ValueError(f"gemv-mma: unknown mode {mode!r}; known: {', '.join(MODES)}")
     if mode == "fp16":
         return fragment_values(w2.astype(xp.float16), mode)
     if mode == "bf16":
@@ -250,9 +301,50 @@ def pack_weights(w2: Any, mode: str) -> Any:
         bits = ((u + ((u >> xp.uint32(16)) & xp.uint32(1)) + xp.uint32(0x7FFF))
                 >> xp.uint32(16)).astype(xp.uint16)
         return fragment_values(bits, mode)
-    if mode == "3xtf32":
-        return fragment_values(w2, mode)
-    raise ValueError(f"gemv-mma: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    return fragment_values(w2, mode)
+
+
+def _tf32_bytes(values: Any) -> tuple[Any, Any]:
+    """Pieces of 8 TF32 values (..., 8) fp32 -> their 16-bit upper halves and nibble words, as
+    bytes of the same leading shape (16 and 4 bytes a piece)."""
+    xp = xp_of(values)
+    lead = values.shape[:-1]
+    hi, lo = gemv.tf32_planes(values.reshape(-1, 8))
+    return (xp.ascontiguousarray(hi).view(xp.uint8).reshape(*lead, 16),
+            xp.ascontiguousarray(lo).view(xp.uint8).reshape(*lead, 4))
+
+
+def pack_weights(w2: Any, mode: str) -> Any:
+    """(M, C) fp32 -> kernel 42's operand: `operand_values`, or for TF32 one uint8 buffer: the
+    pieces' 16-bit upper halves, then one 32-bit word of 3-bit nibbles a lane and piece."""
+    xp = xp_of(w2)
+    values = operand_values(w2, mode)
+    if mode != "tf32":
+        return values
+    hi, lo = _tf32_bytes(values)
+    return xp.concatenate([hi.reshape(-1), lo.reshape(-1)])
+
+
+def pack_chunks(w2: Any, mode: str, defines: Mapping[str, int]) -> Any:
+    """(M, C) fp32 -> kernel 43's operand, uint8: for each row group (a block's TM_WARPS x TM_MT
+    m-tiles) and each chunk of TM_CP pieces, one contiguous run: the pieces in (warp, m-tile,
+    piece, lane) order, 16 bytes each, then for TF32 their nibble words in the same order.
+    m-tiles and pieces past the layer are zero."""
+    xp = xp_of(w2)
+    values = operand_values(w2, mode)
+    warps, mt, cp_ = defines["TM_WARPS"], defines["TM_MT"], defines["TM_CP"]
+    tiles, pieces, lanes, n = values.shape
+    groups, chunks = ceil_div(tiles, warps * mt), ceil_div(pieces, cp_)
+    padded = xp.zeros((groups * warps * mt, chunks * cp_, lanes, n), dtype=values.dtype)
+    padded[:tiles, :pieces] = values
+    blocks = padded.reshape(groups, warps, mt, chunks, cp_, lanes, n).transpose(
+        0, 3, 1, 2, 4, 5, 6)
+    blocks = xp.ascontiguousarray(blocks).reshape(groups, chunks, -1, n)
+    if mode == "tf32":
+        hi, lo = _tf32_bytes(blocks)
+        parts = [hi.reshape(groups, chunks, -1), lo.reshape(groups, chunks, -1)]
+        return xp.ascontiguousarray(xp.concatenate(parts, axis=2)).reshape(-1)
+    return blocks.reshape(groups, chunks, -1).view(xp.uint8).reshape(-1)
 
 
 # --------------------------------------------------------------------------------------
@@ -260,32 +352,48 @@ def pack_weights(w2: Any, mode: str) -> Any:
 # --------------------------------------------------------------------------------------
 
 
-def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
+def _prepare(mode: str, bulk: bool) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
+    name = f"gemv-{'bulk' if bulk else 'mma'}-{mode}"
+
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
         cp = require_cupy()
         from convolab.gpu.device import sm_count
 
         if not supports(shape):
-            raise ValueError(f"gemv-mma-{mode} does not support shape {shape}")
+            raise ValueError(f"{name} does not support shape {shape}")
         if w.shape[0] != shape.M or w.size != shape.M * shape.C:
-            raise ValueError(f"gemv-mma-{mode}: weights of shape {tuple(w.shape)} for {shape} "
+            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
                              f"(want {shape.w_shape})")
         plan = launch_plan(shape, mode, params, sm_count())
-        kernel = get_kernel(KERNEL_FILE, "gemv_mma", plan.defines)
-        kernel.max_dynamic_shared_size_bytes = plan.smem
         w2 = cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C)
-        w_op = pack_weights(w2, mode)
+        if bulk:
+            defines = bulk_defines(mode, shape.B, params)
+            smem = bulk_smem(mode, defines)
+            if smem > SMEM_LIMIT:
+                raise ValueError(f"{name}: {defines['TB_STAGES']} stages of "
+                                 f"{chunk_bytes(mode, defines)} bytes and x need {smem} B of "
+                                 f"shared memory, over {SMEM_LIMIT}: fewer STAGES or a smaller CP")
+            kernel = get_kernel(BULK_KERNEL_FILE, "gemv_bulk", defines)
+            w_op = pack_chunks(w2, mode, defines)
+            cp_ = defines["TM_CP"]
+            sizes = (shape.B, shape.M, shape.C, ceil_div(plan.pieces, cp_),
+                     plan.slice_pieces // cp_)
+        else:
+            smem = plan.smem
+            kernel = get_kernel(KERNEL_FILE, "gemv_mma", plan.defines)
+            w_op = pack_weights(w2, mode)
+            sizes = (shape.B, shape.M, shape.C, plan.m_tiles, plan.pieces, plan.slice_pieces)
+        kernel.max_dynamic_shared_size_bytes = smem
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         partial = cp.empty((plan.slices if plan.slices > 1 else 0, shape.B, shape.M),
                            dtype=cp.float32)
         tickets = cp.zeros(plan.tiles, dtype=cp.int32)
-        args = tuple(np.int32(v) for v in (shape.B, shape.M, shape.C, plan.m_tiles,
-                                           plan.pieces, plan.slice_pieces))
+        args = tuple(np.int32(v) for v in sizes)
         threads = (plan.threads,)
 
         def run(x: Any, y: Any) -> None:
             kernel(plan.grid, threads, (x, w_op, b_d, y, partial, tickets, *args),
-                   shared_mem=plan.smem)
+                   shared_mem=smem)
 
         return run
 
@@ -302,8 +410,17 @@ for _mode in MODES:
         demonstrates=f"classifier layer at batch <= {MAX_BATCH} on tensor cores: weights packed "
                      f"in fragment order and streamed once as the MMA's A, the batch as its "
                      f"columns, split k summed in slice order in-kernel ({WHAT[_mode]})",
-        prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
+        prepare=_prepare(_mode, False), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
+    register(ConvImpl(
+        name=f"gemv-bulk-{_mode}", rung=43, device="gpu", kernel_file=BULK_KERNEL_FILE,
+        demonstrates=f"kernel 42 with each block's chunk of weights packed contiguously and "
+                     f"brought by the bulk copy engine into a shared-memory ring on mbarriers "
+                     f"({WHAT[_mode]})",
+        prepare=_prepare(_mode, True), supports=supports, space=BULK_SPACE,
+        defaults=BULK_DEFAULTS, compile_variants=bulk_compile_variants(_mode),
+        tolerance=TOLERANCE[_mode]))
 
-__all__ = ["auto_params", "elem_bytes", "fragment_values", "launch_plan", "mma_defines", "n_tiles",
-           "pack_weights", "piece_k", "staged_x_bytes", "supports"]
+__all__ = ["auto_choice", "bulk_defines", "bulk_smem", "chunk_bytes", "elem_bytes",
+           "fragment_values", "launch_plan", "mma_defines", "n_tiles", "operand_values",
+           "pack_chunks", "pack_weights", "piece_k", "staged_x_bytes", "supports"]

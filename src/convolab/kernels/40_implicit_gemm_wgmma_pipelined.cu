@@ -31,6 +31,7 @@
 // requests in Nsight Compute); with WP_TMA=1 0.107-0.112 ms = 530-550 TFLOP/s fp16 (cuDNN fp16
 // channels-last 0.119) and 0.171 ms TF32 (cuDNN TF32 0.248, NCHW), SM throughput 52% -> 70%.
 
+#include "mbarrier.cuh"
 #include "wgmma.cuh"
 
 #ifndef WP_TMA
@@ -45,39 +46,6 @@
 #ifndef WP_CONSUMER_REGS
 #define WP_CONSUMER_REGS 224
 #endif
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// An arrival on `bar` once every cp.async this thread issued so far has landed; the barrier's
-// expected count already includes it (.noinc).
-__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Until the phase of `bar` with this parity has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-// The transaction bytes the current phase of `bar` waits for besides its arrivals (with this
-// thread's arrival).
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-               "r"(bytes)
-               : "memory");
-}
 
 // The tensor map was written by a copy from the host: order it before the copy engine reads it.
 __device__ __forceinline__ void tma_acquire(const void* map) {
