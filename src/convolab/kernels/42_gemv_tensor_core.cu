@@ -75,20 +75,11 @@ gemv_mma(const float* __restrict__ x, const void* __restrict__ w_packed,
   const int chunks = (p1 - p0 + TM_CP - 1) / TM_CP;
 
   float acc[TM_MT][TM_NT][4];
+  clear(acc);
 #if TM_MODE == 3
   float total[TM_MT][TM_NT][4];
+  clear(total);
 #endif
-#pragma unroll
-  for (int i = 0; i < TM_MT; ++i)
-#pragma unroll
-    for (int j = 0; j < TM_NT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        acc[i][j][r] = 0.f;
-#if TM_MODE == 3
-        total[i][j][r] = 0.f;
-#endif
-      }
 
   Piece wa[TM_MT][TM_CP], wn[TM_MT][TM_CP];
   float4 xr[TM_XLOADS];

@@ -171,6 +171,15 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[TM_MT][TM_NT][4],
   }
 }
 
+__device__ __forceinline__ void clear(float (&sums)[TM_MT][TM_NT][4]) {
+#pragma unroll
+  for (int i = 0; i < TM_MT; ++i)
+#pragma unroll
+    for (int j = 0; j < TM_NT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sums[i][j][r] = 0.f;
+}
+
 // 3xTF32: a chunk's MMAs summed from zero, then added into the total with round-to-nearest adds.
 __device__ __forceinline__ void fold_chunk(float (&acc)[TM_MT][TM_NT][4],
                                            float (&total)[TM_MT][TM_NT][4]) {
