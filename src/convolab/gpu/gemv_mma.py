@@ -220,38 +220,31 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
 VARIED_MODES = ("fp16", "3xtf32")
 
 
-def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
-    def variants() -> list[dict[str, int]]:
-        points = [(8 * N_TILES[0], dict(DEFAULTS)), (MAX_BATCH, dict(DEFAULTS))]
-        if mode in VARIED_MODES:
-            points += [(MAX_BATCH, {**DEFAULTS, key: value}) for key in ("MT", "CP", "WARPS")
-                       for value in SPACE[key] if value != DEFAULTS[key]]
-        out: list[dict[str, int]] = []
-        for batch, point in points:
-            d = mma_defines(mode, batch, point)
-            if d not in out:
-                out.append(d)
-        return out
+def _covering_sets(mode: str, bulk: bool) -> list[dict[str, int]]:
+    """The fewest and the most batch tiles at the defaults; then, at the most tiles, each other
+    value of the parameters that change code size once: MT, CP and WARPS for kernel 42 in
+    VARIED_MODES, the ring depth for kernel 43 in fp16 (its tile values are kernel 42's code,
+    compiled there)."""
+    defaults, space = (BULK_DEFAULTS, BULK_SPACE) if bulk else (DEFAULTS, SPACE)
+    varied = (("STAGES",) if mode == "fp16" else ()) if bulk else (
+        ("MT", "CP", "WARPS") if mode in VARIED_MODES else ())
+    points = [(8 * N_TILES[0], dict(defaults)), (MAX_BATCH, dict(defaults))]
+    points += [(MAX_BATCH, {**defaults, key: value}) for key in varied
+               for value in space[key] if value != defaults[key]]
+    out: list[dict[str, int]] = []
+    for batch, point in points:
+        d = (bulk_defines if bulk else mma_defines)(mode, batch, point)
+        if d not in out:
+            out.append(d)
+    return out
 
-    return variants
+
+def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
+    return lambda: _covering_sets(mode, bulk=False)
 
 
 def bulk_compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
-    """Kernel 43: every mode at the fewest and the most batch tiles, and fp16 at every ring
-    depth (the tile values are kernel 42's code, compiled there)."""
-    def variants() -> list[dict[str, int]]:
-        points = [(8 * N_TILES[0], dict(BULK_DEFAULTS)), (MAX_BATCH, dict(BULK_DEFAULTS))]
-        if mode == "fp16":
-            points += [(MAX_BATCH, {**BULK_DEFAULTS, "STAGES": s})
-                       for s in BULK_SPACE["STAGES"] if s != BULK_DEFAULTS["STAGES"]]
-        out: list[dict[str, int]] = []
-        for batch, point in points:
-            d = bulk_defines(mode, batch, point)
-            if d not in out:
-                out.append(d)
-        return out
-
-    return variants
+    return lambda: _covering_sets(mode, bulk=True)
 
 
 # --------------------------------------------------------------------------------------
