@@ -103,3 +103,21 @@ def test_plot_sweeps_needs_two_batches(tmp_path):
 def test_sweep_case_drops_an_explicit_shapes_batch():
     assert report._sweep_case("shape/16x4096x1x1-M1024K1S1") == "shape/Bx4096x1x1-M1024K1S1"
     assert report._sweep_case("vgg/fc7") == "vgg/fc7"
+
+
+def test_one_file_of_explicit_shapes_at_several_batches_is_a_sweep(tmp_path):
+    """Runs whose batches live in explicit shapes ("shape/8x…"), not in their config, still
+    draw one sweep figure per layer from a single results file."""
+    pytest.importorskip("matplotlib")
+    path = _sweep_file(tmp_path / "a.json", (1, 8, 64), 10.0)
+    record = json.loads(path.read_text())
+    for run in record["runs"]:
+        b = run["rows"][0]["batch"]
+        run["config"] = {}
+        run["cases"] = [{"label": f"shape/{b}x64x1x1-M32K1S1"}]
+        run["rows"][0]["case"] = f"shape/{b}x64x1x1-M32K1S1"
+    path.write_text(json.dumps(record))
+    written = report.plot_results(path, tmp_path / "out")
+    sweeps = [p for p in written if p.name.startswith("sweep_")]
+    assert [p.name for p in sweeps] == ["sweep_shape-bx64x1x1-m32k1s1.png"]
+    assert sweeps[0].read_bytes()[:8] == PNG_MAGIC

@@ -405,7 +405,8 @@ def plot_results(json_path: Path, out_dir: Path) -> list[Path]:
         name = "plot.png" if len(layer_runs) == 1 else f"plot_{slug(run['label'])}.png"
         cases = [SimpleNamespace(label=c["label"]) for c in run["cases"]]
         written += plot_rows(Path(out_dir) / name, cases, run["rows"], ceilings)
-    if len({(run.get("config") or {}).get("batch") for run in layer_runs}) > 1:
+    # A sweep is runs at several batches, whether set per run or written into explicit shapes.
+    if len({row.get("batch") for run in layer_runs for row in run.get("rows", [])}) > 1:
         written += plot_batch_sweep(Path(out_dir), layer_runs)
     if not written:
         raise ConvolabError(f"{json_path}: no per-layer runs to plot")
