@@ -31,11 +31,11 @@ KERNEL_FILE = "42_gemv_tensor_core.cu"
 MODES: dict[str, int] = {"fp16": 0, "bf16": 1, "tf32": 2, "3xtf32": 3}
 N_TILES = (1, 2, 4, 8)  # TM_NT: batch columns in tiles of 8
 MAX_BATCH = 8 * N_TILES[-1]
-CHANNEL_ALIGN = 8  # x read in float4s; kernel 41's alignment, so both take the same layers
+CHANNEL_ALIGN = gemv.CHANNEL_ALIGN  # x read in float4s: kernel 41's layers, no others
 MAX_SLICES = 64
-SMEM_LIMIT = 227 * 1024
-DEFAULT_SMS = 132  # H100 SXM: the planner's assumption where no GPU is asked
-REDUCE_WEIGHT = 0.1
+SMEM_LIMIT = gemv.SMEM_LIMIT
+DEFAULT_SMS = gemv.DEFAULT_SMS
+REDUCE_WEIGHT = 0.1  # `launch_plan`: a byte of the split-k sum against a byte of the stream
 
 # Tunable, all compile-time but SPLIT (0: chosen from the shape, `launch_plan`): MT m-tiles of
 # 16 rows a warp, CP k pieces a chunk (the weights a lane has in flight: MT x CP 16-byte loads),
