@@ -10,6 +10,11 @@
 // there (16 contiguous bytes a lane: no bank conflicts). The loads leave the warps' instruction
 // streams and registers, and DRAM sees 20-40 KB requests instead of 512-byte ones.
 //
+// Measured (H100, docs/vgg.md "Kernel 43"): the FP16 stream is no faster (fc6 1.9-2.1 TB/s, as
+// kernel 42 and cuBLAS: the memory system, not the load issue, bounds it); TF32 at 32-64
+// columns is, without kernel 42's 64 weight registers a thread (fc6 B = 64: 0.140 ms, kernel 42
+// 0.186).
+//
 // Everything else is kernel 42's (gemv_mma.cuh): x's chunk staged in the operand type, the
 // MMAs, the split-k sum. Launch as kernel 42, with dynamic shared memory TB_STAGES chunks of
 // weights, then TB_STAGES mbarriers, then x's chunk (gpu/gemv_mma.py, bulk_smem).

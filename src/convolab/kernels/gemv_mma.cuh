@@ -225,7 +225,8 @@ __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
   const int tile_rows = 16 * TM_MT * TM_WARPS, m0 = blockIdx.x * tile_rows;
   const size_t plane = (size_t)B * M;
   // One block sums the whole tile, so its loads must overlap: TM_SUM_OUTS outputs x 8 slices
-  // in flight a thread (with 8 loads in flight, fc7 at B = 64 spent ~80 us here on L2 latency).
+  // in flight a thread (with 8 in flight, fc7 at B = 64 waits two L2 latencies for each of a
+  // thread's 64 outputs: ~80 us).
   for (int base = threadIdx.x; base < tile_rows * B; base += TM_THREADS * TM_SUM_OUTS) {
     const float* p[TM_SUM_OUTS];
     float s[TM_SUM_OUTS];
