@@ -3,6 +3,9 @@ prelude and a test's own main(), compiles with g++ and runs each block's threads
 (std::barrier for __syncthreads), so index arithmetic and shared-memory use are checked where
 no GPU is. Each test adds what its kernel needs beyond it (warp shuffles, cp.async)."""
 
+import re
+from pathlib import Path
+
 CUDA_SHIM = r"""
 #include <algorithm>
 #include <barrier>
@@ -183,3 +186,22 @@ inline void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1, unsigned a
   emu_mma<kTF32>(d, a0, a1, a2, a3, b0, b1);
 }
 """
+
+
+def inline_headers(source: str, kernel_dir: Path, keep: tuple[str, ...] = ("common.cuh",)) -> str:
+    """source with every `#include "x.cuh"` of the kernel folder replaced by that header's text,
+    recursively, each header once (they are `#pragma once`); the headers in `keep` are dropped
+    instead (the shim stands in for them)."""
+    seen: set[str] = set()
+
+    def expand(text: str) -> str:
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name in keep or name in seen:
+                return ""
+            seen.add(name)
+            return expand((kernel_dir / name).read_text())
+
+        return re.sub(r'#include "([^"]+)"', one, text)
+
+    return expand(source)

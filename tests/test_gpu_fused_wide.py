@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM, inline_headers
 
 from convolab.check import poison, rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
@@ -366,13 +366,9 @@ SENTINEL = 64  # floats past the output, which must stay untouched
 def kernel_source(precision: str) -> str:
     """The precision's kernel file (28 or 28b) with rung 28's headers inlined, common.cuh's
     PTX and cuda_bf16.h left to the shim."""
-    def text(name: str) -> str:
-        return (KERNEL_DIR / name).read_text()
-
-    source = text(fused_wide.kernel_file(precision))
-    for header in ("fused_wide.cuh", "fused_wide_kernel.cuh"):
-        source = source.replace(f'#include "{header}"', text(header))
-    return source.replace('#include "common.cuh"', "").replace("#include <cuda_bf16.h>", "")
+    source = inline_headers((KERNEL_DIR / fused_wide.kernel_file(precision)).read_text(),
+                            KERNEL_DIR)
+    return source.replace("#include <cuda_bf16.h>", "")
 
 
 def emulate(tmp_path: Path, shape: ConvShape, pool: int, precision: str, in_dtype: str,

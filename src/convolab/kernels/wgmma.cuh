@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "igemm_problem.cuh"
+#include "wgmma_core.cuh"
 
 #ifndef BM
 #define BM 128
@@ -146,25 +147,6 @@ __device__ __forceinline__ void wg_mma(float (&d)[WG_ACC], unsigned long long da
 #endif
 }
 
-__device__ __forceinline__ void wg_fence() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wg_commit() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
 // Keeps the compiler from moving reads or writes of the accumulators across the asynchronous
 // wgmmas that own them between wg_fence and wg_wait.
 __device__ __forceinline__ void wg_hold(float (&d)[WG_MI][WG_ACC]) {
@@ -172,19 +154,6 @@ __device__ __forceinline__ void wg_hold(float (&d)[WG_MI][WG_ACC]) {
   for (int mi = 0; mi < WG_MI; ++mi)
 #pragma unroll
     for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[mi][i])::"memory");
-}
-
-// cp.async (generic proxy) wrote the stage; the wgmmas read it through the async proxy.
-__device__ __forceinline__ void wg_proxy_fence() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Descriptor of a K-major operand in the 128-byte swizzle: start address, leading offset
-// (unused by this layout, 1 by convention), stride offset 1024 bytes between 8-row groups,
-// layout 1 = 128-byte swizzle. Addresses and offsets are stored in 16-byte units.
-__device__ __forceinline__ unsigned long long wg_desc(unsigned saddr) {
-  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | (1ull << 16) |
-         ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
 // ---- loader ----------------------------------------------------------------------------------

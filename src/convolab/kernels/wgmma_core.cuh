@@ -1,0 +1,38 @@
+// The warpgroup MMA's (wgmma, sm_90a) primitives that every wgmma kernel shares: the fence,
+// commit and wait of its asynchronous groups, the proxy fence that lets it read what ordinary
+// stores wrote to shared memory, and the descriptor of a K-major operand in the 128-byte
+// swizzle (rows of 128 bytes, 8-row groups 1024 bytes apart, the group 1024-byte aligned).
+#pragma once
+
+__device__ __forceinline__ void wg_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Shared memory written through the generic proxy (ordinary stores, cp.async) is read by the
+// wgmmas through the async proxy: each writing thread fences before the barrier.
+__device__ __forceinline__ void wg_proxy_fence() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Descriptor of a K-major operand in the 128-byte swizzle: start address, leading offset
+// (unused by this layout, 1 by convention), stride offset 1024 bytes between 8-row groups,
+// layout 1 = 128-byte swizzle. Addresses and offsets are stored in 16-byte units.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned saddr) {
+  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | (1ull << 16) |
+         ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
