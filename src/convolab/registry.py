@@ -32,6 +32,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.ladder_advanced",
     "convolab.gpu.fused",
     "convolab.gpu.fused_wide",
+    "convolab.gpu.fused_wgmma",
     "convolab.gpu.fused_first",
     "convolab.gpu.implicit_gemm",
     "convolab.gpu.implicit_gemm_wgmma",

@@ -1,0 +1,268 @@
+"""Host side of rung 44 (kernels/44_fused_conv_pool_wgmma.cu, `fcp_wgmma`): rung 28's fused
+conv + bias + ReLU + max-pool 2 for wide layers with its MMAs on Hopper's warpgroup MMA
+(wgmma, sm_90a), in fp16 or the fp32-exact 3xfp16.
+
+Rung 28's geometry (gpu/fused_wide.py: staged image, row pitch, k run order, units) is reused
+as it is; what is new is the weights' form: `wgmma_blocks` packs each (k-chunk, filter row)
+block of 8 NT channels x 16 k as one quarter of a 128-byte swizzled row group, the layout the
+kernel's wgmma descriptors read. `prepare` returns run(x, out) with rung 28's contract. The
+registry entries `fused-conv-pool2-wgmma-{tc,3xfp16}` wrap it for fp32 input. Nothing here
+imports CuPy at module import time.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from convolab.errors import InputError
+from convolab.gpu import fused_wide
+from convolab.gpu.device import SM_SMEM_BYTES
+from convolab.gpu.implicit_gemm import SMEM_LIMIT
+from convolab.gpu.implicit_gemm_wgmma import wgmma_ruled_out
+from convolab.precision import TOLERANCE
+from convolab.registry import ConvImpl, Run, register
+from convolab.shapes import ConvShape, ceil_div
+
+KERNEL_FILE = "44_fused_conv_pool_wgmma.cu"
+KERNEL = "fcp_wgmma"
+PRECISIONS: dict[str, int] = {"fp16": 0, "3xfp16": 3}  # -> FW_PREC
+POOL = 2
+MAX_M = 32  # wgmma N = 8 * n-tiles, written out for 1-4 n-tiles
+ROW_BYTES = 128  # one swizzled row: four 16-deep fp16 blocks
+BLOCKS_PER_ROW = 4
+ALIGN = 1024  # the swizzle's period: the kernel aligns the weights to it
+SPACE: dict[str, list[int]] = {
+    "wgs": [1, 2],  # warpgroups a block (they share the staged image and the weights)
+    "minb": [1, 2],  # blocks per SM the registers must allow (__launch_bounds__)
+    "bps": [0, 1, 2],  # persistent blocks per SM (0: as many as fit)
+    "pitch": [0],  # staged row pitch in pixels (0: default_pitch)
+}
+BLOCKS_PER_SM = 2  # one block stages its next image while the other computes
+_SUFFIX = {"fp16": "tc", "3xfp16": "3xfp16"}
+
+
+@dataclass(frozen=True)
+class WgmmaPlan:
+    defines: dict[str, int]
+    smem: int
+    threads: int
+    bps: int
+
+
+def weight_bytes(shape: ConvShape, precision: str) -> int:
+    """The packed weights: parts x row groups of four (chunk, filter row) blocks."""
+    _, _, chunks = fused_wide.run_layout(shape.C, shape.K, precision)
+    groups = ceil_div(chunks * shape.K, BLOCKS_PER_ROW)
+    return fused_wide.parts(precision) * groups * ceil_div(shape.M, 8) * 8 * ROW_BYTES
+
+
+def smem_bytes(shape: ConvShape, precision: str, pitch: int, in_dtype: Any = "float32") -> int:
+    """FW44_SMEM_BYTES: the alignment slack, the weights, the staged image(s)."""
+    geo = fused_wide.geometry(shape, POOL, precision, 1, in_dtype, pitch)
+    return ALIGN + weight_bytes(shape, precision) + geo.image_bytes
+
+
+def default_pitch(shape: ConvShape, precision: str, in_dtype: Any = "float32") -> int:
+    """The staged row pitch with the fewest A-load bank conflicts (fused_wide.load_cost) among
+    those that leave room for BLOCKS_PER_SM blocks an SM (eecs498's conv2 in 3xfp16: the
+    conflict-free pitch 35 needs 118 KB, one block an SM; 29 takes 1.56 wavefronts a load)."""
+    fits = [p for p in range(shape.W, shape.W + fused_wide.MAX_PITCH_PAD + 1)
+            if BLOCKS_PER_SM * (smem_bytes(shape, precision, p, in_dtype) + 1024)
+            <= SM_SMEM_BYTES] or [shape.W]
+    return min(fits, key=lambda p: (fused_wide.load_cost(shape, POOL, precision, 1, p), p))
+
+
+def why_not(shape: ConvShape, pool: int, precision: str) -> str | None:
+    """None where fcp_wgmma takes the layer, else the reason it does not."""
+    if precision not in PRECISIONS:
+        return f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}"
+    if pool != POOL:
+        return f"pool must be {POOL}, got {pool}"
+    if wgmma_ruled_out():
+        return "this GPU cannot run sm_90a code (wgmma)"
+    reason = fused_wide.why_not(shape, pool, precision)
+    if reason is not None:
+        return reason
+    if shape.M > MAX_M:
+        return f"M <= {MAX_M} (got M={shape.M})"
+    smem = smem_bytes(shape, precision, shape.W)
+    if smem > SMEM_LIMIT:
+        return f"the image and weights need {smem} bytes of shared memory (> {SMEM_LIMIT})"
+    return None
+
+
+def supports(shape: ConvShape, pool: int, precision: str) -> bool:
+    return why_not(shape, pool, precision) is None
+
+
+def _check_params(params: Mapping[str, Any]) -> None:
+    unknown = sorted(set(params) - set(SPACE))
+    if unknown:
+        raise InputError(f"fcp_wgmma: unknown parameter(s) {unknown} (known: {list(SPACE)})")
+    for key, value in params.items():
+        if not isinstance(value, int | np.integer) or value < 0:
+            raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
+    if int(params.get("wgs") or 1) not in SPACE["wgs"]:
+        raise InputError(f"fcp_wgmma: wgs must be one of {SPACE['wgs']}, got {params['wgs']}")
+
+
+def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None = None,
+               in_dtype: Any = "float32") -> WgmmaPlan:
+    """Defines and launch geometry; params (SPACE) may fix wgs, minb, bps, pitch (0: chosen
+    here)."""
+    reason = why_not(shape, POOL, precision)
+    if reason is not None:
+        raise InputError(f"fcp_wgmma does not take {shape} with pool {POOL}: {reason}")
+    params = params or {}
+    _check_params(params)
+    in_name = np.dtype(in_dtype).name
+    if in_name not in fused_wide.IN_DTYPES:
+        raise InputError(f"fcp_wgmma: input dtype must be one of {fused_wide.IN_DTYPES}, "
+                         f"got {in_name}")
+    defines = _plan_defines(shape, precision, params, in_name)
+    smem = smem_bytes(shape, precision, defines["FW_WS"], in_name)
+    return WgmmaPlan(defines, smem, 128 * defines["FW_WGS"], int(params.get("bps") or 0))
+
+
+def wgmma_blocks(w: np.ndarray, precision: str) -> np.ndarray:
+    """Weights (M, C, K, K) as the kernel's B operand: uint16 (parts, groups, 8 NT, 64), the
+    fp16 bits of w (3xfp16: hi and lo of w * 2^weight_exponent(w)).
+
+    Block (j, p) (k-chunk j of filter row p's (q, c) run, 16 deep, rung 28's run order) is
+    quarter (j K + p) % 4 of row group (j K + p) // 4: channel n's 16 values are bytes
+    32 ((j K + p) % 4) .. + 31 of row n, and each row's 16-byte pieces are swizzled as wgmma
+    reads them (piece i stored at i ^ (n % 8))."""
+    M, C, K, _ = w.shape
+    cs, ch, chunks = fused_wide.run_layout(C, K, precision)
+    n8 = ceil_div(M, 8) * 8
+    taps = np.zeros((n8, K, K, cs), np.float32)  # (m, p, q, c)
+    taps[:M, :, :, :C] = np.asarray(w, np.float32).transpose(0, 2, 3, 1)
+    run = np.zeros((n8, K, chunks * ch), np.float32)
+    run[:, :, :K * cs] = taps.reshape(n8, K, K * cs)
+    blocks = run.reshape(n8, K, chunks, ch).transpose(2, 1, 0, 3).reshape(chunks * K, n8, ch)
+    groups = ceil_div(chunks * K, BLOCKS_PER_ROW)
+    padded = np.zeros((groups * BLOCKS_PER_ROW, n8, ch), np.float32)
+    padded[:chunks * K] = blocks
+    rows = padded.reshape(groups, BLOCKS_PER_ROW, n8, ch).transpose(0, 2, 1, 3)
+    rows = rows.reshape(groups, n8, ROW_BYTES // 16, 8)  # 16-byte pieces of 8 values
+    piece = np.arange(ROW_BYTES // 16)[None, :] ^ (np.arange(n8)[:, None] % 8)  # (n, i)
+    swizzled = np.empty_like(rows)
+    swizzled[:, np.arange(n8)[:, None], piece] = rows
+    swizzled = swizzled.reshape(groups, n8, ROW_BYTES // 2)
+    if precision == "fp16":
+        return swizzled.astype(np.float16).view(np.uint16)[None]
+    scaled = swizzled * np.float32(2.0 ** fused_wide.weight_exponent(w))  # exact
+    hi = scaled.astype(np.float16)
+    lo = (scaled - hi.astype(np.float32)).astype(np.float16)  # the difference is exact
+    return np.stack([hi.view(np.uint16), lo.view(np.uint16)])
+
+
+def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str, Any],
+            precision: str, in_dtype: Any = "float32") -> Run:
+    """run(x, out): x (B, C, H, W) NCHW in `in_dtype` (float32 or float16), out
+    (B, M, Ho // 2, Wo // 2) float32, written with maxpool(relu(conv(x, weight) + bias))."""
+    from convolab.backend import require_cupy, to_numpy
+    from convolab.gpu.compile import get_kernel
+    from convolab.gpu.device import occupancy, sm_count
+
+    plan = wgmma_plan(shape, precision, kernel_params, in_dtype)
+    w_h = np.asarray(to_numpy(weight), np.float32)
+    if w_h.shape != shape.w_shape:
+        raise InputError(f"fcp_wgmma: weights have shape {w_h.shape}, {shape} needs "
+                         f"{shape.w_shape}")
+    cp = require_cupy()
+    packed = cp.asarray(wgmma_blocks(w_h, precision))
+    b_d = cp.ascontiguousarray(cp.asarray(bias, dtype=cp.float32))
+    if b_d.shape != (shape.M,):
+        raise InputError(f"fcp_wgmma: bias has shape {b_d.shape}, needs ({shape.M},)")
+    kernel = get_kernel(KERNEL_FILE, KERNEL, plan.defines)
+    kernel.max_dynamic_shared_size_bytes = plan.smem
+    kernel.preferred_shared_memory_carveout = 100  # rung 28's reason (gpu/fused_wide.py)
+    per_sm = plan.bps or max(1, occupancy(kernel, plan.threads, plan.smem))
+    grid = (max(1, min(shape.B, sm_count() * per_sm)),)
+    batch = np.int32(shape.B)
+    w_unscale = np.float32(2.0 ** -fused_wide.weight_exponent(w_h)
+                           if precision == "3xfp16" else 1.0)
+
+    def run(x: Any, y: Any) -> None:
+        if shape.B:
+            kernel(grid, (plan.threads,), (x, packed, b_d, y, batch, w_unscale),
+                   shared_mem=plan.smem)
+
+    run.grid = grid  # type: ignore[attr-defined]  # for tests and benchmarks
+    run.in_dtype = np.dtype(in_dtype).name  # type: ignore[attr-defined]  # FusedLeNet reads it
+    return run
+
+
+# ---- registry -------------------------------------------------------------------------------
+
+
+def compile_variants(precision: str) -> list[dict[str, int]]:
+    """The define sets the host compiles: each zoo wide layer's default plan, fp32 and fp16
+    input, one and two warpgroups a block."""
+    out: list[dict[str, int]] = []
+    for shape, pool in fused_wide.zoo_wide_layers():
+        if pool != POOL or fused_wide.why_not(shape, pool, precision) is not None \
+                or shape.M > MAX_M:
+            continue
+        for in_dtype in fused_wide.IN_DTYPES:
+            for wgs in SPACE["wgs"]:
+                defines = _plan_defines(shape, precision, {"wgs": wgs}, in_dtype)
+                if defines not in out:
+                    out.append(defines)
+    return out
+
+
+def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
+                  in_dtype: str) -> dict[str, int]:
+    """The kernel's defines (no device check: CI's compile list has no GPU). minb by default:
+    the blocks shared memory lets an SM hold, at most BLOCKS_PER_SM (3xfp16's loop takes
+    ~200 registers)."""
+    pitch = max(shape.W, int(params.get("pitch") or default_pitch(shape, precision, in_dtype)))
+    smem = smem_bytes(shape, precision, pitch, in_dtype)
+    wgs = int(params.get("wgs") or 1)
+    return {
+        "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_dtype == "float16"),
+        "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_WS": pitch,
+        "FW_M": shape.M, "FW_K": shape.K, "FW_WGS": wgs,
+        "FW_MINB": int(params.get("minb") or max(1, min(BLOCKS_PER_SM,
+                                                         SM_SMEM_BYTES // (smem + 1024) // wgs))),
+    }
+
+
+@functools.cache
+def wgmma_impl(precision: str) -> ConvImpl:
+    """The registry entry of rung 44 for one precision (fp32 input)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"fcp_wgmma takes precision in {tuple(PRECISIONS)}, got {precision!r}")
+    what = {"fp16": "fp16 operands",
+            "3xfp16": "3xfp16: operands scaled by powers of two and split hi + lo, fp32-exact"}
+
+    def prepare_fp32(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        return prepare(shape, w, b, params, precision, "float32")
+
+    return ConvImpl(
+        name=f"fused-conv-pool2-wgmma-{_SUFFIX[precision]}",
+        demonstrates=("rung 28 on Hopper's warpgroup MMA: a warpgroup's 64 rows are four "
+                      "units' windows, A from registers, the weights as B from swizzled shared "
+                      f"memory by descriptor, one commit group per shift ({what[precision]})"),
+        device="gpu",
+        prepare=prepare_fp32,
+        supports=lambda s: supports(s, POOL, precision),
+        space=SPACE,
+        defaults={key: 0 for key in SPACE},
+        tolerance=TOLERANCE[precision],
+        rung=44,
+        kernel_file=KERNEL_FILE,
+        compile_variants=lambda: compile_variants(precision),
+        pool=POOL,
+    )
+
+
+for _precision in PRECISIONS:
+    register(wgmma_impl(_precision))

@@ -1,0 +1,200 @@
+"""Rung 44 (fused-conv-pool2-wgmma, kernels/44_fused_conv_pool_wgmma.cu): rung 28's fused
+conv + bias + ReLU + max-pool on Hopper's warpgroup MMA, fp16 and 3xfp16.
+
+CPU: what the rung takes, its plan (row pitch, blocks an SM, parameters), and the weights'
+swizzled packing read back element by element through the hardware's 128-byte swizzle rule.
+GPU: random shapes and the zoo's conv2 against the fp64 reference on poisoned outputs, a wide
+dynamic range per image (3xfp16), every tunable parameter, NaN, and the registry entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from test_gpu_fused_wide import (
+    check_each_image,
+    check_result,
+    problem,
+    wide_blocks,
+    wide_range_problem,
+)
+
+from convolab.check import poison, rel_l2
+from convolab.conv_cpu import reference_conv_relu_pool
+from convolab.errors import InputError
+from convolab.gpu import fused_wgmma, fused_wide
+from convolab.gpu.device import SM_SMEM_BYTES
+from convolab.precision import TOLERANCE
+from convolab.shapes import ConvShape
+
+PRECISIONS = tuple(fused_wgmma.PRECISIONS)
+EECS498_CONV2 = ConvShape(1, 12, 29, 29, 24, 7)
+
+
+def random_shape(rng: np.random.Generator, precision: str) -> ConvShape:
+    """Pool-2 layers around the zoo's conv2: C 4-16, M 1-32 (n-tiles 1-4), K 3/5/7, odd sizes
+    and batches."""
+    while True:
+        K = int(rng.choice([3, 5, 7]))
+        side = K - 1 + 2 * int(rng.integers(2, 14))
+        shape = ConvShape(int(rng.integers(1, 6)), int(rng.integers(4, 17)),
+                          side + int(rng.integers(0, 2)), side + int(rng.integers(0, 2)),
+                          int(rng.integers(1, 33)), K)
+        if fused_wgmma.supports(shape, 2, precision):
+            return shape
+
+
+# ---- CPU -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_zoo_wide_layers_are_taken(precision: str) -> None:
+    for shape, pool in wide_blocks():
+        assert fused_wgmma.why_not(shape, pool, precision) is None
+
+
+def test_what_the_rung_refuses() -> None:
+    shape = EECS498_CONV2
+    assert "precision" in fused_wgmma.why_not(shape, 2, "tf32")
+    assert "pool" in fused_wgmma.why_not(shape, 4, "fp16")
+    assert "M <= 32" in fused_wgmma.why_not(ConvShape(1, 12, 29, 29, 40, 7), 2, "fp16")
+    assert "stride" in fused_wgmma.why_not(ConvShape(1, 12, 29, 29, 24, 7, 2), 2, "fp16")
+    with pytest.raises(InputError, match="unknown parameter"):
+        fused_wgmma.wgmma_plan(shape, "fp16", {"warps": 4})
+    with pytest.raises(InputError, match="wgs must be one of"):
+        fused_wgmma.wgmma_plan(shape, "fp16", {"wgs": 3})
+    with pytest.raises(InputError, match="input dtype"):
+        fused_wgmma.wgmma_plan(shape, "fp16", {}, "float64")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_default_plan_leaves_room_for_two_blocks(precision: str) -> None:
+    """The default pitch is the least conflicted one that still lets an SM hold two blocks
+    (one stages while the other computes); an explicit pitch is taken as given."""
+    for shape, _ in wide_blocks():
+        plan = fused_wgmma.wgmma_plan(shape, precision)
+        assert 2 * (plan.smem + 1024) <= SM_SMEM_BYTES
+        pitch = plan.defines["FW_WS"]
+        cost = fused_wide.load_cost(shape, 2, precision, 1, pitch)
+        for other in range(shape.W, shape.W + fused_wide.MAX_PITCH_PAD + 1):
+            if 2 * (fused_wgmma.smem_bytes(shape, precision, other) + 1024) <= SM_SMEM_BYTES:
+                assert cost <= fused_wide.load_cost(shape, 2, precision, 1, other)
+        wide = fused_wgmma.wgmma_plan(shape, precision, {"pitch": shape.W + 6, "wgs": 2})
+        assert wide.defines["FW_WS"] == shape.W + 6 and wide.threads == 256
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_packed_weights_read_back_through_the_swizzle(precision: str,
+                                                      rng: np.random.Generator) -> None:
+    """Every element of every (chunk, filter row) block, read where wgmma reads it: 16-byte
+    piece i of row n of a 1024-byte-aligned group sits at piece i ^ (n % 8)."""
+    M, C, K = int(rng.integers(1, 33)), int(rng.integers(1, 17)), int(rng.choice([3, 5, 7]))
+    w = rng.standard_normal((M, C, K, K)).astype(np.float32)
+    packed = fused_wgmma.wgmma_blocks(w, precision)
+    cs, ch, chunks = fused_wide.run_layout(C, K, precision)
+    n8 = -(-M // 8) * 8
+    assert packed.shape == (fused_wide.parts(precision), -(-chunks * K // 4), n8, 64)
+    assert packed.nbytes == fused_wgmma.weight_bytes(ConvShape(1, C, K, K, M, K), precision)
+    scale = 2.0 ** fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
+    flat = packed.reshape(packed.shape[0], -1).view(np.float16).astype(np.float64)
+    value = flat.sum(axis=0)  # hi + lo (one part in fp16)
+    seen = np.zeros(flat.shape[1], bool)
+    for j in range(chunks):
+        for p in range(K):
+            q = j * K + p
+            for n in range(n8):
+                for kk in range(16):
+                    byte = (q % 4) * 32 + 2 * kk
+                    piece = (byte // 16) ^ (n % 8)
+                    at = ((q // 4) * n8 + n) * 64 + piece * 8 + (byte % 16) // 2
+                    tap, c = divmod(j * 16 + kk, cs)
+                    want = w[n, c, p, tap] * scale if n < M and c < C and tap < K else 0.0
+                    tol = abs(want) * (2.0 ** -21 if precision == "3xfp16" else 2.0 ** -11)
+                    assert abs(value[at] - want) <= tol, (j, p, n, kk)
+                    seen[at] = True
+    assert not value[~seen].any(), "padding slots hold weights"
+
+
+# ---- GPU -------------------------------------------------------------------------------------
+
+
+def run_gpu(shape: ConvShape, precision: str, in_dtype: str, x: np.ndarray, w: np.ndarray,
+            b: np.ndarray, params: dict[str, int] | None = None) -> np.ndarray:
+    import cupy as cp
+
+    run = fused_wgmma.prepare(shape, cp.asarray(w), cp.asarray(b), params or {}, precision,
+                              in_dtype)
+    y = cp.empty((shape.B, shape.M, shape.H_out // 2, shape.W_out // 2), cp.float32)
+    poison(y)
+    run(cp.asarray(x), y)
+    return y.get()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", fused_wide.IN_DTYPES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("case", range(4))
+def test_random_shapes(case: int, precision: str, in_dtype: str,
+                       rng: np.random.Generator) -> None:
+    shape = random_shape(rng, precision)
+    x, w, b = problem(rng, shape, in_dtype)
+    params = {"wgs": int(rng.integers(1, 3))}
+    print(shape, params)
+    check_result(run_gpu(shape, precision, in_dtype, x, w, b, params), x, w, b, 2, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", fused_wide.IN_DTYPES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_zoo_wide_layers(precision: str, in_dtype: str, rng: np.random.Generator) -> None:
+    for shape, _ in wide_blocks(37):
+        x, w, b = problem(rng, shape, in_dtype)
+        check_result(run_gpu(shape, precision, in_dtype, x, w, b), x, w, b, 2, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(3))
+def test_3xfp16_on_a_wide_dynamic_range(case: int, rng: np.random.Generator) -> None:
+    shape = (wide_blocks(5) + [random_shape(rng, "3xfp16")])[case]
+    shape = ConvShape(max(3, shape.B), shape.C, shape.H, shape.W, shape.M, shape.K)
+    x, w, b = wide_range_problem(rng, shape)
+    check_each_image(run_gpu(shape, "3xfp16", "float32", x, w, b), x, w, 2, "3xfp16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [{"wgs": 2}, {"wgs": 2, "minb": 1}, {"bps": 1},
+                                    {"pitch": 29}, {"pitch": 35}, {"minb": 1, "bps": 2}])
+def test_tunable_parameters_keep_the_result(params: dict[str, int],
+                                            rng: np.random.Generator) -> None:
+    shape = dataclasses.replace(EECS498_CONV2, B=19)
+    x, w, b = problem(rng, shape, "float32")
+    for precision in PRECISIONS:
+        check_result(run_gpu(shape, precision, "float32", x, w, b, params), x, w, b, 2,
+                     precision)
+
+
+@pytest.mark.gpu
+def test_registry_entries_through_forward(rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    shape, _ = wide_blocks(5)[0]
+    x, w, b = problem(rng, shape, "float32")
+    for precision in PRECISIONS:
+        impl = fused_wgmma.wgmma_impl(precision)
+        y = impl.forward(cp.asarray(x), cp.asarray(w), cp.asarray(b), wgs=2)
+        check_result(y.get(), x, w, b, 2, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_nan_stays_in_its_image(precision: str, rng: np.random.Generator) -> None:
+    shape = dataclasses.replace(EECS498_CONV2, B=3)
+    x, w, b = problem(rng, shape, "float32")
+    x[1, 5, shape.H // 2, shape.W // 3] = np.nan
+    y = run_gpu(shape, precision, "float32", x, w, b)
+    ref = reference_conv_relu_pool(x, w, b, 1, 2)
+    assert np.isnan(y[np.isnan(ref)]).all(), "a pool window with a NaN gave a finite value"
+    for i in (0, 2):
+        assert rel_l2(y[i], ref[i]) <= TOLERANCE[precision]
