@@ -4,7 +4,7 @@ conv + bias + ReLU + max-pool 2 for wide layers with its MMAs on Hopper's warpgr
 
 Rung 28's geometry (gpu/fused_wide.py: staged image, row pitch, k run order, units) is reused
 as it is; what is new is the weights' form: `wgmma_blocks` packs each (k-chunk, filter row)
-block of 8 NT channels x 16 k as one quarter of a 128-byte swizzled row group, the layout the
+block of 8 NT channels x 16 k as core matrices in falling filter row order, the layout the
 kernel's wgmma descriptors read. `prepare` returns run(x, out) with rung 28's contract. The
 registry entries `fused-conv-pool2-wgmma-{tc,3xfp16}` wrap it for fp32 input. Nothing here
 imports CuPy at module import time.
@@ -33,15 +33,16 @@ KERNEL = "fcp_wgmma"
 PRECISIONS: dict[str, int] = {"fp16": 0, "3xfp16": 3}  # -> FW_PREC
 POOL = 2
 MAX_M = 32  # wgmma N = 8 * n-tiles, written out for 1-4 n-tiles
-ROW_BYTES = 128  # one swizzled row: four 16-deep fp16 blocks
-BLOCKS_PER_ROW = 4
-ALIGN = 1024  # the swizzle's period: the kernel aligns the weights to it
+CORE_PAIR = 256  # two 8 x 16-byte core matrices: 8 channels x 16 k
+ALIGN = 128  # FW_ALIGN: the kernel aligns the weights to it
 SPACE: dict[str, list[int]] = {
     "wgs": [1, 2],  # warpgroups a block (they share the staged image and the weights)
     "minb": [1, 2],  # blocks per SM the registers must allow (__launch_bounds__)
     "bps": [0, 1, 2],  # persistent blocks per SM (0: as many as fit)
     "pitch": [0],  # staged row pitch in pixels (0: default_pitch)
+    "ring": [3, 4, 5, 6],  # A slots: ring - 1 commit groups (shifts) in flight
 }
+DEFAULT_RING = 4
 BLOCKS_PER_SM = 2  # one block stages its next image while the other computes
 _SUFFIX = {"fp16": "tc", "3xfp16": "3xfp16"}
 
@@ -55,10 +56,9 @@ class WgmmaPlan:
 
 
 def weight_bytes(shape: ConvShape, precision: str) -> int:
-    """The packed weights: parts x row groups of four (chunk, filter row) blocks."""
+    """The packed weights: parts x (chunk, filter row) blocks of NT x 2 core matrices."""
     _, _, chunks = fused_wide.run_layout(shape.C, shape.K, precision)
-    groups = ceil_div(chunks * shape.K, BLOCKS_PER_ROW)
-    return fused_wide.parts(precision) * groups * ceil_div(shape.M, 8) * 8 * ROW_BYTES
+    return fused_wide.parts(precision) * chunks * shape.K * ceil_div(shape.M, 8) * CORE_PAIR
 
 
 def smem_bytes(shape: ConvShape, precision: str, pitch: int, in_dtype: Any = "float32") -> int:
@@ -107,8 +107,9 @@ def _check_params(params: Mapping[str, Any]) -> None:
     for key, value in params.items():
         if not isinstance(value, int | np.integer) or value < 0:
             raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
-    if int(params.get("wgs") or 1) not in SPACE["wgs"]:
-        raise InputError(f"fcp_wgmma: wgs must be one of {SPACE['wgs']}, got {params['wgs']}")
+    for key in ("wgs", "ring"):
+        if params.get(key) and params[key] not in SPACE[key]:
+            raise InputError(f"fcp_wgmma: {key} must be one of {SPACE[key]}, got {params[key]}")
 
 
 def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None = None,
@@ -130,33 +131,26 @@ def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | Non
 
 
 def wgmma_blocks(w: np.ndarray, precision: str) -> np.ndarray:
-    """Weights (M, C, K, K) as the kernel's B operand: uint16 (parts, groups, 8 NT, 64), the
+    """Weights (M, C, K, K) as the kernel's B operand: uint16 (parts, J, K, NT, 2, 8, 8), the
     fp16 bits of w (3xfp16: hi and lo of w * 2^weight_exponent(w)).
 
     Block (j, p) (k-chunk j of filter row p's (q, c) run, 16 deep, rung 28's run order) is
-    quarter (j K + p) % 4 of row group (j K + p) // 4: channel n's 16 values are bytes
-    32 ((j K + p) % 4) .. + 31 of row n, and each row's 16-byte pieces are swizzled as wgmma
-    reads them (piece i stored at i ^ (n % 8))."""
+    block j K + K - 1 - p: the filter rows fall, so that p = s and s - 1 are one B operand of
+    16 NT rows. A block is NT x 2 core matrices of 8 channels x 8 k (128 bytes each, the
+    second 8 k 128 bytes after the first, the next 8 channels 256 bytes on)."""
     M, C, K, _ = w.shape
     cs, ch, chunks = fused_wide.run_layout(C, K, precision)
-    n8 = ceil_div(M, 8) * 8
-    taps = np.zeros((n8, K, K, cs), np.float32)  # (m, p, q, c)
+    nt = ceil_div(M, 8)
+    taps = np.zeros((nt * 8, K, K, cs), np.float32)  # (m, p, q, c)
     taps[:M, :, :, :C] = np.asarray(w, np.float32).transpose(0, 2, 3, 1)
-    run = np.zeros((n8, K, chunks * ch), np.float32)
-    run[:, :, :K * cs] = taps.reshape(n8, K, K * cs)
-    blocks = run.reshape(n8, K, chunks, ch).transpose(2, 1, 0, 3).reshape(chunks * K, n8, ch)
-    groups = ceil_div(chunks * K, BLOCKS_PER_ROW)
-    padded = np.zeros((groups * BLOCKS_PER_ROW, n8, ch), np.float32)
-    padded[:chunks * K] = blocks
-    rows = padded.reshape(groups, BLOCKS_PER_ROW, n8, ch).transpose(0, 2, 1, 3)
-    rows = rows.reshape(groups, n8, ROW_BYTES // 16, 8)  # 16-byte pieces of 8 values
-    piece = np.arange(ROW_BYTES // 16)[None, :] ^ (np.arange(n8)[:, None] % 8)  # (n, i)
-    swizzled = np.empty_like(rows)
-    swizzled[:, np.arange(n8)[:, None], piece] = rows
-    swizzled = swizzled.reshape(groups, n8, ROW_BYTES // 2)
+    run = np.zeros((nt * 8, K, chunks * ch), np.float32)
+    run[:, :, :K * cs] = taps.reshape(nt * 8, K, K * cs)
+    # (nt, row, p, j, half, e) -> (j, p falling, nt, half, row, e)
+    blocks = run.reshape(nt, 8, K, chunks, 2, 8).transpose(3, 2, 0, 4, 1, 5)[:, ::-1]
+    blocks = np.ascontiguousarray(blocks)
     if precision == "fp16":
-        return swizzled.astype(np.float16).view(np.uint16)[None]
-    scaled = swizzled * np.float32(2.0 ** fused_wide.weight_exponent(w))  # exact
+        return blocks.astype(np.float16).view(np.uint16)[None]
+    scaled = blocks * np.float32(2.0 ** fused_wide.weight_exponent(w))  # exact
     hi = scaled.astype(np.float16)
     lo = (scaled - hi.astype(np.float32)).astype(np.float16)  # the difference is exact
     return np.stack([hi.view(np.uint16), lo.view(np.uint16)])
@@ -230,6 +224,7 @@ def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
         "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_dtype == "float16"),
         "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_WS": pitch,
         "FW_M": shape.M, "FW_K": shape.K, "FW_WGS": wgs,
+        "FW_RING": int(params.get("ring") or DEFAULT_RING),
         "FW_MINB": int(params.get("minb") or max(1, min(BLOCKS_PER_SM,
                                                          SM_SMEM_BYTES // (smem + 1024) // wgs))),
     }

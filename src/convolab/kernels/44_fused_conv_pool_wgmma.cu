@@ -10,18 +10,19 @@
 //   * The A operand comes from registers, loaded exactly as rung 28 loads it (fw_rows, fw_lda):
 //     warp w of a warpgroup holds rows 16w..16w+15 of the 64, which are rung 28's unit 4G + w
 //     (8 pool windows x left/right output), so one wgmma m-tile is 4 of rung 28's units.
-//   * The weights of chunk j and filter row p are one 16-deep B block (N = 8 NT channels, k
-//     in rung 28's (q, c) run order); the host packs four such blocks side by side into the
-//     128-byte swizzled rows that the descriptor reads (wgmma_core.cuh): K-major, 8-row
-//     groups 1024 bytes apart, the k-step a 32-byte step along the row.
-//   * Each shift s (input row s of the unit) is one commit group: the tiles i with filter row
-//     p = s - i take their wgmmas from the same A registers. A ring of three A slots lets the
-//     warps load shift s + 1 while s runs (a slot is rewritten only after wait_group 1 has
-//     retired the group that read it).
-//   * 3xfp16 (FW_PREC 3, exact): rung 28b's scaled hi + lo split; each k-chunk's sum starts
-//     from zero (scale-d 0 on its first wgmma) in one of two accumulator sets, and is added
-//     into an fp32 total once the next chunk's first group has been issued and the chunk
-//     retired: the adds overlap the next chunk's MMAs.
+//   * Input row s of the unit (shift s) feeds tile 0 (the windows' top output row) at filter
+//     row p = s and tile 1 (bottom row) at p = s - 1. The host stores the weight blocks of a
+//     k-chunk in falling p, 8 NT channels x 16 k each, as 8 x 16-byte core matrices (no
+//     swizzle), so blocks p = s and s - 1 are one B of 16 NT rows: one wgmma of N = 16 NT
+//     computes both tiles (d = tile 0's channels, then tile 1's), half the instructions of
+//     one wgmma a tile; shifts 0 and K have one tile and take N = 8 NT.
+//   * Each shift is one commit group. FW_RING A slots let FW_RING - 1 groups run while the
+//     warps load the next shift's A (a slot is rewritten only after wait_group has retired the
+//     group that read it): the tensor cores' latency is hidden by groups in flight, not warps.
+//   * 3xfp16 (FW_PREC 3, exact): rung 28b's scaled hi + lo split, three wgmmas a shift; each
+//     k-chunk's sum starts from zero in one of two accumulator sets and is added into an fp32
+//     total once it has retired, FW_RING - 3 shifts into the next chunk, so the adds overlap
+//     the next chunk's MMAs.
 // The staging, pooled store and per-image scale are rung 28's (fused_wide_stage.cuh and the
 // precision's hooks); FW_WGS warpgroups a block share the staged image and the weights.
 
@@ -30,6 +31,9 @@
 #endif
 #ifndef FW_WGS
 #define FW_WGS 1  // warpgroups a block
+#endif
+#ifndef FW_RING
+#define FW_RING 4  // A slots: FW_RING - 1 commit groups in flight
 #endif
 #define FW_WARPS (4 * FW_WGS)
 #define FW_UNITS 1  // one unit a warp: its 16 rows of the warpgroup's 64
@@ -41,65 +45,24 @@
 #endif
 #include "fused_wide_stage.cuh"
 #include "wgmma_core.cuh"
+#include "wgmma_rs.cuh"
 
 static_assert(FW_PREC == 0 || FW_PREC == 3, "rung 44 runs fp16 (0) and 3xfp16 (3)");
-static_assert(FW_P == 2 && FW_RP == 1 && FW_UNITS == 1, "rung 44: units of one pooled row, pool 2");
+static_assert(FW_P == 2 && FW_RP == 1, "rung 44: units of one pooled row, pool 2");
 static_assert(!FW_PREFETCH, "rung 44 stages from global memory");
-static_assert(FW_NT >= 1 && FW_NT <= 4, "rung 44: wgmma N = 8 NT, M <= 32");
+static_assert(FW_NT >= 1 && FW_NT <= 4, "rung 44: wgmma N = 8 NT or 16 NT, M <= 32");
+static_assert(FW_RING >= 3 && FW_RING <= FW_K + 3, "rung 44: 3 <= FW_RING <= K + 3");
 
-#define FW_QS (FW_J * FW_K)                // B blocks: (chunk, filter row)
-#define FW_BTILES ((FW_QS + 3) / 4)        // four blocks a 128-byte row
-#define FW_BTILE_BYTES (FW_NT * 8 * 128)
-#define FW_BPART_BYTES (FW_BTILES * FW_BTILE_BYTES)
+#define FW_BLOCK_BYTES (FW_NT * 256)  // one (chunk, filter row) block: NT x 2 core matrices
+#define FW_BPART_BYTES (FW_J * FW_K * FW_BLOCK_BYTES)
 #define FW_B_BYTES (FW_PARTS * FW_BPART_BYTES)
-#define FW_NG ((FW_NUNITS + 3) / 4)        // m-tiles (4 units) of one image
+#define FW_NG ((FW_NUNITS + 3) / 4)  // m-tiles (4 units) of one image
 #define FW_STEPS (FW_J * FW_SHIFTS)
-// Dynamic shared memory: up to 1023 bytes to align the weights, the weights, the image(s).
-#define FW44_SMEM_BYTES (1024 + FW_B_BYTES + FW_IMG_BYTES)
+#define FW_ALIGN 128
+// Dynamic shared memory: the weights' alignment slack, the weights, the image(s).
+#define FW44_SMEM_BYTES (FW_ALIGN + FW_B_BYTES + FW_IMG_BYTES)
 
-// d (+)= a * B for one 64 x (8 NT) x 16 step: a (this thread's A quad) in registers, B by
-// descriptor; scale_d 0 starts d from zero.
-__device__ __forceinline__ void fw_wgmma(float (&d)[FW_NT][4], const FwA& a,
-                                         unsigned long long b, int scale_d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#if FW_NT == 1
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0, %1, %2, %3}, "
-               "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "r"(scale_d));
-#elif FW_NT == 2
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, "
-               "%6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "r"(scale_d));
-#elif FW_NT == 3
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, "
-               "%6, %7, %8, %9, %10, %11}, {%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                 "+f"(d[2][2]), "+f"(d[2][3])
-               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "r"(scale_d));
-#else
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, "
-               "%6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, "
-               "1, 1, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                 "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                 "+f"(d[3][3])
-               : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b), "r"(scale_d));
-#endif
-#else
-  __trap();  // the host builds this file for sm_90a only
-#endif
-}
-
-typedef float FwTile[FW_T][FW_NT][4];
+typedef float FwTile[FW_T][FW_NT][4];  // tile 0 then tile 1: what one N = 16 NT wgmma writes
 
 // Keeps the compiler from moving reads or writes of accumulators across the asynchronous
 // wgmmas that own them.
@@ -110,6 +73,15 @@ __device__ __forceinline__ void fw_hold(FwTile& d) {
     for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
       for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[i][n][r])::"memory");
+}
+
+__device__ __forceinline__ void fw_zero(FwTile& d) {
+#pragma unroll
+  for (int i = 0; i < FW_T; ++i)
+#pragma unroll
+    for (int n = 0; n < FW_NT; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) d[i][n][r] = 0.f;
 }
 
 // The A quads (hi; 3xfp16 also lo) of step st = (chunk j, shift s) for this lane's rows.
@@ -123,59 +95,63 @@ __device__ __forceinline__ void fw_load_step(FwA (&a)[FW_PARTS], const fw_t* img
     a[part] = fw_lda(lo + part * FW_IMG1, hi + part * FW_IMG1);
 }
 
-// One m-tile (4 units) of the image in img: total[i] = tile i's sums over every chunk.
-__device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const FwRows& rows,
-                                         FwTile& total) {
-#if FW_EXACT
-  FwTile acc[2];
+// d += a * (the weights of chunk j at shift s) for both tiles, or the one tile shifts 0 and K
+// have. bpart: the shared address of one weight part (hi or lo).
+__device__ __forceinline__ void fw_shift(FwTile& d, const FwA& a, unsigned bpart, int j,
+                                         int s) {
+  const int p = s < FW_K ? s : FW_K - 1;  // the block of filter row p, then p - 1 after it
+  const unsigned long long b = wg_desc_interleaved(
+      bpart + (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES, 128, 256);
+  if (s == 0)
+    wg_mma_rs<FW_NT>(d[0], a.r, b);
+  else if (s == FW_K)
+    wg_mma_rs<FW_NT>(d[1], a.r, b);
+  else
+    wg_mma_rs<2 * FW_NT>(reinterpret_cast<float(&)[2 * FW_NT][4]>(d), a.r, b);
+}
+
+// total += d, register by register.
+__device__ __forceinline__ void fw_add(FwTile& total, const FwTile& d) {
 #pragma unroll
   for (int i = 0; i < FW_T; ++i)
 #pragma unroll
     for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) total[i][n][r] = 0.f;
+      for (int r = 0; r < 4; ++r) total[i][n][r] += d[i][n][r];
+}
+
+// One m-tile (4 units) of the image in img: total[i] = tile i's sums over every chunk.
+__device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const FwRows& rows,
+                                         FwTile& total) {
+  fw_zero(total);
+#if FW_EXACT
+  FwTile acc[2];
 #else
   FwTile(&acc)[1] = reinterpret_cast<FwTile(&)[1]>(total);
 #endif
-  FwA a[3][FW_PARTS];  // the ring of A slots
+  FwA a[FW_RING][FW_PARTS];
   fw_load_step(a[0], img, rows, 0);
 #pragma unroll
   for (int st = 0; st < FW_STEPS; ++st) {
-    const int j = st / FW_SHIFTS, s = st % FW_SHIFTS, slot = st % 3;
+    const int j = st / FW_SHIFTS, s = st % FW_SHIFTS, slot = st % FW_RING;
     FwTile& d = acc[FW_EXACT ? j % 2 : 0];
+    if (FW_EXACT && s == 0) fw_zero(d);  // chunk j's sum starts from zero
     fw_hold(d);
     wg_fence();
-#pragma unroll
-    for (int i = 0; i < FW_T; ++i) {
-      const int p = s - i;
-      if (p < 0 || p >= FW_K) continue;
-      const int q = j * FW_K + p;
-      const unsigned long long b =
-          wg_desc(wsm + (q / 4) * FW_BTILE_BYTES) + 2ull * (q % 4);
-      const int first = p == 0 && (FW_EXACT || j == 0);  // the sum starts here
 #if FW_EXACT
-      const unsigned long long b_lo = b + (FW_BPART_BYTES >> 4);
-      fw_wgmma(d[i], a[slot][1], b, !first);  // the small products first
-      fw_wgmma(d[i], a[slot][0], b_lo, 1);
-      fw_wgmma(d[i], a[slot][0], b, 1);
-#else
-      fw_wgmma(d[i], a[slot][0], b, !first);
+    fw_shift(d, a[slot][1], wsm, j, s);  // the small products first
+    fw_shift(d, a[slot][0], wsm + FW_BPART_BYTES, j, s);
 #endif
-    }
+    fw_shift(d, a[slot][0], wsm, j, s);
     wg_commit();
-    if (st + 1 < FW_STEPS) fw_load_step(a[(st + 1) % 3], img, rows, st + 1);
-    wg_wait<1>();  // every group but this one has retired: slot (st + 2) % 3 is free
+    if (st + 1 < FW_STEPS) fw_load_step(a[(st + 1) % FW_RING], img, rows, st + 1);
+    wg_wait<FW_RING - 2>();  // the group that read slot (st + 2) % FW_RING has retired
     fw_hold(d);
 #if FW_EXACT
-    if (s == 0 && j > 0) {  // chunk j - 1 has retired
+    if (s == FW_RING - 3 && j > 0) {  // chunk j - 1 has retired
       FwTile& prev = acc[(j + 1) % 2];
       fw_hold(prev);
-#pragma unroll
-      for (int i = 0; i < FW_T; ++i)
-#pragma unroll
-        for (int n = 0; n < FW_NT; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) total[i][n][r] += prev[i][n][r];
+      fw_add(total, prev);
     }
 #endif
   }
@@ -183,12 +159,7 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
 #if FW_EXACT
   FwTile& last = acc[(FW_J - 1) % 2];
   fw_hold(last);
-#pragma unroll
-  for (int i = 0; i < FW_T; ++i)
-#pragma unroll
-    for (int n = 0; n < FW_NT; ++n)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) total[i][n][r] += last[i][n][r];
+  fw_add(total, last);
 #else
   fw_hold(total);
 #endif
@@ -202,7 +173,7 @@ fcp_wgmma(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
           const float* __restrict__ bias, float* __restrict__ y, int batch, float w_unscale) {
   extern __shared__ __align__(16) unsigned char fw_smem[];
   const unsigned base = (unsigned)__cvta_generic_to_shared(fw_smem);
-  const unsigned pad = (1024u - (base & 1023u)) & 1023u;
+  const unsigned pad = (FW_ALIGN - (base & (FW_ALIGN - 1))) & (FW_ALIGN - 1);
   unsigned char* wsm_p = fw_smem + pad;
   for (int i = threadIdx.x; i < FW_B_BYTES / 16; i += FW_THREADS)
     reinterpret_cast<uint4*>(wsm_p)[i] = __ldg(wpack + i);

@@ -1,7 +1,8 @@
 // The warpgroup MMA's (wgmma, sm_90a) primitives that every wgmma kernel shares: the fence,
 // commit and wait of its asynchronous groups, the proxy fence that lets it read what ordinary
-// stores wrote to shared memory, and the descriptor of a K-major operand in the 128-byte
-// swizzle (rows of 128 bytes, 8-row groups 1024 bytes apart, the group 1024-byte aligned).
+// stores wrote to shared memory, and the descriptors of a K-major operand: in the 128-byte
+// swizzle (rows of 128 bytes, 8-row groups 1024 bytes apart, the group 1024-byte aligned) or
+// without swizzle (core matrices of 8 rows x 16 bytes).
 #pragma once
 
 __device__ __forceinline__ void wg_fence() {
@@ -35,4 +36,13 @@ __device__ __forceinline__ void wg_proxy_fence() {
 __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr) {
   return (unsigned long long)((saddr & 0x3FFFF) >> 4) | (1ull << 16) |
          ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// Descriptor of a K-major operand without swizzle: 8 x 16-byte core matrices, each 128
+// contiguous bytes; lbo bytes from one to the next along k, sbo bytes to the next 8 rows
+// (layout 0).
+__device__ __forceinline__ unsigned long long wg_desc_interleaved(unsigned saddr, unsigned lbo,
+                                                                  unsigned sbo) {
+  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32);
 }
