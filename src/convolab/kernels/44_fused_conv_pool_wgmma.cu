@@ -11,11 +11,9 @@
 //     warp w of a warpgroup holds rows 16w..16w+15 of the 64, which are rung 28's unit 4G + w
 //     (8 pool windows x left/right output), so one wgmma m-tile is 4 of rung 28's units.
 //   * Input row s of the unit (shift s) feeds tile 0 (the windows' top output row) at filter
-//     row p = s and tile 1 (bottom row) at p = s - 1. The host stores the weight blocks of a
-//     k-chunk in falling p, 8 NT channels x 16 k each, as 8 x 16-byte core matrices (no
-//     swizzle), so blocks p = s and s - 1 are one B of 16 NT rows: one wgmma of N = 16 NT
-//     computes both tiles (d = tile 0's channels, then tile 1's), half the instructions of
-//     one wgmma a tile; shifts 0 and K have one tile and take N = 8 NT.
+//     row p = s and tile 1 (bottom row) at p = s - 1, one wgmma of N = 8 NT each from the same
+//     A registers. The host stores the weight blocks (chunk j, filter row p: 8 NT channels x
+//     16 k) as 8 x 16-byte core matrices without swizzle, filter rows falling.
 //   * Each shift is one commit group. FW_RING A slots let FW_RING - 1 groups run while the
 //     warps load the next shift's A (a slot is rewritten only after wait_group has retired the
 //     group that read it): the tensor cores' latency is hidden by groups in flight, not warps.
@@ -62,7 +60,7 @@ static_assert(FW_RING >= 3 && FW_RING <= FW_K + 3, "rung 44: 3 <= FW_RING <= K +
 // Dynamic shared memory: the weights' alignment slack, the weights, the image(s).
 #define FW44_SMEM_BYTES (FW_ALIGN + FW_B_BYTES + FW_IMG_BYTES)
 
-typedef float FwTile[FW_T][FW_NT][4];  // tile 0 then tile 1: what one N = 16 NT wgmma writes
+typedef float FwTile[FW_T][FW_NT][4];  // [tile][n-tile][register]
 
 // Keeps the compiler from moving reads or writes of accumulators across the asynchronous
 // wgmmas that own them.
@@ -95,19 +93,20 @@ __device__ __forceinline__ void fw_load_step(FwA (&a)[FW_PARTS], const fw_t* img
     a[part] = fw_lda(lo + part * FW_IMG1, hi + part * FW_IMG1);
 }
 
-// d += a * (the weights of chunk j at shift s) for both tiles, or the one tile shifts 0 and K
-// have. bpart: the shared address of one weight part (hi or lo).
+// d += a * (the weights of chunk j at shift s): tile 0 at filter row s, tile 1 at s - 1, one
+// wgmma of N = 8 NT each. bpart: the shared address of one weight part (hi or lo). Each
+// tile's accumulators are always the same instruction operand: one wgmma of N = 16 NT over
+// both tiles would reuse tile 1's registers at other positions than a tile-1-only one, and
+// ptxas then serializes every wgmma (measured: 1.75 ms against 1.26 on eecs498's conv2).
 __device__ __forceinline__ void fw_shift(FwTile& d, const FwA& a, unsigned bpart, int j,
                                          int s) {
-  const int p = s < FW_K ? s : FW_K - 1;  // the block of filter row p, then p - 1 after it
-  const unsigned long long b = wg_desc_interleaved(
-      bpart + (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES, 128, 256);
-  if (s == 0)
-    wg_mma_rs<FW_NT>(d[0], a.r, b);
-  else if (s == FW_K)
-    wg_mma_rs<FW_NT>(d[1], a.r, b);
-  else
-    wg_mma_rs<2 * FW_NT>(reinterpret_cast<float(&)[2 * FW_NT][4]>(d), a.r, b);
+#pragma unroll
+  for (int i = 0; i < FW_T; ++i) {
+    const int p = s - i;
+    if (p < 0 || p >= FW_K) continue;
+    wg_mma_rs<FW_NT>(d[i], a.r, wg_desc_interleaved(
+        bpart + (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES, 128, 256));
+  }
 }
 
 // total += d, register by register.
