@@ -16,11 +16,15 @@
 //     16 k) as 8 x 16-byte core matrices without swizzle, filter rows falling.
 //   * Each shift is one commit group. FW_RING A slots let FW_RING - 1 groups run while the
 //     warps load the next shift's A (a slot is rewritten only after wait_group has retired the
-//     group that read it): the tensor cores' latency is hidden by groups in flight, not warps.
-//   * 3xfp16 (FW_PREC 3, exact): rung 28b's scaled hi + lo split, three wgmmas a shift; each
-//     k-chunk's sum starts from zero in one of two accumulator sets and is added into an fp32
-//     total once it has retired, FW_RING - 3 shifts into the next chunk, so the adds overlap
-//     the next chunk's MMAs.
+//     group that read it).
+//   * What sets the pace is not the groups in flight but the chains of wgmmas into one set of
+//     accumulators: a wgmma of N = 24 takes ~12 cycles of the tensor cores, but the next one
+//     into the same registers waits ~100 for it (measured: the ring depth 3-6 did not move
+//     the time; fp16 took ~120 cycles a shift, 3xfp16 with three wgmmas a tile ~300). So a
+//     tile keeps FW_SETS independent accumulator sets: fp16 alternates shifts between them,
+//     3xfp16 gives each of its three products (lo x hi, hi x lo, hi x hi of rung 28b's scaled
+//     split) its own; each k-chunk's three sums start from zero and go into the fp32 total at
+//     the chunk's end, once the chunk has retired.
 // The staging, pooled store and per-image scale are rung 28's (fused_wide_stage.cuh and the
 // precision's hooks); FW_WGS warpgroups a block share the staged image and the weights.
 
@@ -32,6 +36,9 @@
 #endif
 #ifndef FW_RING
 #define FW_RING 4  // A slots: FW_RING - 1 commit groups in flight
+#endif
+#ifndef FW_SETS
+#define FW_SETS (FW_PREC == 3 ? 3 : 2)  // accumulator sets a tile: independent wgmma chains
 #endif
 #define FW_WARPS (4 * FW_WGS)
 #define FW_UNITS 1  // one unit a warp: its 16 rows of the warpgroup's 64
@@ -49,7 +56,8 @@ static_assert(FW_PREC == 0 || FW_PREC == 3, "rung 44 runs fp16 (0) and 3xfp16 (3
 static_assert(FW_P == 2 && FW_RP == 1, "rung 44: units of one pooled row, pool 2");
 static_assert(!FW_PREFETCH, "rung 44 stages from global memory");
 static_assert(FW_NT >= 1 && FW_NT <= 4, "rung 44: wgmma N = 8 NT or 16 NT, M <= 32");
-static_assert(FW_RING >= 3 && FW_RING <= FW_K + 3, "rung 44: 3 <= FW_RING <= K + 3");
+static_assert(FW_RING >= 3, "rung 44: FW_RING >= 3");
+static_assert(FW_PREC == 0 || FW_SETS == 3, "rung 44: 3xfp16 keeps one set a product");
 
 #define FW_BLOCK_BYTES (FW_NT * 256)  // one (chunk, filter row) block: NT x 2 core matrices
 #define FW_BPART_BYTES (FW_J * FW_K * FW_BLOCK_BYTES)
@@ -122,45 +130,52 @@ __device__ __forceinline__ void fw_add(FwTile& total, const FwTile& d) {
 // One m-tile (4 units) of the image in img: total[i] = tile i's sums over every chunk.
 __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const FwRows& rows,
                                          FwTile& total) {
+  FwTile acc[FW_SETS];
+#pragma unroll
+  for (int k = 0; k < FW_SETS; ++k) fw_zero(acc[k]);
   fw_zero(total);
-#if FW_EXACT
-  FwTile acc[2];
-#else
-  FwTile(&acc)[1] = reinterpret_cast<FwTile(&)[1]>(total);
-#endif
   FwA a[FW_RING][FW_PARTS];
   fw_load_step(a[0], img, rows, 0);
 #pragma unroll
   for (int st = 0; st < FW_STEPS; ++st) {
-    const int j = st / FW_SHIFTS, s = st % FW_SHIFTS, slot = st % FW_RING;
-    FwTile& d = acc[FW_EXACT ? j % 2 : 0];
-    if (FW_EXACT && s == 0) fw_zero(d);  // chunk j's sum starts from zero
-    fw_hold(d);
+    const int s = st % FW_SHIFTS, j = st / FW_SHIFTS, slot = st % FW_RING;
+#pragma unroll
+    for (int k = 0; k < FW_SETS; ++k) fw_hold(acc[k]);
     wg_fence();
 #if FW_EXACT
-    fw_shift(d, a[slot][1], wsm, j, s);  // the small products first
-    fw_shift(d, a[slot][0], wsm + FW_BPART_BYTES, j, s);
+    fw_shift(acc[0], a[slot][1], wsm, j, s);  // lo x hi
+    fw_shift(acc[1], a[slot][0], wsm + FW_BPART_BYTES, j, s);  // hi x lo
+    fw_shift(acc[2], a[slot][0], wsm, j, s);  // hi x hi
+#else
+    fw_shift(acc[st % FW_SETS], a[slot][0], wsm, j, s);
 #endif
-    fw_shift(d, a[slot][0], wsm, j, s);
     wg_commit();
     if (st + 1 < FW_STEPS) fw_load_step(a[(st + 1) % FW_RING], img, rows, st + 1);
-    wg_wait<FW_RING - 2>();  // the group that read slot (st + 2) % FW_RING has retired
-    fw_hold(d);
-#if FW_EXACT
-    if (s == FW_RING - 3 && j > 0) {  // chunk j - 1 has retired
-      FwTile& prev = acc[(j + 1) % 2];
-      fw_hold(prev);
-      fw_add(total, prev);
+    if (FW_EXACT && s == FW_SHIFTS - 1) {
+      // The chunk's three sums, each from zero, into the fp32 total (small products first).
+      wg_wait<0>();
+#pragma unroll
+      for (int k = 0; k < FW_SETS; ++k) fw_hold(acc[k]);
+#pragma unroll
+      for (int i = 0; i < FW_T; ++i)
+#pragma unroll
+        for (int n = 0; n < FW_NT; ++n)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            total[i][n][r] += (acc[0][i][n][r] + acc[1][i][n][r]) + acc[2][i][n][r];
+            acc[0][i][n][r] = acc[1][i][n][r] = acc[2][i][n][r] = 0.f;
+          }
+    } else {
+      wg_wait<FW_RING - 2>();  // the group that read slot (st + 2) % FW_RING has retired
     }
-#endif
   }
+#if !FW_EXACT
   wg_wait<0>();
-#if FW_EXACT
-  FwTile& last = acc[(FW_J - 1) % 2];
-  fw_hold(last);
-  fw_add(total, last);
-#else
-  fw_hold(total);
+#pragma unroll
+  for (int k = 0; k < FW_SETS; ++k) {
+    fw_hold(acc[k]);
+    fw_add(total, acc[k]);
+  }
 #endif
 }
 
