@@ -40,10 +40,10 @@ SPACE: dict[str, list[int]] = {
     "minb": [1, 2],  # blocks per SM the registers must allow (__launch_bounds__)
     "bps": [0, 1, 2],  # persistent blocks per SM (0: as many as fit)
     "pitch": [0],  # staged row pitch in pixels (0: default_pitch)
-    "ring": [3, 4, 5, 6],  # A slots: ring - 1 commit groups (shifts) in flight
-    "sets": [1, 2, 3],  # fp16: accumulator sets a tile (independent wgmma chains; 3xfp16: 3)
+    "ring": [3, 4, 5, 6],  # A slots: ring - 1 commit groups (shifts) in flight (0: DEFAULT_RING)
 }
-DEFAULT_RING = 4
+# 3xfp16 at 4 slots spills (ptxas, 255 registers at two blocks an SM); 5 does not.
+DEFAULT_RING = {"fp16": 4, "3xfp16": 5}
 BLOCKS_PER_SM = 2  # one block stages its next image while the other computes
 _SUFFIX = {"fp16": "tc", "3xfp16": "3xfp16"}
 
@@ -108,7 +108,7 @@ def _check_params(params: Mapping[str, Any]) -> None:
     for key, value in params.items():
         if not isinstance(value, int | np.integer) or value < 0:
             raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
-    for key in ("wgs", "ring", "sets"):
+    for key in ("wgs", "ring"):
         if params.get(key) and params[key] not in SPACE[key]:
             raise InputError(f"fcp_wgmma: {key} must be one of {SPACE[key]}, got {params[key]}")
 
@@ -132,13 +132,14 @@ def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | Non
 
 
 def wgmma_blocks(w: np.ndarray, precision: str) -> np.ndarray:
-    """Weights (M, C, K, K) as the kernel's B operand: uint16 (parts, J, K, NT, 2, 8, 8), the
-    fp16 bits of w (3xfp16: hi and lo of w * 2^weight_exponent(w)).
+    """Weights (M, C, K, K) as the kernel's B operand: uint16 (J, K, parts, NT, 2, 8, 8), the
+    fp16 bits of w (3xfp16: lo then hi of w * 2^weight_exponent(w)).
 
     Block (j, p) (k-chunk j of filter row p's (q, c) run, 16 deep, rung 28's run order) is
-    block j K + K - 1 - p: the filter rows fall, so that p = s and s - 1 are one B operand of
-    16 NT rows. A block is NT x 2 core matrices of 8 channels x 8 k (128 bytes each, the
-    second 8 k 128 bytes after the first, the next 8 channels 256 bytes on)."""
+    block j K + K - 1 - p: the filter rows fall, so that fp16's blocks p = s and s - 1 are one
+    B operand of 16 NT rows, and 3xfp16's lo and hi parts of a block one of [lo | hi]. A part
+    is NT x 2 core matrices of 8 channels x 8 k (128 bytes each, the second 8 k 128 bytes after
+    the first, the next 8 channels 256 bytes on)."""
     M, C, K, _ = w.shape
     cs, ch, chunks = fused_wide.run_layout(C, K, precision)
     nt = ceil_div(M, 8)
@@ -150,11 +151,11 @@ def wgmma_blocks(w: np.ndarray, precision: str) -> np.ndarray:
     blocks = run.reshape(nt, 8, K, chunks, 2, 8).transpose(3, 2, 0, 4, 1, 5)[:, ::-1]
     blocks = np.ascontiguousarray(blocks)
     if precision == "fp16":
-        return blocks.astype(np.float16).view(np.uint16)[None]
+        return blocks.astype(np.float16).view(np.uint16)[:, :, None]
     scaled = blocks * np.float32(2.0 ** fused_wide.weight_exponent(w))  # exact
     hi = scaled.astype(np.float16)
     lo = (scaled - hi.astype(np.float32)).astype(np.float16)  # the difference is exact
-    return np.stack([hi.view(np.uint16), lo.view(np.uint16)])
+    return np.stack([lo.view(np.uint16), hi.view(np.uint16)], axis=2)
 
 
 def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str, Any],
@@ -225,9 +226,7 @@ def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
         "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_dtype == "float16"),
         "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_WS": pitch,
         "FW_M": shape.M, "FW_K": shape.K, "FW_WGS": wgs,
-        "FW_RING": int(params.get("ring") or DEFAULT_RING),
-        **({"FW_SETS": int(params["sets"])} if params.get("sets") and precision == "fp16"
-           else {}),
+        "FW_RING": int(params.get("ring") or DEFAULT_RING[precision]),
         "FW_MINB": int(params.get("minb") or max(1, min(BLOCKS_PER_SM,
                                                          SM_SMEM_BYTES // (smem + 1024) // wgs))),
     }

@@ -35,10 +35,7 @@
 #define FW_WGS 1  // warpgroups a block
 #endif
 #ifndef FW_RING
-#define FW_RING 4  // A slots: FW_RING - 1 commit groups in flight
-#endif
-#ifndef FW_SETS
-#define FW_SETS (FW_PREC == 3 ? 3 : 2)  // accumulator sets a tile: independent wgmma chains
+#define FW_RING 5  // A slots: FW_RING - 1 commit groups in flight
 #endif
 #define FW_WARPS (4 * FW_WGS)
 #define FW_UNITS 1  // one unit a warp: its 16 rows of the warpgroup's 64
@@ -57,11 +54,11 @@ static_assert(FW_P == 2 && FW_RP == 1, "rung 44: units of one pooled row, pool 2
 static_assert(!FW_PREFETCH, "rung 44 stages from global memory");
 static_assert(FW_NT >= 1 && FW_NT <= 4, "rung 44: wgmma N = 8 NT or 16 NT, M <= 32");
 static_assert(FW_RING >= 3, "rung 44: FW_RING >= 3");
-static_assert(FW_PREC == 0 || FW_SETS == 3, "rung 44: 3xfp16 keeps one set a product");
 
-#define FW_BLOCK_BYTES (FW_NT * 256)  // one (chunk, filter row) block: NT x 2 core matrices
-#define FW_BPART_BYTES (FW_J * FW_K * FW_BLOCK_BYTES)
-#define FW_B_BYTES (FW_PARTS * FW_BPART_BYTES)
+#define FW_CORE2 256                          // two core matrices: 8 channels x 16 k
+#define FW_PART_BYTES (FW_NT * FW_CORE2)      // one part of a (chunk, filter row) block
+#define FW_BLOCK_BYTES (FW_PARTS * FW_PART_BYTES)
+#define FW_B_BYTES (FW_J * FW_K * FW_BLOCK_BYTES)
 #define FW_NG ((FW_NUNITS + 3) / 4)  // m-tiles (4 units) of one image
 #define FW_STEPS (FW_J * FW_SHIFTS)
 #define FW_ALIGN 128
@@ -72,22 +69,20 @@ typedef float FwTile[FW_T][FW_NT][4];  // [tile][n-tile][register]
 
 // Keeps the compiler from moving reads or writes of accumulators across the asynchronous
 // wgmmas that own them.
-__device__ __forceinline__ void fw_hold(FwTile& d) {
+template <int R>
+__device__ __forceinline__ void fw_hold(float (&d)[R][4]) {
 #pragma unroll
-  for (int i = 0; i < FW_T; ++i)
+  for (int n = 0; n < R; ++n)
 #pragma unroll
-    for (int n = 0; n < FW_NT; ++n)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[i][n][r])::"memory");
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[n][r])::"memory");
 }
 
-__device__ __forceinline__ void fw_zero(FwTile& d) {
+template <int R>
+__device__ __forceinline__ void fw_zero(float (&d)[R][4]) {
 #pragma unroll
-  for (int i = 0; i < FW_T; ++i)
+  for (int n = 0; n < R; ++n)
 #pragma unroll
-    for (int n = 0; n < FW_NT; ++n)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) d[i][n][r] = 0.f;
+    for (int r = 0; r < 4; ++r) d[n][r] = 0.f;
 }
 
 // The A quads (hi; 3xfp16 also lo) of step st = (chunk j, shift s) for this lane's rows.
@@ -101,81 +96,127 @@ __device__ __forceinline__ void fw_load_step(FwA (&a)[FW_PARTS], const fw_t* img
     a[part] = fw_lda(lo + part * FW_IMG1, hi + part * FW_IMG1);
 }
 
-// d += a * (the weights of chunk j at shift s): tile 0 at filter row s, tile 1 at s - 1, one
-// wgmma of N = 8 NT each. bpart: the shared address of one weight part (hi or lo). Each
-// tile's accumulators are always the same instruction operand: one wgmma of N = 16 NT over
-// both tiles would reuse tile 1's registers at other positions than a tile-1-only one, and
-// ptxas then serializes every wgmma (measured: 1.75 ms against 1.26 on eecs498's conv2).
-__device__ __forceinline__ void fw_shift(FwTile& d, const FwA& a, unsigned bpart, int j,
-                                         int s) {
+// The B descriptor of block (chunk j, filter row p) from part `part` on (3xfp16: lo 0, hi 1),
+// over N = 8 NT rows a part that follows.
+__device__ __forceinline__ unsigned long long fw_b(unsigned wsm, int j, int p, int part) {
+  return wg_desc_interleaved(
+      wsm + (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES + part * FW_PART_BYTES, 128, FW_CORE2);
+}
+
+#if FW_EXACT
+// 3xfp16: per tile, lo x hi in `small` (N = 8 NT) and hi x [lo | hi] in `big` (one wgmma of
+// N = 16 NT: the block's lo and hi parts are adjacent), each chunk's sums from zero.
+struct FwAcc {
+  float small[FW_T][FW_NT][4];
+  float big[FW_T][2 * FW_NT][4];
+};
+
+__device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
 #pragma unroll
   for (int i = 0; i < FW_T; ++i) {
-    const int p = s - i;
-    if (p < 0 || p >= FW_K) continue;
-    wg_mma_rs<FW_NT>(d[i], a.r, wg_desc_interleaved(
-        bpart + (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES, 128, 256));
+    fw_hold(c.small[i]);
+    fw_hold(c.big[i]);
   }
 }
 
-// total += d, register by register.
-__device__ __forceinline__ void fw_add(FwTile& total, const FwTile& d) {
+__device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm,
+                                        int j, int s) {
 #pragma unroll
-  for (int i = 0; i < FW_T; ++i)
+  for (int i = 0; i < FW_T; ++i) {
+    const int p = s - i;  // tile 0 (top output row) at filter row s, tile 1 at s - 1
+    if (p < 0 || p >= FW_K) continue;
+    wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b(wsm, j, p, 1));
+    wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b(wsm, j, p, 0));
+  }
+}
+
+// After the chunk has retired: its sums into the fp32 total (small products first), and the
+// sets back to zero.
+__device__ __forceinline__ void fw_chunk_end(FwAcc& c, FwTile& total) {
+#pragma unroll
+  for (int i = 0; i < FW_T; ++i) {
 #pragma unroll
     for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) total[i][n][r] += d[i][n][r];
+      for (int r = 0; r < 4; ++r)
+        total[i][n][r] += (c.small[i][n][r] + c.big[i][n][r]) + c.big[i][FW_NT + n][r];
+    fw_zero(c.small[i]);
+    fw_zero(c.big[i]);
+  }
 }
+#else
+// fp16: shifts 1..K-1 feed both tiles from one wgmma of N = 16 NT (blocks p = s and s - 1 are
+// adjacent: d = [tile 0 | tile 1]); shift 0 (tile 0 alone) and K (tile 1 alone) take N = 8 NT
+// into sets of their own, so that every accumulator register always sits at the same operand
+// position (tile 1's registers in a tile-1-only wgmma made ptxas serialize every wgmma).
+struct FwAcc {
+  float pair[2 * FW_NT][4];
+  float edge[FW_T][FW_NT][4];
+};
+
+__device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
+  fw_hold(c.pair);
+#pragma unroll
+  for (int i = 0; i < FW_T; ++i) fw_hold(c.edge[i]);
+}
+
+__device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm,
+                                        int j, int s) {
+  if (s == 0)
+    wg_mma_rs<FW_NT>(c.edge[0], a[0].r, fw_b(wsm, j, 0, 0));
+  else if (s == FW_K)
+    wg_mma_rs<FW_NT>(c.edge[1], a[0].r, fw_b(wsm, j, FW_K - 1, 0));
+  else
+    wg_mma_rs<2 * FW_NT>(c.pair, a[0].r, fw_b(wsm, j, s, 0));
+}
+#endif
 
 // One m-tile (4 units) of the image in img: total[i] = tile i's sums over every chunk.
 __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const FwRows& rows,
                                          FwTile& total) {
-  FwTile acc[FW_SETS];
+  FwAcc c;
+#if FW_EXACT
 #pragma unroll
-  for (int k = 0; k < FW_SETS; ++k) fw_zero(acc[k]);
-  fw_zero(total);
+  for (int i = 0; i < FW_T; ++i) {
+    fw_zero(c.small[i]);
+    fw_zero(c.big[i]);
+    fw_zero(total[i]);
+  }
+#else
+  fw_zero(c.pair);
+  fw_zero(c.edge[0]);
+  fw_zero(c.edge[1]);
+#endif
   FwA a[FW_RING][FW_PARTS];
   fw_load_step(a[0], img, rows, 0);
 #pragma unroll
   for (int st = 0; st < FW_STEPS; ++st) {
-    const int s = st % FW_SHIFTS, j = st / FW_SHIFTS, slot = st % FW_RING;
-#pragma unroll
-    for (int k = 0; k < FW_SETS; ++k) fw_hold(acc[k]);
+    const int s = st % FW_SHIFTS, j = st / FW_SHIFTS;
+    fw_hold_acc(c);
     wg_fence();
-#if FW_EXACT
-    fw_shift(acc[0], a[slot][1], wsm, j, s);  // lo x hi
-    fw_shift(acc[1], a[slot][0], wsm + FW_BPART_BYTES, j, s);  // hi x lo
-    fw_shift(acc[2], a[slot][0], wsm, j, s);  // hi x hi
-#else
-    fw_shift(acc[st % FW_SETS], a[slot][0], wsm, j, s);
-#endif
+    fw_step(c, a[st % FW_RING], wsm, j, s);
     wg_commit();
     if (st + 1 < FW_STEPS) fw_load_step(a[(st + 1) % FW_RING], img, rows, st + 1);
     if (FW_EXACT && s == FW_SHIFTS - 1) {
-      // The chunk's three sums, each from zero, into the fp32 total (small products first).
       wg_wait<0>();
-#pragma unroll
-      for (int k = 0; k < FW_SETS; ++k) fw_hold(acc[k]);
-#pragma unroll
-      for (int i = 0; i < FW_T; ++i)
-#pragma unroll
-        for (int n = 0; n < FW_NT; ++n)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            total[i][n][r] += (acc[0][i][n][r] + acc[1][i][n][r]) + acc[2][i][n][r];
-            acc[0][i][n][r] = acc[1][i][n][r] = acc[2][i][n][r] = 0.f;
-          }
+      fw_hold_acc(c);
+#if FW_EXACT
+      fw_chunk_end(c, total);
+#endif
     } else {
       wg_wait<FW_RING - 2>();  // the group that read slot (st + 2) % FW_RING has retired
     }
   }
 #if !FW_EXACT
   wg_wait<0>();
+  fw_hold_acc(c);
 #pragma unroll
-  for (int k = 0; k < FW_SETS; ++k) {
-    fw_hold(acc[k]);
-    fw_add(total, acc[k]);
-  }
+  for (int n = 0; n < FW_NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      total[0][n][r] = c.pair[n][r] + c.edge[0][n][r];
+      total[1][n][r] = c.pair[FW_NT + n][r] + c.edge[1][n][r];
+    }
 #endif
 }
 
