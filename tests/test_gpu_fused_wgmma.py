@@ -167,7 +167,8 @@ def test_3xfp16_on_a_wide_dynamic_range(case: int, rng: np.random.Generator) -> 
 @pytest.mark.gpu
 @pytest.mark.parametrize("params", [{"wgs": 2}, {"wgs": 2, "minb": 1}, {"bps": 1},
                                     {"pitch": 29}, {"pitch": 35}, {"minb": 1, "bps": 2},
-                                    {"ring": 4}, {"ring": 6, "wgs": 2}])
+                                    {"ring": 4}, {"ring": 6, "wgs": 2}, {"sum": 1},
+                                    {"sum": 6, "ring": 3}])
 def test_tunable_parameters_keep_the_result(params: dict[str, int],
                                             rng: np.random.Generator) -> None:
     shape = dataclasses.replace(EECS498_CONV2, B=19)

@@ -41,7 +41,9 @@ SPACE: dict[str, list[int]] = {
     "bps": [0, 1, 2],  # persistent blocks per SM (0: as many as fit)
     "pitch": [0],  # staged row pitch in pixels (0: default_pitch)
     "ring": [3, 4, 5, 6],  # A slots: ring - 1 commit groups (shifts) in flight (0: DEFAULT_RING)
+    "sum": [1, 2, 3, 6],  # 3xfp16: k-chunks a sum from zero before it joins the fp32 total
 }
+DEFAULT_SUM = 2  # 1 spills at ring 5 (255 registers)
 # 3xfp16 at 4 slots spills (ptxas, 255 registers at two blocks an SM); 5 does not.
 DEFAULT_RING = {"fp16": 4, "3xfp16": 5}
 BLOCKS_PER_SM = 2  # one block stages its next image while the other computes
@@ -108,7 +110,7 @@ def _check_params(params: Mapping[str, Any]) -> None:
     for key, value in params.items():
         if not isinstance(value, int | np.integer) or value < 0:
             raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
-    for key in ("wgs", "ring"):
+    for key in ("wgs", "ring", "sum"):
         if params.get(key) and params[key] not in SPACE[key]:
             raise InputError(f"fcp_wgmma: {key} must be one of {SPACE[key]}, got {params[key]}")
 
@@ -227,6 +229,7 @@ def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
         "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_WS": pitch,
         "FW_M": shape.M, "FW_K": shape.K, "FW_WGS": wgs,
         "FW_RING": int(params.get("ring") or DEFAULT_RING[precision]),
+        "FW_SUM": int(params.get("sum") or DEFAULT_SUM),
         "FW_MINB": int(params.get("minb") or max(1, min(BLOCKS_PER_SM,
                                                          SM_SMEM_BYTES // (smem + 1024) // wgs))),
     }

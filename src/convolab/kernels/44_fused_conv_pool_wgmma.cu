@@ -23,8 +23,8 @@
 //     the time; fp16 took ~120 cycles a shift, 3xfp16 with three wgmmas a tile ~300). So a
 //     tile keeps FW_SETS independent accumulator sets: fp16 alternates shifts between them,
 //     3xfp16 gives each of its three products (lo x hi, hi x lo, hi x hi of rung 28b's scaled
-//     split) its own; each k-chunk's three sums start from zero and go into the fp32 total at
-//     the chunk's end, once the chunk has retired.
+//     split) its own; the three sums of FW_SUM k-chunks start from zero (scale-d 0 on their
+//     first wgmma) and go into the fp32 total once they have retired.
 // The staging, pooled store and per-image scale are rung 28's (fused_wide_stage.cuh and the
 // precision's hooks); FW_WGS warpgroups a block share the staged image and the weights.
 
@@ -36,6 +36,9 @@
 #endif
 #ifndef FW_RING
 #define FW_RING 5  // A slots: FW_RING - 1 commit groups in flight
+#endif
+#ifndef FW_SUM
+#define FW_SUM 2  // 3xfp16: k-chunks summed from zero before they join the fp32 total
 #endif
 #define FW_WARPS (4 * FW_WGS)
 #define FW_UNITS 1  // one unit a warp: its 16 rows of the warpgroup's 64
@@ -119,30 +122,28 @@ __device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
   }
 }
 
+// first: the step opens a sum (its first wgmma into a tile's sets starts them from zero).
 __device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm,
-                                        int j, int s) {
+                                        int j, int s, bool first) {
 #pragma unroll
   for (int i = 0; i < FW_T; ++i) {
     const int p = s - i;  // tile 0 (top output row) at filter row s, tile 1 at s - 1
     if (p < 0 || p >= FW_K) continue;
-    wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b(wsm, j, p, 1));
-    wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b(wsm, j, p, 0));
+    const int keep = !(first && p == 0);
+    wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b(wsm, j, p, 1), keep);
+    wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b(wsm, j, p, 0), keep);
   }
 }
 
-// After the chunk has retired: its sums into the fp32 total (small products first), and the
-// sets back to zero.
-__device__ __forceinline__ void fw_chunk_end(FwAcc& c, FwTile& total) {
+// After a sum has retired: its sets into the fp32 total, small products first.
+__device__ __forceinline__ void fw_sum_end(const FwAcc& c, FwTile& total) {
 #pragma unroll
-  for (int i = 0; i < FW_T; ++i) {
+  for (int i = 0; i < FW_T; ++i)
 #pragma unroll
     for (int n = 0; n < FW_NT; ++n)
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         total[i][n][r] += (c.small[i][n][r] + c.big[i][n][r]) + c.big[i][FW_NT + n][r];
-    fw_zero(c.small[i]);
-    fw_zero(c.big[i]);
-  }
 }
 #else
 // fp16: shifts 1..K-1 feed both tiles from one wgmma of N = 16 NT (blocks p = s and s - 1 are
@@ -161,32 +162,24 @@ __device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
 }
 
 __device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm,
-                                        int j, int s) {
+                                        int j, int s, bool first) {
+  // One sum over every chunk: each set starts at its first shift of chunk 0.
+  const int keep = j > 0;
   if (s == 0)
-    wg_mma_rs<FW_NT>(c.edge[0], a[0].r, fw_b(wsm, j, 0, 0));
+    wg_mma_rs<FW_NT>(c.edge[0], a[0].r, fw_b(wsm, j, 0, 0), keep);
   else if (s == FW_K)
-    wg_mma_rs<FW_NT>(c.edge[1], a[0].r, fw_b(wsm, j, FW_K - 1, 0));
+    wg_mma_rs<FW_NT>(c.edge[1], a[0].r, fw_b(wsm, j, FW_K - 1, 0), keep);
   else
-    wg_mma_rs<2 * FW_NT>(c.pair, a[0].r, fw_b(wsm, j, s, 0));
+    wg_mma_rs<2 * FW_NT>(c.pair, a[0].r, fw_b(wsm, j, s, 0), keep || s > 1);
 }
 #endif
 
 // One m-tile (4 units) of the image in img: total[i] = tile i's sums over every chunk.
 __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const FwRows& rows,
                                          FwTile& total) {
-  FwAcc c;
-#if FW_EXACT
+  FwAcc c;  // every set is started from zero by its sum's first wgmma (scale-d 0)
 #pragma unroll
-  for (int i = 0; i < FW_T; ++i) {
-    fw_zero(c.small[i]);
-    fw_zero(c.big[i]);
-    fw_zero(total[i]);
-  }
-#else
-  fw_zero(c.pair);
-  fw_zero(c.edge[0]);
-  fw_zero(c.edge[1]);
-#endif
+  for (int i = 0; i < FW_T; ++i) fw_zero(total[i]);
   FwA a[FW_RING][FW_PARTS];
   fw_load_step(a[0], img, rows, 0);
 #pragma unroll
@@ -194,14 +187,14 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
     const int s = st % FW_SHIFTS, j = st / FW_SHIFTS;
     fw_hold_acc(c);
     wg_fence();
-    fw_step(c, a[st % FW_RING], wsm, j, s);
+    fw_step(c, a[st % FW_RING], wsm, j, s, j % FW_SUM == 0);
     wg_commit();
     if (st + 1 < FW_STEPS) fw_load_step(a[(st + 1) % FW_RING], img, rows, st + 1);
-    if (FW_EXACT && s == FW_SHIFTS - 1) {
-      wg_wait<0>();
+    if (FW_EXACT && s == FW_SHIFTS - 1 && (j % FW_SUM == FW_SUM - 1 || j == FW_J - 1)) {
+      wg_wait<0>();  // the sum has retired
       fw_hold_acc(c);
 #if FW_EXACT
-      fw_chunk_end(c, total);
+      fw_sum_end(c, total);
 #endif
     } else {
       wg_wait<FW_RING - 2>();  // the group that read slot (st + 2) % FW_RING has retired

@@ -1,5 +1,5 @@
 // The warpgroup MMA with its A operand in registers (fp16, m64nNk16, N = 8 NR for NR = 1, 2,
-// 3, 4, 6, 8 n-tiles of 8): d[n][r] += a * B, a this thread's A quad (the m16n8k16 A fragment
+// 3, 4, 6, 8 n-tiles of 8): d[n][r] = a * B (+ d[n][r] where scale_d is nonzero), a this thread's A quad (the m16n8k16 A fragment
 // of its warp's 16 rows), B (K-major, N x 16) by descriptor. The accumulators are d[n][0..3]
 // in the mma.sync C layout of n-tile n: rows g, g, g+8, g+8, columns 2t, 2t+1, 2t, 2t+1.
 // Written out per N because the instruction names its shape and lists every register.
@@ -7,17 +7,17 @@
 
 template <int NR>
 __device__ __forceinline__ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4],
-                                          unsigned long long b);
+                                          unsigned long long b, int scale_d);
 
 template <>
 __device__ __forceinline__ void wg_mma_rs<1>(float (&d)[1][4], const unsigned (&a)[4],
-                                             unsigned long long b) {
+                                             unsigned long long b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {"
                "%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 #else
   __trap();  // built for a target without wgmma: the host builds these kernels for sm_90a only
 #endif
@@ -25,14 +25,14 @@ __device__ __forceinline__ void wg_mma_rs<1>(float (&d)[1][4], const unsigned (&
 
 template <>
 __device__ __forceinline__ void wg_mma_rs<2>(float (&d)[2][4], const unsigned (&a)[4],
-                                             unsigned long long b) {
+                                             unsigned long long b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
                "%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
                  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 #else
   __trap();  // built for a target without wgmma: the host builds these kernels for sm_90a only
 #endif
@@ -40,7 +40,7 @@ __device__ __forceinline__ void wg_mma_rs<2>(float (&d)[2][4], const unsigned (&
 
 template <>
 __device__ __forceinline__ void wg_mma_rs<3>(float (&d)[3][4], const unsigned (&a)[4],
-                                             unsigned long long b) {
+                                             unsigned long long b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 {"
@@ -48,7 +48,7 @@ __device__ __forceinline__ void wg_mma_rs<3>(float (&d)[3][4], const unsigned (&
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
                  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
                  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 #else
   __trap();  // built for a target without wgmma: the host builds these kernels for sm_90a only
 #endif
@@ -56,7 +56,7 @@ __device__ __forceinline__ void wg_mma_rs<3>(float (&d)[3][4], const unsigned (&
 
 template <>
 __device__ __forceinline__ void wg_mma_rs<4>(float (&d)[4][4], const unsigned (&a)[4],
-                                             unsigned long long b) {
+                                             unsigned long long b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
@@ -66,7 +66,7 @@ __device__ __forceinline__ void wg_mma_rs<4>(float (&d)[4][4], const unsigned (&
                  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
                  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
                  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 #else
   __trap();  // built for a target without wgmma: the host builds these kernels for sm_90a only
 #endif
@@ -74,7 +74,7 @@ __device__ __forceinline__ void wg_mma_rs<4>(float (&d)[4][4], const unsigned (&
 
 template <>
 __device__ __forceinline__ void wg_mma_rs<6>(float (&d)[6][4], const unsigned (&a)[4],
-                                             unsigned long long b) {
+                                             unsigned long long b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {"
@@ -86,7 +86,7 @@ __device__ __forceinline__ void wg_mma_rs<6>(float (&d)[6][4], const unsigned (&
                  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
                  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
                  "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 #else
   __trap();  // built for a target without wgmma: the host builds these kernels for sm_90a only
 #endif
@@ -94,7 +94,7 @@ __device__ __forceinline__ void wg_mma_rs<6>(float (&d)[6][4], const unsigned (&
 
 template <>
 __device__ __forceinline__ void wg_mma_rs<8>(float (&d)[8][4], const unsigned (&a)[4],
-                                             unsigned long long b) {
+                                             unsigned long long b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
@@ -109,7 +109,7 @@ __device__ __forceinline__ void wg_mma_rs<8>(float (&d)[8][4], const unsigned (&
                  "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
                  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
                  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
 #else
   __trap();  // built for a target without wgmma: the host builds these kernels for sm_90a only
 #endif
