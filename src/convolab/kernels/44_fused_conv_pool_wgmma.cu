@@ -213,6 +213,43 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
 #endif
 }
 
+// Image (NCHW, global memory) -> img (HWC, rung 28's staged form): every load of the thread's
+// share is issued before the first store, so the image costs one memory latency rather than
+// one per batch of loads; 3xfp16's scale comes from the same registers (rung 28 reads the
+// image twice). Returns the scale exponent (0 in fp16).
+__device__ __forceinline__ int fw_stage_once(fw_t* img, const fw_in_t* __restrict__ xb,
+                                             float* red) {
+  constexpr int PIX = FW_H * FW_W, ITEMS = PIX * (FW_CS / 4);
+  constexpr int PER = (ITEMS + FW_THREADS - 1) / FW_THREADS;
+  float v[PER][4];
+  float m = 0.f;
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    const int i = threadIdx.x + u * FW_THREADS;
+    const int quad = i / PIX, pix = i - quad * PIX;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 4 * quad + e;
+      v[u][e] = (i < ITEMS && c < FW_C) ? fw_in<false>(xb + (size_t)c * PIX + pix) : 0.f;
+      m = fmaxf(m, fabsf(v[u][e]));
+    }
+  }
+#if FW_EXACT
+  const int e = fw_block_exponent(m, red);
+#else
+  const int e = 0;
+#endif
+  const float scale = fw_pow2(e);
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    const int i = threadIdx.x + u * FW_THREADS;
+    const int quad = i / PIX, pix = i - quad * PIX;
+    const int row_pad = (pix / FW_W) * (FW_WS - FW_W);
+    if (i < ITEMS) fw_store4(img + (pix + row_pad) * FW_CS + 4 * quad, v[u], scale);
+  }
+  return e;
+}
+
 // Persistent: each block copies the packed weights once, then loops over images; warpgroup
 // wg of a block takes m-tiles wg, wg + FW_WGS, ... of each image. w_unscale: 3xfp16's 2^-e of
 // the weights' scale (ignored otherwise).
@@ -234,8 +271,7 @@ fcp_wgmma(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {
     const fw_in_t* xb = x + (size_t)b * (FW_C * FW_H * FW_W);
     __syncthreads();  // every warp is done with the previous image (and the weights are in)
-    const int e = fw_image_exponent<false>(xb, red);
-    fw_stage_image<false>(img, xb, fw_pow2(e));
+    const int e = fw_stage_once(img, xb, red);
     __syncthreads();
     const float a_unscale = fw_pow2(-e);
     for (int mt = wg; mt < FW_NG; mt += FW_WGS) {

@@ -40,6 +40,20 @@ __device__ __forceinline__ void fw_store4(fw_t* dst, const float (&v)[4], float 
 }
 
 #if FW_PREC == 3
+// The block's scale exponent from each thread's partial max |x| m (fw_scale_exponent of the
+// block's maximum), the same in every thread. red: FW_WARPS floats of shared memory; returns
+// after a barrier.
+__device__ __forceinline__ int fw_block_exponent(float m, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = red[0];
+#pragma unroll
+  for (int w = 1; w < FW_WARPS; ++w) m = fmaxf(m, red[w]);
+  return fw_scale_exponent(m);
+}
+
 // 3xfp16's scale for one image: 2^e with e from the image's max |x| (fw_scale_exponent), the
 // same in every thread. red: FW_WARPS floats of shared memory. Reads the image once more
 // before staging (from L2 or the prefetched copy); returns after a barrier.
@@ -49,14 +63,7 @@ __device__ __forceinline__ int fw_image_exponent(const fw_in_t* __restrict__ xb,
   float m = 0.f;
 #pragma unroll 8
   for (int i = threadIdx.x; i < N; i += FW_THREADS) m = fmaxf(m, fabsf(fw_in<kShared>(xb + i)));
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  __syncthreads();
-  m = red[0];
-#pragma unroll
-  for (int w = 1; w < FW_WARPS; ++w) m = fmaxf(m, red[w]);
-  return fw_scale_exponent(m);
+  return fw_block_exponent(m, red);
 }
 #else
 template <bool kShared>
