@@ -67,6 +67,16 @@ def test_what_the_rung_refuses() -> None:
         fused_wgmma.wgmma_plan(shape, "fp16", {"wgs": 3})
     with pytest.raises(InputError, match="input dtype"):
         fused_wgmma.wgmma_plan(shape, "fp16", {}, "float64")
+    with pytest.raises(InputError, match="must be at least lead"):
+        fused_wgmma.wgmma_plan(shape, "3xfp16", {"ring": 4, "lead": 3})
+
+
+def test_network_takes_the_wide_blocks_unless_given_rung_28_parameters() -> None:
+    for shape, pool in wide_blocks(3):
+        for precision in PRECISIONS:
+            assert fused_wgmma.network_takes(shape, pool, precision, {"wgs": 2})
+            assert not fused_wgmma.network_takes(shape, pool, precision, {"warps": 8})
+        assert not fused_wgmma.network_takes(shape, pool, "tf32", {})
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -168,7 +178,8 @@ def test_3xfp16_on_a_wide_dynamic_range(case: int, rng: np.random.Generator) -> 
 @pytest.mark.parametrize("params", [{"wgs": 2}, {"wgs": 2, "minb": 1}, {"bps": 1},
                                     {"pitch": 29}, {"pitch": 35}, {"minb": 1, "bps": 2},
                                     {"ring": 4}, {"ring": 6, "wgs": 2}, {"sum": 1},
-                                    {"sum": 6, "ring": 3}])
+                                    {"sum": 6, "ring": 3, "lead": 1}, {"lead": 3, "ring": 6},
+                                    {"wgs": 1}])
 def test_tunable_parameters_keep_the_result(params: dict[str, int],
                                             rng: np.random.Generator) -> None:
     shape = dataclasses.replace(EECS498_CONV2, B=19)

@@ -281,18 +281,23 @@ def test_fp16_scale_exponent_puts_the_maximum_in_the_top_binade(rng: np.random.G
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("mode", NETWORK_MODES)
 def test_network_sends_the_wide_blocks_to_rung_28(model: str, mode: str) -> None:
-    """FusedLeNet runs rung 28 exactly for the blocks rungs 17/18 do not take (the wide
-    models' conv2; in exact mode as 3xTF32)."""
-    from convolab.gpu import network
+    """FusedLeNet runs rung 28, or on Hopper its wgmma form rung 44 in the precisions that has,
+    exactly for the blocks rungs 17/18 do not take (the wide models' conv2)."""
+    from convolab.gpu import fused_wgmma, network
 
     net = object.__new__(network.FusedLeNet)
     net.model, net.mode = model, mode
     on = mode != "exact" or fused_wide.EXACT_PRECISION is not None
+    precision = {"exact": fused_wide.EXACT_PRECISION}.get(mode, NETWORK_MODES[mode])
     blocks = conv_blocks(model, 3)
     for block in blocks:
         wide = model in WIDE_MODELS and fused_mma.tc_kind(block.shape, block.pool) is None
-        assert (net._block_impl(block).rung == 28) == (wide and on), block
-    assert any(net._block_impl(b).rung == 28 for b in blocks) == (model in WIDE_MODELS and on)
+        hopper = wide and on and fused_wgmma.network_takes(block.shape, block.pool, precision,
+                                                           {})
+        assert (net._block_impl(block).rung == 44) == hopper, block
+        assert (net._block_impl(block).rung in (28, 44)) == (wide and on), block
+    assert any(net._block_impl(b).rung in (28, 44) for b in blocks) == (model in WIDE_MODELS
+                                                                        and on)
 
 
 @pytest.mark.parametrize("model", WIDE_MODELS)
@@ -303,7 +308,7 @@ def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
     before it is asked to write what rung 28 declares it reads (run.in_dtype)."""
     from types import SimpleNamespace
 
-    from convolab.gpu import network
+    from convolab.gpu import fused_wgmma, network
 
     net = object.__new__(network.FusedLeNet)
     net._cp = SimpleNamespace(empty=np.empty, float16=np.float16, float32=np.float32)
@@ -320,7 +325,11 @@ def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
         asked["first_writes"] = out_dtype
         return SimpleNamespace(out_dtype=out_dtype)
 
+    def prepare_wgmma(shape, w, b, kp, precision, in_dtype):  # noqa: ANN001, ANN202
+        return prepare(shape, w, b, kp, precision, in_dtype, pool=2)
+
     monkeypatch.setattr(fused_wide, "prepare", prepare)
+    monkeypatch.setattr(fused_wgmma, "prepare", prepare_wgmma)
     monkeypatch.setattr(net, "_first_run", first_run)
     blocks = conv_blocks(model, 3)
     _, buffers = net._new_plan(3, None)

@@ -40,10 +40,15 @@ SPACE: dict[str, list[int]] = {
     "minb": [1, 2],  # blocks per SM the registers must allow (__launch_bounds__)
     "bps": [0, 1, 2],  # persistent blocks per SM (0: as many as fit)
     "pitch": [0],  # staged row pitch in pixels (0: default_pitch)
-    "ring": [3, 4, 5, 6],  # A slots: ring - 1 commit groups (shifts) in flight (0: DEFAULT_RING)
+    "ring": [3, 4, 5, 6],  # A slots (0: DEFAULT_RING)
+    "lead": [1, 2, 3],  # shifts ahead A is loaded: ring - lead - 1 groups run meanwhile
     "sum": [1, 2, 3, 6],  # 3xfp16: k-chunks a sum from zero before it joins the fp32 total
 }
 DEFAULT_SUM = 2  # 1 spills at ring 5 (255 registers)
+DEFAULT_LEAD = 2
+# fp16's loop needs ~170 registers with one warpgroup a block (its image staged in one pass by
+# 128 threads): two blocks an SM; two warpgroups a block share the staging and fit 16 warps.
+DEFAULT_WGS = {"fp16": 2, "3xfp16": 1}
 # 3xfp16 at 4 slots spills (ptxas, 255 registers at two blocks an SM); 5 does not.
 DEFAULT_RING = {"fp16": 4, "3xfp16": 5}
 BLOCKS_PER_SM = 2  # one block stages its next image while the other computes
@@ -110,7 +115,7 @@ def _check_params(params: Mapping[str, Any]) -> None:
     for key, value in params.items():
         if not isinstance(value, int | np.integer) or value < 0:
             raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
-    for key in ("wgs", "ring", "sum"):
+    for key in ("wgs", "ring", "sum", "lead"):
         if params.get(key) and params[key] not in SPACE[key]:
             raise InputError(f"fcp_wgmma: {key} must be one of {SPACE[key]}, got {params[key]}")
 
@@ -129,8 +134,16 @@ def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | Non
         raise InputError(f"fcp_wgmma: input dtype must be one of {fused_wide.IN_DTYPES}, "
                          f"got {in_name}")
     defines = _plan_defines(shape, precision, params, in_name)
+    _check_ring(defines)
     smem = smem_bytes(shape, precision, defines["FW_WS"], in_name)
     return WgmmaPlan(defines, smem, 128 * defines["FW_WGS"], int(params.get("bps") or 0))
+
+
+def _check_ring(defines: Mapping[str, int]) -> None:
+    if defines["FW_RING"] < defines["FW_LEAD"] + 2:
+        raise InputError(f"fcp_wgmma: ring ({defines['FW_RING']}) must be at least lead "
+                         f"({defines['FW_LEAD']}) + 2: a slot is loaded only after the group "
+                         "that read it has retired")
 
 
 def wgmma_blocks(w: np.ndarray, precision: str) -> np.ndarray:
@@ -197,6 +210,23 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
     return run
 
 
+# ---- the fused network's choice ------------------------------------------------------------
+
+# FusedLeNet runs a wide block on rung 44 instead of rung 28 where this is on and rung 44 takes
+# the block in the precision rung 28 would run (fp16, exact mode's 3xfp16): on the H100 the
+# zoo's conv2 took 0.44 / 0.91 ms on rung 44 against 0.47 / 1.31 on rung 28 (eecs498, fp16 /
+# 3xfp16, docs/raw.md "Rung 44").
+NETWORK = True
+
+
+def network_takes(shape: ConvShape, pool: int, precision: str,
+                  kernel_params: Mapping[str, Any]) -> bool:
+    """Whether FusedLeNet runs this block on rung 44 (kernel parameters other than rung 44's
+    name rung 28's, which then keeps the block)."""
+    return (NETWORK and precision in PRECISIONS and set(kernel_params) <= set(SPACE)
+            and supports(shape, pool, precision))
+
+
 # ---- registry -------------------------------------------------------------------------------
 
 
@@ -223,12 +253,13 @@ def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
     ~200 registers)."""
     pitch = max(shape.W, int(params.get("pitch") or default_pitch(shape, precision, in_dtype)))
     smem = smem_bytes(shape, precision, pitch, in_dtype)
-    wgs = int(params.get("wgs") or 1)
+    wgs = int(params.get("wgs") or DEFAULT_WGS[precision])
     return {
         "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_dtype == "float16"),
         "FW_C": shape.C, "FW_H": shape.H, "FW_W": shape.W, "FW_WS": pitch,
         "FW_M": shape.M, "FW_K": shape.K, "FW_WGS": wgs,
         "FW_RING": int(params.get("ring") or DEFAULT_RING[precision]),
+        "FW_LEAD": int(params.get("lead") or DEFAULT_LEAD),
         "FW_SUM": int(params.get("sum") or DEFAULT_SUM),
         "FW_MINB": int(params.get("minb") or max(1, min(BLOCKS_PER_SM,
                                                          SM_SMEM_BYTES // (smem + 1024) // wgs))),

@@ -16,7 +16,8 @@ channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
 (`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
 writes directly (elsewhere a cast follows the block that writes it).
 Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
-in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16'.
+in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16'; on Hopper
+its wgmma form, rung 44 (gpu/fused_wgmma.py), takes them in 'fp16' and 'exact'.
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip
@@ -374,24 +375,29 @@ class FusedLeNet:
 
             prepare = fused_cl.prepare_conv1_cl if i == 0 else fused_cl.prepare_conv2_cl
             return prepare(block.shape, w, bias, kp)
-        from convolab.gpu import fused_wide
+        from convolab.gpu import fused_wgmma, fused_wide
 
         wide = fused_wide.network_precision(block.shape, block.pool, NETWORK_MODES[self.mode])
         if wide is not None:
-            return fused_wide.prepare(block.shape, w, bias, kp, wide,
-                                      fused_wide.network_in_dtype(wide), pool=block.pool)
+            in_dtype = fused_wide.network_in_dtype(wide)
+            if fused_wgmma.network_takes(block.shape, block.pool, wide, kp):
+                return fused_wgmma.prepare(block.shape, w, bias, kp, wide, in_dtype)
+            return fused_wide.prepare(block.shape, w, bias, kp, wide, in_dtype, pool=block.pool)
         return self._block_impl(block).prepare(block.shape, w, bias, kp)
 
     def _block_impl(self, block: ConvBlock) -> Any:
-        """The mode's fused rung for a block: rung 28 where it takes the block
-        (fused_wide.network_precision), else the mode's rung 13/17/18, or the exact one where
-        the mode's kernels do not take its shape."""
-        from convolab.gpu import fused_wide
+        """The mode's fused rung for a block: rung 44 or 28 where they take the block
+        (fused_wgmma.network_takes, fused_wide.network_precision), else the mode's rung
+        13/17/18, or the exact one where the mode's kernels do not take its shape."""
+        from convolab.gpu import fused_wgmma, fused_wide
         from convolab.gpu.fused import fused_conv_pool_impl
 
         precision = NETWORK_MODES[self.mode]
         wide = fused_wide.network_precision(block.shape, block.pool, precision)
         if wide is not None:
+            kp = getattr(self, "_kernel_params", {}).get(block.name, {})
+            if fused_wgmma.network_takes(block.shape, block.pool, wide, kp):
+                return fused_wgmma.wgmma_impl(wide)
             return fused_wide.wide_impl(block.pool, wide)
         impl = fused_conv_pool_impl(block.pool, precision)
         return impl if impl.supports(block.shape) else fused_conv_pool_impl(block.pool, "fp32")

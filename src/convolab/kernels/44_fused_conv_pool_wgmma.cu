@@ -14,9 +14,11 @@
 //     row p = s and tile 1 (bottom row) at p = s - 1, one wgmma of N = 8 NT each from the same
 //     A registers. The host stores the weight blocks (chunk j, filter row p: 8 NT channels x
 //     16 k) as 8 x 16-byte core matrices without swizzle, filter rows falling.
-//   * Each shift is one commit group. FW_RING A slots let FW_RING - 1 groups run while the
-//     warps load the next shift's A (a slot is rewritten only after wait_group has retired the
-//     group that read it).
+//   * Each shift is one commit group. The warps load A FW_LEAD shifts ahead into a ring of
+//     FW_RING slots, FW_RING - FW_LEAD - 1 groups running meanwhile (a slot is rewritten only
+//     after wait_group has retired the group that read it): with two warps a scheduler the
+//     shared-memory latency of the loads otherwise stalls every shift (ncu: short scoreboard
+//     half of all stall cycles at FW_LEAD 1).
 //   * What sets the pace is not the groups in flight but the chains of wgmmas into one set of
 //     accumulators: a wgmma of N = 24 takes ~12 cycles of the tensor cores, but the next one
 //     into the same registers waits ~100 for it (measured: the ring depth 3-6 did not move
@@ -37,6 +39,9 @@
 #ifndef FW_RING
 #define FW_RING 5  // A slots: FW_RING - 1 commit groups in flight
 #endif
+#ifndef FW_LEAD
+#define FW_LEAD 2  // shifts ahead the warps load A (its shared-memory latency behind the MMAs)
+#endif
 #ifndef FW_SUM
 #define FW_SUM 2  // 3xfp16: k-chunks summed from zero before they join the fp32 total
 #endif
@@ -56,7 +61,7 @@ static_assert(FW_PREC == 0 || FW_PREC == 3, "rung 44 runs fp16 (0) and 3xfp16 (3
 static_assert(FW_P == 2 && FW_RP == 1, "rung 44: units of one pooled row, pool 2");
 static_assert(!FW_PREFETCH, "rung 44 stages from global memory");
 static_assert(FW_NT >= 1 && FW_NT <= 4, "rung 44: wgmma N = 8 NT or 16 NT, M <= 32");
-static_assert(FW_RING >= 3, "rung 44: FW_RING >= 3");
+static_assert(FW_LEAD >= 1 && FW_RING >= FW_LEAD + 2, "rung 44: 1 <= FW_LEAD <= FW_RING - 2");
 
 #define FW_CORE2 256                          // two core matrices: 8 channels x 16 k
 #define FW_PART_BYTES (FW_NT * FW_CORE2)      // one part of a (chunk, filter row) block
@@ -181,7 +186,8 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
 #pragma unroll
   for (int i = 0; i < FW_T; ++i) fw_zero(total[i]);
   FwA a[FW_RING][FW_PARTS];
-  fw_load_step(a[0], img, rows, 0);
+#pragma unroll
+  for (int st = 0; st < FW_LEAD; ++st) fw_load_step(a[st], img, rows, st);
 #pragma unroll
   for (int st = 0; st < FW_STEPS; ++st) {
     const int s = st % FW_SHIFTS, j = st / FW_SHIFTS;
@@ -189,7 +195,8 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
     wg_fence();
     fw_step(c, a[st % FW_RING], wsm, j, s, j % FW_SUM == 0);
     wg_commit();
-    if (st + 1 < FW_STEPS) fw_load_step(a[(st + 1) % FW_RING], img, rows, st + 1);
+    if (st + FW_LEAD < FW_STEPS)
+      fw_load_step(a[(st + FW_LEAD) % FW_RING], img, rows, st + FW_LEAD);
     if (FW_EXACT && s == FW_SHIFTS - 1 && (j % FW_SUM == FW_SUM - 1 || j == FW_J - 1)) {
       wg_wait<0>();  // the sum has retired
       fw_hold_acc(c);
@@ -197,7 +204,8 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
       fw_sum_end(c, total);
 #endif
     } else {
-      wg_wait<FW_RING - 2>();  // the group that read slot (st + 2) % FW_RING has retired
+      // Retires the group that read the slot the next step loads into.
+      wg_wait<FW_RING - FW_LEAD - 1>();
     }
   }
 #if !FW_EXACT
