@@ -46,8 +46,9 @@ SPACE: dict[str, list[int]] = {
 }
 DEFAULT_SUM = 2  # 1 spills at ring 5 (255 registers)
 DEFAULT_LEAD = 2
-# fp16's loop needs ~170 registers with one warpgroup a block (its image staged in one pass by
-# 128 threads): two blocks an SM; two warpgroups a block share the staging and fit 16 warps.
+# fp16 with one warpgroup a block needs ~230 registers (the image staged in one pass by 128
+# threads): two blocks an SM, 0.66 ms on eecs498's conv2; two warpgroups a block share the
+# staging, fit 16 warps an SM and took 0.42-0.44 ms (H100, docs/raw.md).
 DEFAULT_WGS = {"fp16": 2, "3xfp16": 1}
 # 3xfp16 at 4 slots spills (ptxas, 255 registers at two blocks an SM); 5 does not.
 DEFAULT_RING = {"fp16": 4, "3xfp16": 5}
@@ -213,9 +214,10 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
 # ---- the fused network's choice ------------------------------------------------------------
 
 # FusedLeNet runs a wide block on rung 44 instead of rung 28 where this is on and rung 44 takes
-# the block in the precision rung 28 would run (fp16, exact mode's 3xfp16): on the H100 the
-# zoo's conv2 took 0.44 / 0.91 ms on rung 44 against 0.47 / 1.31 on rung 28 (eecs498, fp16 /
-# 3xfp16, docs/raw.md "Rung 44").
+# the block in the precision rung 28 would run (fp16, exact mode's 3xfp16): on the H100
+# eecs498's conv2 took 0.42 / 0.86 ms on rung 44 against 0.47 / 1.31 on rung 28 (fp16 /
+# 3xfp16), mxnet's 0.47 / 0.84 against 0.46 / 1.20, and the whole forward is faster in both
+# modes for both models (fp16 reads rung 44's fp16 input; docs/raw.md "Rung 44").
 NETWORK = True
 
 

@@ -1,34 +1,31 @@
 // Rung 44 — rung 28's fused conv + bias + ReLU + max-pool for wide layers (fcp_wgmma), with
 // the MMAs on Hopper's warpgroup MMA (wgmma, sm_90a) instead of mma.sync.
 //
-// Rung 28 runs its MMAs at about a third of the tensor cores' rate: each m16n8k16 is one
-// warp instruction of 2048 FMAs, and with 3-4 warps a scheduler the warps wait on their
-// shared-memory loads between them (docs/raw.md). A wgmma of 64 rows x N x 16 is one
-// instruction of a warpgroup, asynchronous: its B operand (the weights) comes from shared
-// memory by descriptor, so no warp loads weight fragments at all, and the warps load the next
-// A operand while the tensor cores work on this one.
-//   * The A operand comes from registers, loaded exactly as rung 28 loads it (fw_rows, fw_lda):
-//     warp w of a warpgroup holds rows 16w..16w+15 of the 64, which are rung 28's unit 4G + w
-//     (8 pool windows x left/right output), so one wgmma m-tile is 4 of rung 28's units.
+// Rung 28 issues one m16n8k16 per warp instruction (2048 FMAs) and loads every weight fragment
+// itself; a wgmma of 64 rows x N x 16 is one asynchronous instruction of a warpgroup whose B
+// operand (the weights) comes from shared memory by descriptor. What this buys is fewer
+// instructions a shift; the loop stays issue-bound (2 warps a scheduler at ~200 registers),
+// so every instruction and every exposed latency counts:
+//   * A comes from registers, loaded as rung 28 loads it (fw_rows, fw_lda): warp w of a
+//     warpgroup holds rows 16w..16w+15 of the 64, rung 28's unit 4G + w (8 pool windows x
+//     left/right output), so one m-tile is 4 of rung 28's units.
 //   * Input row s of the unit (shift s) feeds tile 0 (the windows' top output row) at filter
-//     row p = s and tile 1 (bottom row) at p = s - 1, one wgmma of N = 8 NT each from the same
-//     A registers. The host stores the weight blocks (chunk j, filter row p: 8 NT channels x
-//     16 k) as 8 x 16-byte core matrices without swizzle, filter rows falling.
+//     row p = s and tile 1 at p = s - 1 from the same A registers. The host stores each weight
+//     block (chunk j, filter row p: 8 NT channels x 16 k) as 8 x 16-byte core matrices without
+//     swizzle, filter rows falling, 3xfp16's lo and hi parts side by side, so that one wgmma of
+//     N = 16 NT covers two adjacent blocks: fp16 both tiles of a shift (shifts 0 and K, one
+//     tile each, write sets of their own: a register that sits at different operand positions
+//     in two wgmmas makes ptxas serialize every wgmma), 3xfp16 hi x [lo | hi] of a tile, beside
+//     lo x hi (N = 8 NT).
 //   * Each shift is one commit group. The warps load A FW_LEAD shifts ahead into a ring of
 //     FW_RING slots, FW_RING - FW_LEAD - 1 groups running meanwhile (a slot is rewritten only
-//     after wait_group has retired the group that read it): with two warps a scheduler the
-//     shared-memory latency of the loads otherwise stalls every shift (ncu: short scoreboard
-//     half of all stall cycles at FW_LEAD 1).
-//   * What sets the pace is not the groups in flight but the chains of wgmmas into one set of
-//     accumulators: a wgmma of N = 24 takes ~12 cycles of the tensor cores, but the next one
-//     into the same registers waits ~100 for it (measured: the ring depth 3-6 did not move
-//     the time; fp16 took ~120 cycles a shift, 3xfp16 with three wgmmas a tile ~300). So a
-//     tile keeps FW_SETS independent accumulator sets: fp16 alternates shifts between them,
-//     3xfp16 gives each of its three products (lo x hi, hi x lo, hi x hi of rung 28b's scaled
-//     split) its own; the three sums of FW_SUM k-chunks start from zero (scale-d 0 on their
-//     first wgmma) and go into the fp32 total once they have retired.
-// The staging, pooled store and per-image scale are rung 28's (fused_wide_stage.cuh and the
-// precision's hooks); FW_WGS warpgroups a block share the staged image and the weights.
+//     after wait_group has retired the group that read it).
+//   * Sums start from zero by the scale-d operand of their first wgmma (no zeroing); 3xfp16's
+//     three products, summed over FW_SUM k-chunks, go into an fp32 total once retired.
+//   * The image is staged in one pass: each thread issues all its loads before its first
+//     store (one memory latency an image; rung 28's two passes cost a fifth of the time here).
+// Measured steps and what did not help (deeper rings, more accumulator chains): docs/raw.md,
+// "Rung 44". FW_WGS warpgroups a block share the staged image and the weights.
 
 #ifndef FW_PREC
 #define FW_PREC 3
