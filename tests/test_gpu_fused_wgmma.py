@@ -95,37 +95,66 @@ def test_default_plan_leaves_room_for_two_blocks(precision: str) -> None:
         assert wide.defines["FW_WS"] == shape.W + 6 and wide.threads == 256
 
 
+@pytest.mark.parametrize("tails", [False, True])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_packed_weights_read_back_as_wgmma_reads_them(precision: str,
+def test_packed_weights_read_back_as_wgmma_reads_them(precision: str, tails: bool,
                                                       rng: np.random.Generator) -> None:
-    """Every element of every (chunk, filter row) block where the kernel's descriptors point
-    wgmma: part `part` (3xfp16: lo, hi) of block j K + K - 1 - p, core matrix (8 channels x 8 k,
-    128 bytes) 2 (n // 8) + kk // 8 of it, row n % 8, element kk % 8."""
-    M, C, K = int(rng.integers(1, 33)), int(rng.integers(1, 17)), int(rng.choice([3, 5, 7]))
+    """Every weight where the kernel's descriptors point wgmma: part `part` (3xfp16: lo, hi) of
+    block b, core matrix (8 channels x 8 k, 128 bytes) 2 (n // 8) + kk // 8 of it, row n % 8,
+    element kk % 8. Block b: chunk j of filter row p at j K + K - 1 - p; with tails, packed tail
+    chunk c at JM K + c, its element e the element e % T of row e // T's tail."""
+    while True:
+        M, C, K = int(rng.integers(1, 33)), int(rng.integers(1, 17)), int(rng.choice([3, 5, 7]))
+        cs, ch, chunks = fused_wide.run_layout(C, K, precision)
+        if not tails or (K * cs >= ch and K * cs % ch):
+            break
     w = rng.standard_normal((M, C, K, K)).astype(np.float32)
-    packed = fused_wgmma.wgmma_blocks(w, precision)
-    cs, ch, chunks = fused_wide.run_layout(C, K, precision)
+    packed = fused_wgmma.wgmma_blocks(w, precision, tails)
+    shape = ConvShape(1, C, K, K, M, K)
+    main, n_tails = fused_wgmma.chunk_counts(shape, precision, tails)
     nt, parts = -(-M // 8), fused_wide.parts(precision)
-    assert packed.nbytes == fused_wgmma.weight_bytes(ConvShape(1, C, K, K, M, K), precision)
+    assert packed.nbytes == fused_wgmma.weight_bytes(shape, precision, tails)
     scale = 2.0 ** fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
     flat = packed.reshape(-1).view(np.float16).astype(np.float64)
     seen = np.zeros(flat.size, bool)
-    for j in range(chunks):
-        for p in range(K):
-            for n in range(nt * 8):
-                for kk in range(16):
-                    at = [(((j * K + K - 1 - p) * parts + part) * 2 * nt + 2 * (n // 8)
-                           + kk // 8) * 64 + (n % 8) * 8 + kk % 8 for part in range(parts)]
-                    tap, c = divmod(j * 16 + kk, cs)
-                    want = w[n, c, p, tap] * scale if n < M and c < C and tap < K else 0.0
-                    # fp16 rounding, or half of fp16's subnormal spacing (the last part's)
-                    rel = 2.0 ** -21 if precision == "3xfp16" else 2.0 ** -11
-                    assert abs(flat[at].sum() - want) <= max(abs(want) * rel, 2.0 ** -25), \
-                        (j, p, n, kk)
-                    if parts == 2:  # hi is the fp16 nearest the value, lo the rest
-                        assert flat[at[1]] == np.float16(want)
-                    seen[at] = True
+    tail = K * cs - main * ch
+
+    def check(block: int, n: int, kk: int, p: int, r: int) -> None:
+        """Element kk of channel n in block `block` holds run element r of filter row p."""
+        at = [((block * parts + part) * 2 * nt + 2 * (n // 8) + kk // 8) * 64 + (n % 8) * 8
+              + kk % 8 for part in range(parts)]
+        tap, c = divmod(r, cs)
+        want = w[n, c, p, tap] * scale if n < M and c < C and p < K and tap < K else 0.0
+        # fp16 rounding, or half of fp16's subnormal spacing (the last part's)
+        rel = 2.0 ** -21 if precision == "3xfp16" else 2.0 ** -11
+        assert abs(flat[at].sum() - want) <= max(abs(want) * rel, 2.0 ** -25), (block, n, kk)
+        if parts == 2:  # hi is the fp16 nearest the value, lo the rest
+            assert flat[at[1]] == np.float16(want)
+        seen[at] = True
+
+    for n in range(nt * 8):
+        for kk in range(16):
+            for j in range(main):
+                for p in range(K):
+                    check(j * K + K - 1 - p, n, kk, p, j * 16 + kk)
+            for c in range(n_tails):
+                p, o = divmod(16 * c + kk, tail)
+                check(main * K + c, n, kk, p, main * 16 + o)
     assert seen.all(), "slots no block element maps to"
+    if tails:
+        assert main * K + n_tails < chunks * K  # fewer chunk MMAs than padded runs
+
+
+def test_tails_are_packed_where_they_save_a_tenth() -> None:
+    eecs498, mxnet = EECS498_CONV2, ConvShape(1, 12, 33, 33, 24, 5)
+    for precision in PRECISIONS:
+        assert fused_wgmma.chunk_counts(eecs498, precision, True) == (5, 2)
+        assert fused_wgmma.wgmma_plan(eecs498, precision).defines["FW_TAILS"] == 1
+        assert fused_wgmma.wgmma_plan(mxnet, precision).defines["FW_TAILS"] == 0
+        assert fused_wgmma.wgmma_plan(eecs498, precision, {"tails": -1}).defines["FW_TAILS"] == 0
+        assert fused_wgmma.wgmma_plan(mxnet, precision, {"tails": 1}).defines["FW_TAILS"] == 1
+    with pytest.raises(InputError, match="tails=1 needs"):
+        fused_wgmma.wgmma_plan(ConvShape(1, 4, 12, 12, 8, 3), "fp16", {"tails": 1})
 
 
 # ---- GPU -------------------------------------------------------------------------------------
@@ -151,7 +180,10 @@ def test_random_shapes(case: int, precision: str, in_dtype: str,
                        rng: np.random.Generator) -> None:
     shape = random_shape(rng, precision)
     x, w, b = problem(rng, shape, in_dtype)
-    params = {"wgs": int(rng.integers(1, 3))}
+    cs, ch, _ = fused_wide.run_layout(shape.C, shape.K, precision)
+    packable = shape.K * cs > ch and shape.K * cs % ch
+    params = {"wgs": int(rng.integers(1, 3)),
+              "tails": int(rng.choice([-1, 1])) if packable else -1}
     print(shape, params)
     check_result(run_gpu(shape, precision, in_dtype, x, w, b, params), x, w, b, 2, precision)
 
@@ -179,7 +211,7 @@ def test_3xfp16_on_a_wide_dynamic_range(case: int, rng: np.random.Generator) -> 
                                     {"pitch": 29}, {"pitch": 35}, {"minb": 1, "bps": 2},
                                     {"ring": 4}, {"ring": 6, "wgs": 2}, {"sum": 1},
                                     {"sum": 6, "ring": 3, "lead": 1}, {"lead": 3, "ring": 6},
-                                    {"wgs": 1}])
+                                    {"wgs": 1}, {"tails": -1}, {"tails": 1, "sum": 6}])
 def test_tunable_parameters_keep_the_result(params: dict[str, int],
                                             rng: np.random.Generator) -> None:
     shape = dataclasses.replace(EECS498_CONV2, B=19)

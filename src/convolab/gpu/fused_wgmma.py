@@ -43,6 +43,7 @@ SPACE: dict[str, list[int]] = {
     "ring": [3, 4, 5, 6],  # A slots (0: DEFAULT_RING)
     "lead": [1, 2, 3],  # shifts ahead A is loaded: ring - lead - 1 groups run meanwhile
     "sum": [1, 2, 3, 6],  # 3xfp16: k-chunks a sum from zero before it joins the fp32 total
+    "tails": [-1, 1],  # 1: pack the filter rows' run tails into shared chunks; -1 never
 }
 DEFAULT_SUM = 2  # 1 spills at ring 5 (255 registers)
 DEFAULT_LEAD = 2
@@ -64,24 +65,50 @@ class WgmmaPlan:
     bps: int
 
 
-def weight_bytes(shape: ConvShape, precision: str) -> int:
-    """The packed weights: parts x (chunk, filter row) blocks of NT x 2 core matrices."""
-    _, _, chunks = fused_wide.run_layout(shape.C, shape.K, precision)
-    return fused_wide.parts(precision) * chunks * shape.K * ceil_div(shape.M, 8) * CORE_PAIR
+def chunk_counts(shape: ConvShape, precision: str, tails: bool) -> tuple[int, int]:
+    """(k-chunks a filter row's shift loop runs FW_JM, packed tail chunks FW_TCH): with tails,
+    each row's run is its whole chunks plus a tail, and the K tails share chunks of their own;
+    without, each run is padded to whole chunks (rung 28's J) and there are no tail chunks."""
+    cs, ch, chunks = fused_wide.run_layout(shape.C, shape.K, precision)
+    if not tails:
+        return chunks, 0
+    whole = shape.K * cs // ch
+    return whole, ceil_div(shape.K * (shape.K * cs - whole * ch), ch)
 
 
-def smem_bytes(shape: ConvShape, precision: str, pitch: int, in_dtype: Any = "float32") -> int:
+def default_tails(shape: ConvShape, precision: str) -> bool:
+    """Pack the tails where that saves at least a tenth of the chunk MMAs (eecs498's conv2:
+    37 instead of 42 a tile; mxnet's 19 instead of 20 would cost more A loads than it saves)."""
+    cs, ch, chunks = fused_wide.run_layout(shape.C, shape.K, precision)
+    whole, tail = shape.K * cs // ch, shape.K * cs % ch
+    if whole == 0 or tail == 0:
+        return False
+    main, packed = chunk_counts(shape, precision, True)
+    return main * shape.K + packed <= 0.9 * chunks * shape.K
+
+
+def weight_bytes(shape: ConvShape, precision: str, tails: bool = False) -> int:
+    """The packed weights: parts x (chunk, filter row) blocks (and packed tail chunks) of NT x 2
+    core matrices."""
+    main, packed = chunk_counts(shape, precision, tails)
+    return (fused_wide.parts(precision) * (main * shape.K + packed) * ceil_div(shape.M, 8)
+            * CORE_PAIR)
+
+
+def smem_bytes(shape: ConvShape, precision: str, pitch: int, in_dtype: Any = "float32",
+               tails: bool = False) -> int:
     """FW44_SMEM_BYTES: the alignment slack, the weights, the staged image(s)."""
     geo = fused_wide.geometry(shape, POOL, precision, 1, in_dtype, pitch)
-    return ALIGN + weight_bytes(shape, precision) + geo.image_bytes
+    return ALIGN + weight_bytes(shape, precision, tails) + geo.image_bytes
 
 
 def default_pitch(shape: ConvShape, precision: str, in_dtype: Any = "float32") -> int:
     """The staged row pitch with the fewest A-load bank conflicts (fused_wide.load_cost) among
     those that leave room for BLOCKS_PER_SM blocks an SM (eecs498's conv2 in 3xfp16: the
     conflict-free pitch 35 needs 118 KB, one block an SM; 29 takes 1.56 wavefronts a load)."""
+    tails = default_tails(shape, precision)
     fits = [p for p in range(shape.W, shape.W + fused_wide.MAX_PITCH_PAD + 1)
-            if BLOCKS_PER_SM * (smem_bytes(shape, precision, p, in_dtype) + 1024)
+            if BLOCKS_PER_SM * (smem_bytes(shape, precision, p, in_dtype, tails) + 1024)
             <= SM_SMEM_BYTES] or [shape.W]
     return min(fits, key=lambda p: (fused_wide.load_cost(shape, POOL, precision, 1, p), p))
 
@@ -114,7 +141,7 @@ def _check_params(params: Mapping[str, Any]) -> None:
     if unknown:
         raise InputError(f"fcp_wgmma: unknown parameter(s) {unknown} (known: {list(SPACE)})")
     for key, value in params.items():
-        if not isinstance(value, int | np.integer) or value < 0:
+        if not isinstance(value, int | np.integer) or (value < 0 and key != "tails"):
             raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
     for key in ("wgs", "ring", "sum", "lead"):
         if params.get(key) and params[key] not in SPACE[key]:
@@ -136,7 +163,7 @@ def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | Non
                          f"got {in_name}")
     defines = _plan_defines(shape, precision, params, in_name)
     _check_ring(defines)
-    smem = smem_bytes(shape, precision, defines["FW_WS"], in_name)
+    smem = smem_bytes(shape, precision, defines["FW_WS"], in_name, bool(defines["FW_TAILS"]))
     return WgmmaPlan(defines, smem, 128 * defines["FW_WGS"], int(params.get("bps") or 0))
 
 
@@ -147,31 +174,43 @@ def _check_ring(defines: Mapping[str, int]) -> None:
                          "that read it has retired")
 
 
-def wgmma_blocks(w: np.ndarray, precision: str) -> np.ndarray:
-    """Weights (M, C, K, K) as the kernel's B operand: uint16 (J, K, parts, NT, 2, 8, 8), the
+def wgmma_blocks(w: np.ndarray, precision: str, tails: bool = False) -> np.ndarray:
+    """Weights (M, C, K, K) as the kernel's B operand: uint16 (blocks, parts, NT, 2, 8, 8), the
     fp16 bits of w (3xfp16: lo then hi of w * 2^weight_exponent(w)).
 
     Block (j, p) (k-chunk j of filter row p's (q, c) run, 16 deep, rung 28's run order) is
     block j K + K - 1 - p: the filter rows fall, so that fp16's blocks p = s and s - 1 are one
     B operand of 16 NT rows, and 3xfp16's lo and hi parts of a block one of [lo | hi]. A part
     is NT x 2 core matrices of 8 channels x 8 k (128 bytes each, the second 8 k 128 bytes after
-    the first, the next 8 channels 256 bytes on)."""
+    the first, the next 8 channels 256 bytes on). With tails, the runs' whole chunks come first
+    and packed tail chunk c follows as block JM K + c: its element e is element e % T of row
+    e // T's tail (T = the tail's length; zero past the last row)."""
     M, C, K, _ = w.shape
+    shape = ConvShape(1, C, K, K, M, K)
     cs, ch, chunks = fused_wide.run_layout(C, K, precision)
+    main, packed = chunk_counts(shape, precision, tails)
     nt = ceil_div(M, 8)
     taps = np.zeros((nt * 8, K, K, cs), np.float32)  # (m, p, q, c)
     taps[:M, :, :, :C] = np.asarray(w, np.float32).transpose(0, 2, 3, 1)
     run = np.zeros((nt * 8, K, chunks * ch), np.float32)
     run[:, :, :K * cs] = taps.reshape(nt * 8, K, K * cs)
-    # (nt, row, p, j, half, e) -> (j, p falling, nt, half, row, e)
-    blocks = run.reshape(nt, 8, K, chunks, 2, 8).transpose(3, 2, 0, 4, 1, 5)[:, ::-1]
+    # (n, p, j, k) -> (j, p falling, n, k)
+    blocks = run[:, :, :main * ch].reshape(nt * 8, K, main, ch).transpose(2, 1, 0, 3)[:, ::-1]
+    blocks = blocks.reshape(main * K, nt * 8, ch)
+    if packed:
+        tail = K * cs - main * ch
+        flat = np.zeros((nt * 8, packed * ch), np.float32)
+        flat[:, :K * tail] = run[:, :, main * ch:K * cs].reshape(nt * 8, K * tail)
+        blocks = np.concatenate([blocks, flat.reshape(nt * 8, packed, ch).transpose(1, 0, 2)])
+    # (block, n, k) -> (block, nt, half, row, e)
+    blocks = blocks.reshape(-1, nt, 8, 2, 8).transpose(0, 1, 3, 2, 4)
     blocks = np.ascontiguousarray(blocks)
     if precision == "fp16":
-        return blocks.astype(np.float16).view(np.uint16)[:, :, None]
+        return blocks.astype(np.float16).view(np.uint16)[:, None]
     scaled = blocks * np.float32(2.0 ** fused_wide.weight_exponent(w))  # exact
     hi = scaled.astype(np.float16)
     lo = (scaled - hi.astype(np.float32)).astype(np.float16)  # the difference is exact
-    return np.stack([lo.view(np.uint16), hi.view(np.uint16)], axis=2)
+    return np.stack([lo.view(np.uint16), hi.view(np.uint16)], axis=1)
 
 
 def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str, Any],
@@ -188,7 +227,7 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
         raise InputError(f"fcp_wgmma: weights have shape {w_h.shape}, {shape} needs "
                          f"{shape.w_shape}")
     cp = require_cupy()
-    packed = cp.asarray(wgmma_blocks(w_h, precision))
+    packed = cp.asarray(wgmma_blocks(w_h, precision, bool(plan.defines["FW_TAILS"])))
     b_d = cp.ascontiguousarray(cp.asarray(bias, dtype=cp.float32))
     if b_d.shape != (shape.M,):
         raise InputError(f"fcp_wgmma: bias has shape {b_d.shape}, needs ({shape.M},)")
@@ -248,13 +287,26 @@ def compile_variants(precision: str) -> list[dict[str, int]]:
     return out
 
 
+def _tails(shape: ConvShape, precision: str, params: Mapping[str, Any]) -> bool:
+    asked = int(params.get("tails") or 0)
+    if asked > 0:
+        main, _ = chunk_counts(shape, precision, True)
+        cs, ch, _ = fused_wide.run_layout(shape.C, shape.K, precision)
+        if main == 0 or shape.K * cs % ch == 0:
+            raise InputError(f"fcp_wgmma: tails=1 needs a filter row of at least one whole "
+                             f"k-chunk and a tail ({shape.K * cs} elements, chunks of {ch})")
+        return True
+    return asked == 0 and default_tails(shape, precision)
+
+
 def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
                   in_dtype: str) -> dict[str, int]:
     """The kernel's defines (no device check: CI's compile list has no GPU). minb by default:
     the blocks shared memory lets an SM hold, at most BLOCKS_PER_SM (3xfp16's loop takes
     ~200 registers)."""
     pitch = max(shape.W, int(params.get("pitch") or default_pitch(shape, precision, in_dtype)))
-    smem = smem_bytes(shape, precision, pitch, in_dtype)
+    tails = _tails(shape, precision, params)
+    smem = smem_bytes(shape, precision, pitch, in_dtype, tails)
     wgs = int(params.get("wgs") or DEFAULT_WGS[precision])
     return {
         "FW_PREC": PRECISIONS[precision], "FW_IN_HALF": int(in_dtype == "float16"),
@@ -263,6 +315,7 @@ def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
         "FW_RING": int(params.get("ring") or DEFAULT_RING[precision]),
         "FW_LEAD": int(params.get("lead") or DEFAULT_LEAD),
         "FW_SUM": int(params.get("sum") or DEFAULT_SUM),
+        "FW_TAILS": int(tails),
         "FW_MINB": int(params.get("minb") or max(1, min(BLOCKS_PER_SM,
                                                          SM_SMEM_BYTES // (smem + 1024) // wgs))),
     }

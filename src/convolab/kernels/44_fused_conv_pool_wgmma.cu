@@ -24,6 +24,7 @@
 //     three products, summed over FW_SUM k-chunks, go into an fp32 total once retired.
 //   * The image is staged in one pass: each thread issues all its loads before its first
 //     store (one memory latency an image; rung 28's two passes cost a fifth of the time here).
+//   * FW_TAILS packs the filter rows' run tails into shared k-chunks (the define's comment).
 // Measured steps and what did not help (deeper rings, more accumulator chains): docs/raw.md,
 // "Rung 44". FW_WGS warpgroups a block share the staged image and the weights.
 
@@ -60,12 +61,23 @@ static_assert(!FW_PREFETCH, "rung 44 stages from global memory");
 static_assert(FW_NT >= 1 && FW_NT <= 4, "rung 44: wgmma N = 8 NT or 16 NT, M <= 32");
 static_assert(FW_LEAD >= 1 && FW_RING >= FW_LEAD + 2, "rung 44: 1 <= FW_LEAD <= FW_RING - 2");
 
+// FW_TAILS 1: a filter row's run is FW_JM whole k-chunks plus a tail of FW_TL elements, and
+// the K tails are packed together into FW_TCH chunks of their own (eecs498: 84 = 5 x 16 + 4,
+// seven tails in two chunks: 37 chunk MMAs a tile instead of 42); 0: each run padded to FW_J.
+#ifndef FW_TAILS
+#define FW_TAILS 0
+#endif
+#define FW_JM (FW_TAILS ? FW_RUN / FW_CH : FW_J)          // chunks the shift loop runs
+#define FW_TL (FW_RUN - FW_JM * FW_CH)                     // a row's tail (FW_TAILS 1)
+#define FW_TCH (FW_TAILS ? (FW_K * FW_TL + FW_CH - 1) / FW_CH : 0)
 #define FW_CORE2 256                          // two core matrices: 8 channels x 16 k
 #define FW_PART_BYTES (FW_NT * FW_CORE2)      // one part of a (chunk, filter row) block
 #define FW_BLOCK_BYTES (FW_PARTS * FW_PART_BYTES)
-#define FW_B_BYTES (FW_J * FW_K * FW_BLOCK_BYTES)
+#define FW_B_BYTES ((FW_JM * FW_K + FW_TCH) * FW_BLOCK_BYTES)
 #define FW_NG ((FW_NUNITS + 3) / 4)  // m-tiles (4 units) of one image
-#define FW_STEPS (FW_J * FW_SHIFTS)
+#define FW_STEPS (FW_JM * FW_SHIFTS)
+static_assert(!FW_TAILS || (FW_JM >= 1 && FW_TL > 0 && FW_TL % 2 == 0),
+              "rung 44: packed tails need a whole chunk a row and an even tail");
 #define FW_ALIGN 128
 // Dynamic shared memory: the weights' alignment slack, the weights, the image(s).
 #define FW44_SMEM_BYTES (FW_ALIGN + FW_B_BYTES + FW_IMG_BYTES)
@@ -108,6 +120,34 @@ __device__ __forceinline__ unsigned long long fw_b(unsigned wsm, int j, int p, i
       wsm + (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES + part * FW_PART_BYTES, 128, FW_CORE2);
 }
 
+// The B descriptor of packed tail chunk c (FW_TAILS).
+__device__ __forceinline__ unsigned long long fw_b_tail(unsigned wsm, int c, int part) {
+  return wg_desc_interleaved(
+      wsm + (FW_JM * FW_K + c) * FW_BLOCK_BYTES + part * FW_PART_BYTES, 128, FW_CORE2);
+}
+
+// The A quads of packed tail chunk c for tile i: lane t's k pairs t and 4 + t of the chunk are
+// tail pairs 8c + t and 8c + 4 + t, each in the tail of its own filter row p (input row i + p);
+// pairs past the last tail read row K - 1 (their weights are zero).
+__device__ __forceinline__ void fw_load_tail(FwA (&a)[FW_PARTS], const fw_t* img,
+                                             const FwRows& rows, int i, int c, int t) {
+  int off[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int e = 2 * (8 * c + 4 * h + t);
+    int p = e / (FW_TL > 0 ? FW_TL : 1), o = e - p * FW_TL;
+    if (p >= FW_K) p = FW_K - 1, o = 0;
+    off[h] = (i + p) * FW_ROW + FW_JM * FW_CH + o - t * FW_WORD;  // rows.lo/hi include t
+  }
+#pragma unroll
+  for (int part = 0; part < FW_PARTS; ++part) {
+    const fw_t* lo = img + part * FW_IMG1 + rows.lo;
+    const fw_t* hi = img + part * FW_IMG1 + rows.hi;
+    a[part] = FwA{{fw_ld32(lo + off[0]), fw_ld32(hi + off[0]), fw_ld32(lo + off[1]),
+                   fw_ld32(hi + off[1])}};
+  }
+}
+
 #if FW_EXACT
 // 3xfp16: per tile, lo x hi in `small` (N = 8 NT) and hi x [lo | hi] in `big` (one wgmma of
 // N = 16 NT: the block's lo and hi parts are adjacent), each chunk's sums from zero.
@@ -135,6 +175,12 @@ __device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsi
     wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b(wsm, j, p, 1), keep);
     wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b(wsm, j, p, 0), keep);
   }
+}
+
+__device__ __forceinline__ void fw_tail(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm, int i,
+                                        int cc) {
+  wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b_tail(wsm, cc, 1), 1);
+  wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b_tail(wsm, cc, 0), 1);
 }
 
 // After a sum has retired: its sets into the fp32 total, small products first.
@@ -174,6 +220,12 @@ __device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsi
   else
     wg_mma_rs<2 * FW_NT>(c.pair, a[0].r, fw_b(wsm, j, s, 0), keep || s > 1);
 }
+
+// A tail chunk goes to the tile's edge set (N = 8 NT, as the edge shifts).
+__device__ __forceinline__ void fw_tail(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm, int i,
+                                        int cc) {
+  wg_mma_rs<FW_NT>(c.edge[i], a[0].r, fw_b_tail(wsm, cc, 0), 1);
+}
 #endif
 
 // One m-tile (4 units) of the image in img: total[i] = tile i's sums over every chunk.
@@ -194,7 +246,10 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
     wg_commit();
     if (st + FW_LEAD < FW_STEPS)
       fw_load_step(a[(st + FW_LEAD) % FW_RING], img, rows, st + FW_LEAD);
-    if (FW_EXACT && s == FW_SHIFTS - 1 && (j % FW_SUM == FW_SUM - 1 || j == FW_J - 1)) {
+    // A sum closes after its last chunk; with packed tails the last one closes after them.
+    const bool closes = (j % FW_SUM == FW_SUM - 1 || j == FW_JM - 1) &&
+                        !(FW_TCH > 0 && j == FW_JM - 1);
+    if (FW_EXACT && s == FW_SHIFTS - 1 && closes) {
       wg_wait<0>();  // the sum has retired
       fw_hold_acc(c);
 #if FW_EXACT
@@ -205,6 +260,28 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
       wg_wait<FW_RING - FW_LEAD - 1>();
     }
   }
+#if FW_TCH > 0
+  {
+    const int t = threadIdx.x & 3;
+    FwA ta[FW_T][FW_TCH][FW_PARTS];
+#pragma unroll
+    for (int i = 0; i < FW_T; ++i)
+#pragma unroll
+      for (int cc = 0; cc < FW_TCH; ++cc) fw_load_tail(ta[i][cc], img, rows, i, cc, t);
+    fw_hold_acc(c);
+    wg_fence();
+#pragma unroll
+    for (int i = 0; i < FW_T; ++i)
+#pragma unroll
+      for (int cc = 0; cc < FW_TCH; ++cc) fw_tail(c, ta[i][cc], wsm, i, cc);
+    wg_commit();
+    wg_wait<0>();
+    fw_hold_acc(c);
+#if FW_EXACT
+    fw_sum_end(c, total);
+#endif
+  }
+#endif
 #if !FW_EXACT
   wg_wait<0>();
   fw_hold_acc(c);
