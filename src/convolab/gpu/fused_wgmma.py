@@ -4,7 +4,8 @@ conv + bias + ReLU + max-pool 2 for wide layers with its MMAs on Hopper's warpgr
 
 Rung 28's geometry (gpu/fused_wide.py: staged image, row pitch, k run order, units) is reused
 as it is; what is new is the weights' form: `wgmma_blocks` packs each (k-chunk, filter row)
-block of 8 NT channels x 16 k as core matrices in falling filter row order, the layout the
+block of 8 NT channels x 16 k as core matrices in falling filter row order (and, where
+`default_tails` says so, the rows' run tails packed into shared chunks), the layout the
 kernel's wgmma descriptors read. `prepare` returns run(x, out) with rung 28's contract. The
 registry entries `fused-conv-pool2-wgmma-{tc,3xfp16}` wrap it for fp32 input. Nothing here
 imports CuPy at module import time.
@@ -254,9 +255,9 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
 
 # FusedLeNet runs a wide block on rung 44 instead of rung 28 where this is on and rung 44 takes
 # the block in the precision rung 28 would run (fp16, exact mode's 3xfp16): on the H100
-# eecs498's conv2 took 0.42 / 0.86 ms on rung 44 against 0.47 / 1.31 on rung 28 (fp16 /
-# 3xfp16), mxnet's 0.47 / 0.84 against 0.46 / 1.20, and the whole forward is faster in both
-# modes for both models (fp16 reads rung 44's fp16 input; docs/raw.md "Rung 44").
+# eecs498's conv2 took 0.40 / 0.79 ms on rung 44 against 0.48 / 1.31 on rung 28 (fp16 /
+# 3xfp16), mxnet's 0.48 / 0.87 against 0.47 / 1.17, and the whole forward is faster in both
+# modes for both models (docs/raw.md "Rung 44").
 NETWORK = True
 
 
