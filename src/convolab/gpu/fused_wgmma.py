@@ -336,8 +336,9 @@ def wgmma_impl(precision: str) -> ConvImpl:
     return ConvImpl(
         name=f"fused-conv-pool2-wgmma-{_SUFFIX[precision]}",
         demonstrates=("rung 28 on Hopper's warpgroup MMA: a warpgroup's 64 rows are four "
-                      "units' windows, A from registers, the weights as B from swizzled shared "
-                      f"memory by descriptor, one commit group per shift ({what[precision]})"),
+                      "units' windows, A from registers, the weights as B by descriptor from "
+                      "core-matrix blocks that one N = 48 wgmma reads two of, A loaded two "
+                      f"shifts ahead, run tails packed ({what[precision]})"),
         device="gpu",
         prepare=prepare_fp32,
         supports=lambda s: supports(s, POOL, precision),
