@@ -205,3 +205,62 @@ def inline_headers(source: str, kernel_dir: Path, keep: tuple[str, ...] = ("comm
         return re.sub(r'#include "([^"]+)"', one, text)
 
     return expand(source)
+
+
+# The warpgroup MMA of wgmma_core.cuh / wgmma_rs.cuh (fp16 A from registers, B by a no-swizzle
+# K-major descriptor into the emulated shared memory `emu_smem`), run synchronously: a
+# warpgroup's 128 threads post their A quads, meet at a warpgroup barrier, and each computes
+# its own accumulators in fp64 from the PTX layouts (needs BLOCK_SHIM and MMA_SHIM before it;
+# the test sets up wg_bar per warpgroup). The async bookkeeping (fence, commit, wait) is a no-op.
+WGMMA_SHIM = r"""
+extern unsigned char emu_smem[];
+std::barrier<>* wg_bar[8];
+inline void wg_sync() { wg_bar[threadIdx.x / 128]->arrive_and_wait(); }
+struct WgRegs { unsigned a[128][4]; };
+WgRegs wg_regs[8];
+#define WG_HOLD(x) ((void)0)
+inline void wg_fence() {}
+inline void wg_commit() {}
+template <int N> inline void wg_wait() {}
+inline void wg_proxy_fence() {}
+inline unsigned __cvta_generic_to_shared(const void* p) {
+  return (unsigned)((const unsigned char*)p - emu_smem);
+}
+inline unsigned long long wg_desc_interleaved(unsigned saddr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((saddr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+         ((unsigned long long)(sbo >> 4) << 32);
+}
+template <int NR>
+void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long desc,
+               int scale_d) {
+  const int tid = threadIdx.x % 128;
+  WgRegs& R = wg_regs[threadIdx.x / 128];
+  for (int i = 0; i < 4; ++i) R.a[tid][i] = a[i];
+  wg_sync();
+  const unsigned start = (unsigned)(desc & 0x3FFF) << 4;
+  const unsigned lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4;
+  const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+  const int w = tid / 32, l = tid % 32, g = l / 4, t = l % 4;
+  double A[2][16];  // this thread's rows g and g + 8 of its warp's 16
+  for (int ln = 0; ln < 4; ++ln)
+    for (int h = 0; h < 2; ++h)
+      for (int half = 0; half < 2; ++half) {
+        const unsigned* q = R.a[32 * w + 4 * g + ln];
+        A[half][2 * ln + h] = f16(q[half] >> (16 * h));
+        A[half][2 * ln + 8 + h] = f16(q[2 + half] >> (16 * h));
+      }
+  for (int n = 0; n < NR; ++n)
+    for (int r = 0; r < 4; ++r) {
+      const int col = 8 * n + 2 * t + r % 2;
+      double s = scale_d ? d[n][r] : 0.0;
+      for (int k = 0; k < 16; ++k) {
+        const unsigned at = start + (col / 8) * sbo + (k / 8) * lbo + (col % 8) * 16 + (k % 8) * 2;
+        unsigned short bits;
+        std::memcpy(&bits, emu_smem + at, 2);
+        s += A[r / 2][k] * f16(bits);
+      }
+      d[n][r] = (float)s;
+    }
+  wg_sync();
+}
+"""

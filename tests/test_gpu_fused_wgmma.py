@@ -1,8 +1,10 @@
 """Rung 44 (fused-conv-pool2-wgmma, kernels/44_fused_conv_pool_wgmma.cu): rung 28's fused
 conv + bias + ReLU + max-pool on Hopper's warpgroup MMA, fp16 and 3xfp16.
 
-CPU: what the rung takes, its plan (row pitch, blocks an SM, parameters), and the weights'
-swizzled packing read back element by element through the hardware's 128-byte swizzle rule.
+CPU: what the rung takes, its plan (row pitch, blocks an SM, parameters, packed tails), the
+weights' packing read back element by element where the descriptors point, and the kernel
+source itself compiled with g++ and run with the warpgroup MMA emulated (each wgmma from the
+PTX layouts of its register A and descriptor B), so its indexing is checked where no GPU is.
 GPU: random shapes and the zoo's conv2 against the fp64 reference on poisoned outputs, a wide
 dynamic range per image (3xfp16), every tunable parameter, NaN, and the registry entries.
 """
@@ -10,9 +12,13 @@ dynamic range per image (3xfp16), every tunable parameter, NaN, and the registry
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM, WGMMA_SHIM, inline_headers
 from test_gpu_fused_wide import (
     check_each_image,
     check_result,
@@ -26,11 +32,13 @@ from convolab.check import rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
 from convolab.errors import InputError
 from convolab.gpu import fused_wgmma, fused_wide
+from convolab.gpu.compile import KERNEL_DIR, define_flags
 from convolab.gpu.device import SM_SMEM_BYTES
 from convolab.precision import TOLERANCE
 from convolab.shapes import ConvShape
 
 PRECISIONS = tuple(fused_wgmma.PRECISIONS)
+GXX = shutil.which("g++")
 EECS498_CONV2 = ConvShape(1, 12, 29, 29, 24, 7)
 
 
@@ -156,6 +164,104 @@ def test_tails_are_packed_where_they_save_a_tenth() -> None:
         assert fused_wgmma.wgmma_plan(mxnet, precision, {"tails": 1}).defines["FW_TAILS"] == 1
     with pytest.raises(InputError, match="tails=1 needs"):
         fused_wgmma.wgmma_plan(ConvShape(1, 4, 12, 12, 8, 3), "fp16", {"tails": 1})
+
+
+# ---- CPU: the kernel source under g++, the warpgroup MMA emulated ----------------------------
+
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
+alignas(1024) unsigned char emu_smem[232448];
+#define fw_smem emu_smem
+""" + WGMMA_SHIM + r"""
+#include "kernel.inc"
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int batch = atoi(argv[2]), grid = atoi(argv[3]);
+  const float w_unscale = (float)atof(argv[4]);
+  const size_t nx = (size_t)batch * FW_C * FW_H * FW_W;
+  const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP + 64;
+  fw_in_t* x = read<fw_in_t>(dir, "x.bin", nx);
+  uint4* wpack = read<uint4>(dir, "w.bin", FW_B_BYTES / 16);
+  float* bias = read<float>(dir, "b.bin", FW_M);
+  float* y = read<float>(dir, "y.bin", ny);
+  printf("%d\n", FW44_SMEM_BYTES);
+  static_assert(FW44_SMEM_BYTES <= (int)sizeof(emu_smem), "emulator shared memory");
+  gridDim.x = grid;
+  for (int blk = 0; blk < grid; ++blk) {
+    std::memset(emu_smem, 0xFF, sizeof emu_smem);  // NaN in fp16 and fp32: unstaged reads show
+    std::vector<std::unique_ptr<std::barrier<>>> wgb;
+    for (int g = 0; g < FW_WGS; ++g) {
+      wgb.emplace_back(new std::barrier<>(128));
+      wg_bar[g] = wgb.back().get();
+    }
+    run_block(blk, FW_THREADS, [=] { fcp_wgmma(x, wpack, bias, y, batch, w_unscale); });
+  }
+  char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
+}
+"""
+SENTINEL = 64  # floats past the output, which must stay untouched
+
+
+def emulate(tmp_path: Path, shape: ConvShape, precision: str, in_dtype: str, x: np.ndarray,
+            w: np.ndarray, b: np.ndarray, params: dict[str, int], grid: int) -> np.ndarray:
+    """The kernel's output for (x, w, b) run on the CPU (the wgmma's shared-memory and register
+    operands as the kernel lays them out)."""
+    defines = fused_wgmma._plan_defines(shape, precision, params, in_dtype)
+    source = inline_headers((KERNEL_DIR / fused_wgmma.KERNEL_FILE).read_text(), KERNEL_DIR,
+                            keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh"))
+    source = source.replace("extern __shared__ __align__(16) unsigned char fw_smem[];", "")
+    assert "asm" not in source, "inline PTX the emulator does not know"
+    (tmp_path / "kernel.inc").write_text(source)
+    (tmp_path / "emu.cpp").write_text(EMU)
+    exe = tmp_path / "emu"
+    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w",
+                            *define_flags(defines), "-o", str(exe), str(tmp_path / "emu.cpp")],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    hp, wp = shape.H_out // 2, shape.W_out // 2
+    ny = shape.B * shape.M * hp * wp
+    np.ascontiguousarray(x, in_dtype).tofile(tmp_path / "x.bin")
+    fused_wgmma.wgmma_blocks(w, precision, bool(defines["FW_TAILS"])).tofile(tmp_path / "w.bin")
+    b.astype(np.float32).tofile(tmp_path / "b.bin")
+    np.full(ny + SENTINEL, np.nan, np.float32).tofile(tmp_path / "y.bin")
+    w_unscale = 2.0 ** -fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
+    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(grid), repr(w_unscale)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert int(run.stdout.split()[0]) == fused_wgmma.smem_bytes(
+        shape, precision, defines["FW_WS"], in_dtype, bool(defines["FW_TAILS"]))
+    y = np.fromfile(tmp_path / "y_out.bin", np.float32)
+    assert np.isnan(y[ny:]).all(), "wrote past the output"
+    return y[:ny].reshape(shape.B, shape.M, hp, wp)
+
+
+EMULATED = [  # (precision, input, shape, params, grid): small images, padded and packed tails
+    ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), {"tails": -1, "wgs": 1}, 2),
+    ("fp16", "float16", ConvShape(2, 12, 14, 14, 24, 7), {"tails": 1}, 1),  # two warpgroups
+    ("fp16", "float32", ConvShape(2, 9, 13, 13, 19, 3), {"tails": 1, "lead": 1, "ring": 3}, 2),
+    ("3xfp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), {"tails": 1}, 2),
+    ("3xfp16", "float16", ConvShape(2, 12, 14, 14, 24, 7), {"sum": 1, "wgs": 2}, 1),
+    ("3xfp16", "float32", ConvShape(1, 12, 29, 29, 24, 7), {}, 1),  # eecs498's conv2
+    ("3xfp16", "float32", ConvShape(2, 7, 12, 11, 32, 5), {"tails": -1, "sum": 6}, 1),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("case", range(len(EMULATED)))
+def test_kernel_emulated_on_cpu(case: int, tmp_path: Path, rng: np.random.Generator) -> None:
+    precision, in_dtype, shape, params, grid = EMULATED[case]
+    x, w, b = problem(rng, shape, in_dtype)
+    y = emulate(tmp_path, shape, precision, in_dtype, x, w, b, params, grid)
+    check_result(y, x, w, b, 2, precision)
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+def test_3xfp16_emulated_on_a_wide_dynamic_range(tmp_path: Path,
+                                                 rng: np.random.Generator) -> None:
+    shape = ConvShape(3, 12, 14, 15, 24, 5)
+    x, w, b = wide_range_problem(rng, shape)
+    y = emulate(tmp_path, shape, "3xfp16", "float32", x, w, b, {"tails": 1}, 2)
+    check_each_image(y, x, w, 2, "3xfp16")
 
 
 # ---- GPU -------------------------------------------------------------------------------------

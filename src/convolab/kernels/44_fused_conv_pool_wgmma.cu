@@ -92,7 +92,7 @@ __device__ __forceinline__ void fw_hold(float (&d)[R][4]) {
 #pragma unroll
   for (int n = 0; n < R; ++n)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[n][r])::"memory");
+    for (int r = 0; r < 4; ++r) WG_HOLD(d[n][r]);
 }
 
 template <int R>

@@ -5,6 +5,10 @@
 // without swizzle (core matrices of 8 rows x 16 bytes).
 #pragma once
 
+// Keeps the compiler from moving reads or writes of an accumulator register across the
+// asynchronous wgmmas that own it (an empty asm that "changes" it).
+#define WG_HOLD(x) asm volatile("" : "+f"(x)::"memory")
+
 __device__ __forceinline__ void wg_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
