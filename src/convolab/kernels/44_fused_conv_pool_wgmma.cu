@@ -85,8 +85,7 @@ static_assert(!FW_TAILS || (FW_JM >= 1 && FW_TL > 0 && FW_TL % 2 == 0),
 
 typedef float FwTile[FW_T][FW_NT][4];  // [tile][n-tile][register]
 
-// Keeps the compiler from moving reads or writes of accumulators across the asynchronous
-// wgmmas that own them.
+// WG_HOLD over a set of accumulators.
 template <int R>
 __device__ __forceinline__ void fw_hold(float (&d)[R][4]) {
 #pragma unroll

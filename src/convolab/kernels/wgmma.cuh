@@ -147,13 +147,12 @@ __device__ __forceinline__ void wg_mma(float (&d)[WG_ACC], unsigned long long da
 #endif
 }
 
-// Keeps the compiler from moving reads or writes of the accumulators across the asynchronous
-// wgmmas that own them between wg_fence and wg_wait.
+// WG_HOLD over a warpgroup's accumulators (between wg_fence and wg_wait).
 __device__ __forceinline__ void wg_hold(float (&d)[WG_MI][WG_ACC]) {
 #pragma unroll
   for (int mi = 0; mi < WG_MI; ++mi)
 #pragma unroll
-    for (int i = 0; i < WG_ACC; ++i) asm volatile("" : "+f"(d[mi][i])::"memory");
+    for (int i = 0; i < WG_ACC; ++i) WG_HOLD(d[mi][i]);
 }
 
 // ---- loader ----------------------------------------------------------------------------------
