@@ -1,6 +1,6 @@
 // Rung 28's image staging and pooled store, shared by its k loop (fused_wide_kernel.cuh) and
-// the wgmma rung 44's: what they need of the including file's hooks is fw_store4 and
-// fw_unscale (fused_wide.cuh lists them).
+// the wgmma rung 44's (which stages in one pass: fw_stage_once): what they need of the
+// including file's hooks is fw_store4 and fw_unscale (fused_wide.cuh lists them).
 #pragma once
 
 // Image (NCHW, in global memory or its prefetched copy) -> img (HWC, channels padded to FW_CS
@@ -73,4 +73,41 @@ __device__ __forceinline__ void fw_store(const float (&acc)[FW_T][FW_NT][4], FwR
           y[((b * FW_M + m) * FW_HP + rows.wy + r) * (size_t)FW_WP + rows.wx] =
               fmax_nan(v + __ldg(bias + m), 0.f);
       }
+}
+
+// Image (NCHW, global memory) -> img (HWC, rung 28's staged form): every load of the thread's
+// share is issued before the first store, so the image costs one memory latency rather than
+// one per batch of loads; 3xfp16's scale comes from the same registers (rung 28 reads the
+// image twice). Returns the scale exponent (0 in fp16).
+__device__ __forceinline__ int fw_stage_once(fw_t* img, const fw_in_t* __restrict__ xb,
+                                             float* red) {
+  constexpr int PIX = FW_H * FW_W, ITEMS = PIX * (FW_CS / 4);
+  constexpr int PER = (ITEMS + FW_THREADS - 1) / FW_THREADS;
+  float v[PER][4];
+  float m = 0.f;
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    const int i = threadIdx.x + u * FW_THREADS;
+    const int quad = i / PIX, pix = i - quad * PIX;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = 4 * quad + e;
+      v[u][e] = (i < ITEMS && c < FW_C) ? fw_in<false>(xb + (size_t)c * PIX + pix) : 0.f;
+      m = fmaxf(m, fabsf(v[u][e]));
+    }
+  }
+#if FW_PREC == 3
+  const int e = fw_block_exponent(m, red);
+#else
+  const int e = 0;
+#endif
+  const float scale = fw_pow2(e);
+#pragma unroll
+  for (int u = 0; u < PER; ++u) {
+    const int i = threadIdx.x + u * FW_THREADS;
+    const int quad = i / PIX, pix = i - quad * PIX;
+    const int row_pad = (pix / FW_W) * (FW_WS - FW_W);
+    if (i < ITEMS) fw_store4(img + (pix + row_pad) * FW_CS + 4 * quad, v[u], scale);
+  }
+  return e;
 }
