@@ -4,7 +4,11 @@ prelude and a test's own main(), compiles with g++ and runs each block's threads
 no GPU is. Each test adds what its kernel needs beyond it (warp shuffles, cp.async)."""
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import numpy as np
 
 CUDA_SHIM = r"""
 #include <algorithm>
@@ -264,3 +268,35 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
   wg_sync();
 }
 """
+
+
+# The main() tail of the fused conv + pool rungs' emulators (28, 44): the test's main reads
+# x.bin, w.bin, b.bin and y.bin, prints the kernel's shared-memory size and writes y_out.bin.
+SENTINEL = 64  # floats past the output, which must stay untouched
+
+
+def run_fused_emulator(tmp_path: Path, main: str, kernel_source: str, flags: list[str],
+                       files: dict[str, np.ndarray], out_shape: tuple[int, ...],
+                       args: list[str]) -> tuple[np.ndarray, int]:
+    """Build `main` (which includes kernel.inc: kernel_source) with g++ and the -D flags, write
+    the input files, run it with (tmp_path, *args) and return the output (read from y_out.bin,
+    NaN-poisoned before, with SENTINEL floats past it that must stay NaN) and the integer the
+    program printed first."""
+    assert "asm" not in kernel_source, "inline PTX the emulator does not know"
+    (tmp_path / "kernel.inc").write_text(kernel_source)
+    (tmp_path / "emu.cpp").write_text(main)
+    exe = tmp_path / "emu"
+    build = subprocess.run([str(shutil.which("g++")), "-std=c++20", "-O1", "-pthread", "-w",
+                            *flags, "-o", str(exe), str(tmp_path / "emu.cpp")],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    for name, array in files.items():
+        array.tofile(tmp_path / name)
+    ny = int(np.prod(out_shape))
+    np.full(ny + SENTINEL, np.nan, np.float32).tofile(tmp_path / "y.bin")
+    run = subprocess.run([str(exe), str(tmp_path), *args], capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    y = np.fromfile(tmp_path / "y_out.bin", np.float32)
+    assert np.isnan(y[ny:]).all(), "wrote past the output"
+    return y[:ny].reshape(out_shape), int(run.stdout.split()[0])

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM, WGMMA_SHIM, inline_headers
+from cuda_emulator import (
+    BLOCK_SHIM,
+    CUDA_SHIM,
+    MMA_SHIM,
+    WGMMA_SHIM,
+    inline_headers,
+    run_fused_emulator,
+)
 from test_gpu_fused_wide import (
     check_each_image,
     check_result,
@@ -199,9 +205,6 @@ int main(int argc, char** argv) {
   FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
 }
 """
-SENTINEL = 64  # floats past the output, which must stay untouched
-
-
 def emulate(tmp_path: Path, shape: ConvShape, precision: str, in_dtype: str, x: np.ndarray,
             w: np.ndarray, b: np.ndarray, params: dict[str, int], grid: int) -> np.ndarray:
     """The kernel's output for (x, w, b) run on the CPU (the wgmma's shared-memory and register
@@ -210,29 +213,16 @@ def emulate(tmp_path: Path, shape: ConvShape, precision: str, in_dtype: str, x: 
     source = inline_headers((KERNEL_DIR / fused_wgmma.KERNEL_FILE).read_text(), KERNEL_DIR,
                             keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh"))
     source = source.replace("extern __shared__ __align__(16) unsigned char fw_smem[];", "")
-    assert "asm" not in source, "inline PTX the emulator does not know"
-    (tmp_path / "kernel.inc").write_text(source)
-    (tmp_path / "emu.cpp").write_text(EMU)
-    exe = tmp_path / "emu"
-    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w",
-                            *define_flags(defines), "-o", str(exe), str(tmp_path / "emu.cpp")],
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr[-3000:]
-    hp, wp = shape.H_out // 2, shape.W_out // 2
-    ny = shape.B * shape.M * hp * wp
-    np.ascontiguousarray(x, in_dtype).tofile(tmp_path / "x.bin")
-    fused_wgmma.wgmma_blocks(w, precision, bool(defines["FW_TAILS"])).tofile(tmp_path / "w.bin")
-    b.astype(np.float32).tofile(tmp_path / "b.bin")
-    np.full(ny + SENTINEL, np.nan, np.float32).tofile(tmp_path / "y.bin")
+    tails = bool(defines["FW_TAILS"])
     w_unscale = 2.0 ** -fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
-    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(grid), repr(w_unscale)],
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert int(run.stdout.split()[0]) == fused_wgmma.smem_bytes(
-        shape, precision, defines["FW_WS"], in_dtype, bool(defines["FW_TAILS"]))
-    y = np.fromfile(tmp_path / "y_out.bin", np.float32)
-    assert np.isnan(y[ny:]).all(), "wrote past the output"
-    return y[:ny].reshape(shape.B, shape.M, hp, wp)
+    files = {"x.bin": np.ascontiguousarray(x, in_dtype),
+             "w.bin": fused_wgmma.wgmma_blocks(w, precision, tails),
+             "b.bin": b.astype(np.float32)}
+    y, smem = run_fused_emulator(tmp_path, EMU, source, define_flags(defines), files,
+                                 (shape.B, shape.M, shape.H_out // 2, shape.W_out // 2),
+                                 [str(shape.B), str(grid), repr(w_unscale)])
+    assert smem == fused_wgmma.smem_bytes(shape, precision, defines["FW_WS"], in_dtype, tails)
+    return y
 
 
 EMULATED = [  # (precision, input, shape, params, grid): small images, padded and packed tails

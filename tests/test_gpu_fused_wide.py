@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import functools
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM, inline_headers
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM, inline_headers, run_fused_emulator
 
 from convolab.check import poison, rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
@@ -369,9 +368,6 @@ int main(int argc, char** argv) {
 }
 """
 
-SENTINEL = 64  # floats past the output, which must stay untouched
-
-
 def kernel_source(precision: str) -> str:
     """The precision's kernel file (28 or 28b) with rung 28's headers inlined, common.cuh's
     PTX and cuda_bf16.h left to the shim."""
@@ -385,29 +381,13 @@ def emulate(tmp_path: Path, shape: ConvShape, pool: int, precision: str, in_dtyp
             grid: int) -> tuple[np.ndarray, int]:
     """The kernel's output for (x, w, b) run on the CPU, and its FW_SMEM_BYTES."""
     plan = fused_wide.wide_plan(shape, pool, precision, params, in_dtype)
-    source = kernel_source(precision)
-    assert "asm" not in source, "inline PTX the emulator does not know"
-    (tmp_path / "kernel.inc").write_text(source)
-    (tmp_path / "emu.cpp").write_text(EMU)
-    exe = tmp_path / "emu"
-    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w",
-                            *define_flags(plan.defines), "-o", str(exe),
-                            str(tmp_path / "emu.cpp")], capture_output=True, text=True,
-                           timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
-    hp, wp = shape.H_out // pool, shape.W_out // pool
-    ny = shape.B * shape.M * hp * wp
-    np.ascontiguousarray(x, in_dtype).tofile(tmp_path / "x.bin")
-    fused_wide.wide_fragments(w, precision).tofile(tmp_path / "w.bin")
-    b.astype(np.float32).tofile(tmp_path / "b.bin")
-    np.full(ny + SENTINEL, np.nan, np.float32).tofile(tmp_path / "y.bin")
     w_unscale = 2.0 ** -fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
-    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(grid), repr(w_unscale)],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    y = np.fromfile(tmp_path / "y_out.bin", np.float32)
-    assert np.isnan(y[ny:]).all(), "wrote past the output"
-    return y[:ny].reshape(shape.B, shape.M, hp, wp), int(run.stdout.split()[0])
+    files = {"x.bin": np.ascontiguousarray(x, in_dtype),
+             "w.bin": fused_wide.wide_fragments(w, precision), "b.bin": b.astype(np.float32)}
+    return run_fused_emulator(tmp_path, EMU, kernel_source(precision),
+                              define_flags(plan.defines), files,
+                              (shape.B, shape.M, shape.H_out // pool, shape.W_out // pool),
+                              [str(shape.B), str(grid), repr(w_unscale)])
 
 
 EMULATED = [  # (precision, input, shape, pool, params, grid): small images, both pools
