@@ -270,9 +270,36 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 """
 
 
-# The main() tail of the fused conv + pool rungs' emulators (28, 44): the test's main reads
-# x.bin, w.bin, b.bin and y.bin, prints the kernel's shared-memory size and writes y_out.bin.
-SENTINEL = 64  # floats past the output, which must stay untouched
+# The main() of the fused conv + pool rungs' emulators (28, 44), after the kernel's source: it
+# reads x.bin, w.bin, b.bin and y.bin (args: dir, batch, grid, w_unscale), prints the kernel's
+# shared-memory size, runs each block and writes y_out.bin. The test defines EMU_SMEM (the
+# array the kernel's dynamic shared memory is), EMU_W_BYTES, EMU_SMEM_BYTES, EMU_KERNEL and
+# EMU_BLOCK_SETUP (what a block needs besides run_block's barriers).
+FUSED_MAIN = r"""
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int batch = atoi(argv[2]), grid = atoi(argv[3]);
+  const float w_unscale = (float)atof(argv[4]);
+  const size_t nx = (size_t)batch * FW_C * FW_H * FW_W;
+  const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP + 64;
+  fw_in_t* x = read<fw_in_t>(dir, "x.bin", nx);
+  uint4* w = read<uint4>(dir, "w.bin", EMU_W_BYTES / 16);
+  float* bias = read<float>(dir, "b.bin", FW_M);
+  float* y = read<float>(dir, "y.bin", ny);
+  printf("%d\n", EMU_SMEM_BYTES);
+  static_assert(EMU_SMEM_BYTES <= (int)sizeof(EMU_SMEM), "emulator shared memory");
+  static_assert(FW_THREADS == 32 * FW_WARPS);
+  gridDim.x = grid;
+  for (int blk = 0; blk < grid; ++blk) {
+    std::memset(EMU_SMEM, 0xFF, sizeof EMU_SMEM);  // NaN in fp16 and fp32: unstaged reads show
+    EMU_BLOCK_SETUP;
+    run_block(blk, FW_THREADS, [=] { EMU_KERNEL(x, w, bias, y, batch, w_unscale); });
+  }
+  char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
+}
+"""
+SENTINEL = 64  # floats past the output, which must stay untouched (FUSED_MAIN's 64)
 
 
 def run_fused_emulator(tmp_path: Path, main: str, kernel_source: str, flags: list[str],

@@ -20,6 +20,7 @@ import pytest
 from cuda_emulator import (
     BLOCK_SHIM,
     CUDA_SHIM,
+    FUSED_MAIN,
     MMA_SHIM,
     WGMMA_SHIM,
     inline_headers,
@@ -179,32 +180,18 @@ alignas(1024) unsigned char emu_smem[232448];
 #define fw_smem emu_smem
 """ + WGMMA_SHIM + r"""
 #include "kernel.inc"
-int main(int argc, char** argv) {
-  const char* dir = argv[1];
-  const int batch = atoi(argv[2]), grid = atoi(argv[3]);
-  const float w_unscale = (float)atof(argv[4]);
-  const size_t nx = (size_t)batch * FW_C * FW_H * FW_W;
-  const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP + 64;
-  fw_in_t* x = read<fw_in_t>(dir, "x.bin", nx);
-  uint4* wpack = read<uint4>(dir, "w.bin", FW_B_BYTES / 16);
-  float* bias = read<float>(dir, "b.bin", FW_M);
-  float* y = read<float>(dir, "y.bin", ny);
-  printf("%d\n", FW44_SMEM_BYTES);
-  static_assert(FW44_SMEM_BYTES <= (int)sizeof(emu_smem), "emulator shared memory");
-  gridDim.x = grid;
-  for (int blk = 0; blk < grid; ++blk) {
-    std::memset(emu_smem, 0xFF, sizeof emu_smem);  // NaN in fp16 and fp32: unstaged reads show
-    std::vector<std::unique_ptr<std::barrier<>>> wgb;
-    for (int g = 0; g < FW_WGS; ++g) {
-      wgb.emplace_back(new std::barrier<>(128));
-      wg_bar[g] = wgb.back().get();
-    }
-    run_block(blk, FW_THREADS, [=] { fcp_wgmma(x, wpack, bias, y, batch, w_unscale); });
+#define EMU_SMEM emu_smem
+#define EMU_W_BYTES FW_B_BYTES
+#define EMU_SMEM_BYTES FW44_SMEM_BYTES
+#define EMU_KERNEL fcp_wgmma
+// each warpgroup's barrier, alive while run_block runs the block
+#define EMU_BLOCK_SETUP                                  \
+  std::vector<std::unique_ptr<std::barrier<>>> wgb;      \
+  for (int g = 0; g < FW_WGS; ++g) {                     \
+    wgb.emplace_back(new std::barrier<>(128));           \
+    wg_bar[g] = wgb.back().get();                        \
   }
-  char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
-  FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
-}
-"""
+""" + FUSED_MAIN
 def emulate(tmp_path: Path, shape: ConvShape, precision: str, in_dtype: str, x: np.ndarray,
             w: np.ndarray, b: np.ndarray, params: dict[str, int], grid: int) -> np.ndarray:
     """The kernel's output for (x, w, b) run on the CPU (the wgmma's shared-memory and register

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM, inline_headers, run_fused_emulator
+from cuda_emulator import (
+    BLOCK_SHIM,
+    CUDA_SHIM,
+    FUSED_MAIN,
+    MMA_SHIM,
+    inline_headers,
+    run_fused_emulator,
+)
 
 from convolab.check import poison, rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
@@ -342,31 +349,14 @@ def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
 # ---- CPU: the kernel source under g++, mma.sync emulated -------------------------------------
 
 EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
-#include <memory>
 alignas(16) unsigned char fw_smem[232448];
 #include "kernel.inc"
-int main(int argc, char** argv) {
-  const char* dir = argv[1];
-  const int batch = atoi(argv[2]), grid = atoi(argv[3]);
-  const float w_unscale = (float)atof(argv[4]);
-  const size_t nx = (size_t)batch * FW_C * FW_H * FW_W;
-  const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP + 64;
-  fw_in_t* x = read<fw_in_t>(dir, "x.bin", nx);
-  uint4* wfrag = read<uint4>(dir, "w.bin", FW_WBYTES / 16);
-  float* bias = read<float>(dir, "b.bin", FW_M);
-  float* y = read<float>(dir, "y.bin", ny);
-  printf("%d\n", FW_SMEM_BYTES);
-  static_assert(FW_SMEM_BYTES <= (int)sizeof(fw_smem), "emulator shared memory");
-  gridDim.x = grid;
-  for (int blk = 0; blk < grid; ++blk) {
-    std::memset(fw_smem, 0xFF, sizeof fw_smem);  // NaN in fp16 and fp32: unstaged reads show
-    static_assert(FW_THREADS == 32 * FW_WARPS);
-    run_block(blk, FW_THREADS, [=] { fcp_wide(x, wfrag, bias, y, batch, w_unscale); });
-  }
-  char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
-  FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
-}
-"""
+#define EMU_SMEM fw_smem
+#define EMU_W_BYTES FW_WBYTES
+#define EMU_SMEM_BYTES FW_SMEM_BYTES
+#define EMU_KERNEL fcp_wide
+#define EMU_BLOCK_SETUP
+""" + FUSED_MAIN
 
 def kernel_source(precision: str) -> str:
     """The precision's kernel file (28 or 28b) with rung 28's headers inlined, common.cuh's
