@@ -232,16 +232,14 @@ def test_smem_bytes_agree_with_kernel(rng: np.random.Generator) -> None:
 
 
 def random_head_defines(rng: np.random.Generator) -> dict[str, int]:
-    """A random head with a random image tile and k chunk, drawn again where the tile does not
-    fit the head (head_defines refuses it: a 40-image tile of 4 a thread, a first layer wider
-    than the tile's threads hold)."""
+    """A random head with one of the image tiles it takes (tile_choices), drawn at random."""
     for _ in range(100):
-        try:
-            return dh.head_defines(random_layers(rng), imgs=int(rng.choice(dh.IMGS_CHOICES)),
-                                   kc=int(rng.choice(dh.KC_CHOICES)))
-        except ValueError:
-            continue
-    raise AssertionError("no random head of 100 takes its random tile")
+        layers = random_layers(rng)
+        choices = tile_choices(layers)
+        if choices:
+            imgs, kc, ti = choices[int(rng.integers(len(choices)))]
+            return dh.head_defines(layers, imgs, kc=kc, ti=ti)
+    raise AssertionError("no random head of 100 takes any tile")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
