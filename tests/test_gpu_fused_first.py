@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM, WGMMA_SHIM, inline_headers
 
 from convolab import data
 from convolab.check import rel_l2
@@ -30,12 +30,15 @@ from convolab.precision import TOLERANCE
 from convolab.shapes import ConvShape, ceil_div
 
 POOL = fused_first.FIRST_POOL
-# (precision, tc): every family — FFMA, 29b's Toeplitz fp16, 29c's row pairs fp16 and 3xfp16
+# (precision, tc): every family — FFMA, 29b's Toeplitz fp16, 29c's row pairs fp16 and 3xfp16,
+# and the row pairs on the warpgroup MMA (45) in both
 FAMILIES = (("fp32", fused_first.TC_FFMA), ("fp16", fused_first.TC_TOEPLITZ),
-            ("fp16", fused_first.TC_ROWPAIR), ("3xfp16", fused_first.TC_ROWPAIR))
+            ("fp16", fused_first.TC_ROWPAIR), ("3xfp16", fused_first.TC_ROWPAIR),
+            ("fp16", fused_first.TC_WGMMA), ("3xfp16", fused_first.TC_WGMMA))
 FILES = {fused_first.TC_FFMA: fused_first.KERNEL_FILE,
          fused_first.TC_TOEPLITZ: fused_first.TC_KERNEL_FILE,
-         fused_first.TC_ROWPAIR: fused_first.RP_KERNEL_FILE}
+         fused_first.TC_ROWPAIR: fused_first.RP_KERNEL_FILE,
+         fused_first.TC_WGMMA: fused_first.WG_KERNEL_FILE}
 WIDE = fused_first.wide_models()
 
 
@@ -144,6 +147,8 @@ def test_float_entry_odd_rectangles_match_fp64(precision: str, tc: int,
             params |= random_params(rng)
         elif tc == fused_first.TC_ROWPAIR:
             params |= {"warps": int(rng.choice([0, 2, 3, 8])), "rows": int(rng.integers(0, 6))}
+        elif tc == fused_first.TC_WGMMA:
+            params |= {"warps": int(rng.choice([0, 4, 8])), "rows": int(rng.integers(0, 6))}
         w, b = weights(rng, shape)
         x = rng.random(shape.x_shape, dtype=np.float32)
         # a scale far from 1 (3xfp16's power of two must follow it)
@@ -176,7 +181,8 @@ def test_fp32_output_is_the_ffma_rungs_bits(model: str, rng: np.random.Generator
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", [fused_first.FIRST_IMPL, fused_first.FIRST_TC_IMPL,
-                                  fused_first.FIRST_RP_IMPL, fused_first.FIRST_3X_IMPL],
+                                  fused_first.FIRST_RP_IMPL, fused_first.FIRST_3X_IMPL,
+                                  fused_first.FIRST_WG_IMPL, fused_first.FIRST_WG_3X_IMPL],
                          ids=lambda i: i.name)
 def test_registry_entries_run_their_shapes(impl: Any, rng: np.random.Generator) -> None:
     import cupy as cp
@@ -370,14 +376,14 @@ def test_default_threads_leave_fewest_idle(rng: np.random.Generator) -> None:
                    for u in fused_first.THREAD_CHOICES)
 
 
-# ---- CPU: 29c's source under g++, mma.sync emulated --------------------------------------------
+# ---- CPU: 29c's and 45's source under g++, mma.sync and wgmma emulated -------------------------
 
 EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
 #undef __shared__
 #define __shared__ static
 #include <memory>
-alignas(16) unsigned char fr_dyn_emu[64 * 1024];  // the dynamic shared memory (FR_OUT_SMEM)
-#define FR_DYN_SMEM fr_dyn_emu
+alignas(128) unsigned char emu_smem[64 * 1024];  // the dynamic shared memory
+#define FR_DYN_SMEM emu_smem
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 struct __half2 { __half x, y; };
@@ -389,7 +395,13 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float fminf(float a, float b) { return std::fmin(a, b); }
 inline float fabsf(float a) { return std::fabs(a); }
 using std::max;
+""" + WGMMA_SHIM + r"""
 #include "kernel.inc"
+#ifdef FR_B_BYTES  // rung 45: its packed B tiles
+#define EMU_W_COUNT (FR_B_BYTES / 16)
+#else  // 29c: a lane's fragments
+#define EMU_W_COUNT (FR_PARTS * FR_KS * FR_NT * 32)
+#endif
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int batch = atoi(argv[2]), tiles_h = atoi(argv[3]), w_e = atoi(argv[4]);
@@ -400,17 +412,22 @@ int main(int argc, char** argv) {
 #else
   auto* x = read<float>(dir, "x.bin", (size_t)batch * FF_H * FF_W);
 #endif
-  auto* frag = read<uint2>(dir, "w.bin", FR_PARTS * FR_KS * FR_NT * 32);
+  auto* frag = read<fr_b_t>(dir, "w.bin", EMU_W_COUNT);
   auto* bias = read<float>(dir, "b.bin", FR_M);
   auto* y = read<ff_out>(dir, "y.bin", ny + 64);
   for (int blk = 0; blk < batch * tiles_h; ++blk) {
     static_assert(FR_THREADS == 32 * FR_WARPS);
-    std::memset(fr_dyn_emu, 0xFF, sizeof fr_dyn_emu);  // NaN in fp16 and fp32: unwritten shows
+    std::memset(emu_smem, 0xFF, sizeof emu_smem);  // NaN in fp16 and fp32: unwritten shows
+    std::vector<std::unique_ptr<std::barrier<>>> wgb;  // each warpgroup's (45)
+    for (int g = 0; g < FR_WARPS / 4; ++g) {
+      wgb.emplace_back(new std::barrier<>(128));
+      wg_bar[g] = wgb.back().get();
+    }
     run_block(blk, FR_THREADS, [=] {
 #ifdef RAW_INPUT
-      fr_conv_pool_raw(x, taps, frag, bias, y, w_e, tiles_h);
+      FR_ENTRY(raw)(x, taps, frag, bias, y, w_e, tiles_h);
 #else
-      fr_conv_pool_f32(x, frag, bias, y, w_e, tiles_h);
+      FR_ENTRY(f32)(x, frag, bias, y, w_e, tiles_h);
 #endif
     });
   }
@@ -422,26 +439,19 @@ GXX = shutil.which("g++")
 SENTINEL = 64  # outputs past the last, which must stay untouched
 
 
-def kernel_source() -> str:
-    """29c with first_block.cuh and resize.cuh inlined, common.cuh's PTX left to the shim."""
-    def text(name: str) -> str:
-        return (KERNEL_DIR / name).read_text()
-
-    block = text("first_block.cuh").replace('#include "common.cuh"', "").replace(
-        '#include "resize.cuh"', text("resize.cuh"))
-    return text(fused_first.RP_KERNEL_FILE).replace('#include "first_block.cuh"', block)
-
-
 def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: np.ndarray,
             raw_hw: tuple[int, int] | None, split: bool, out_dtype: str,
-            params: dict[str, int]) -> np.ndarray:
-    """29c's output for (x, w, b) run on the CPU (every block of the batch)."""
+            params: dict[str, int], tc: int = fused_first.TC_ROWPAIR) -> np.ndarray:
+    """29c's (tc 2) or 45's (tc 3) output for (x, w, b) run on the CPU (every block of the
+    batch)."""
     from convolab.gpu.resize import resize_taps
 
     precision = "3xfp16" if split else "fp16"
-    plan = fused_first.first_plan(shape, POOL, params, raw_hw, out_dtype, precision)
-    assert plan.kernel_file == fused_first.RP_KERNEL_FILE
-    source = kernel_source()
+    plan = fused_first.first_plan(shape, POOL, {**params, "tc": tc}, raw_hw, out_dtype,
+                                  precision)
+    assert plan.kernel_file == FILES[tc]
+    source = inline_headers((KERNEL_DIR / plan.kernel_file).read_text(), KERNEL_DIR,
+                            keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh"))
     assert "asm" not in source, "inline PTX the emulator does not know"
     (tmp_path / "kernel.inc").write_text(source)
     (tmp_path / "emu.cpp").write_text(EMU)
@@ -454,7 +464,9 @@ def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: n
     x.tofile(tmp_path / "x.bin")
     if raw_hw:
         resize_taps(*raw_hw, shape.H, shape.W).tofile(tmp_path / "taps.bin")
-    frag, w_e = fused_first.rowpair_fragments(w, split)
+    pack = (fused_first.rowpair_wgmma_tiles if tc == fused_first.TC_WGMMA
+            else fused_first.rowpair_fragments)
+    frag, w_e = pack(w, split)
     frag.tofile(tmp_path / "w.bin")
     b.astype(np.float32).tofile(tmp_path / "b.bin")
     out = pooled_shape(shape, shape.B)
@@ -481,28 +493,39 @@ EMULATED = [  # (shape, raw_hw, split, out_dtype, params): odd sizes, K 3/5/7, b
     (ConvShape(2, 1, 16, 16, 12, 5), None, False, "float16", {"osm": 0}),
     (ConvShape(3, 1, 18, 18, 12, 7), (28, 28), False, "float16", {"osm": 1}),  # 8-byte runs
 ]
+EMULATED_WGMMA = [  # rung 45: N = 8, 24, 32, 48; two warpgroups; bands; raw; staged output
+    (ConvShape(2, 1, 18, 17, 12, 7), None, True, "float32", {}),
+    (ConvShape(2, 1, 15, 17, 12, 5), None, False, "float32", {"warps": 8}),
+    (ConvShape(1, 1, 20, 20, 13, 7), (28, 28), True, "float32", {"rows": 3}),
+    (ConvShape(2, 1, 14, 13, 7, 3), None, True, "float16", {"warps": 8, "osm": 1}),
+    (ConvShape(3, 1, 16, 16, 4, 7), (11, 13), False, "float16", {"rows": 2}),
+    (ConvShape(1, 1, 21, 21, 11, 5), (13, 11), True, "float16", {}),
+]
+CASES = [(case, fused_first.TC_ROWPAIR) for case in EMULATED] + [
+    (case, fused_first.TC_WGMMA) for case in EMULATED_WGMMA]
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize("case", range(len(EMULATED)))
+@pytest.mark.parametrize("case", range(len(CASES)))
 def test_rowpair_kernel_emulated_on_cpu(case: int, tmp_path: Path,
                                         rng: np.random.Generator) -> None:
     """Every output written, within the precision's tolerance of fp64 (3xfp16: within 2e-6,
     the emulated MMA being exact), and a raw image the same bits as its resized floats."""
-    shape, raw_hw, split, out_dtype, params = EMULATED[case]
+    (shape, raw_hw, split, out_dtype, params), tc = CASES[case]
     w, b = weights(rng, shape)
     if raw_hw:
         raw = rng.integers(0, 256, (shape.B, *raw_hw), dtype=np.uint8)
         x = data.resize_bilinear(raw, shape.H)
     else:  # a scale far from 1: the split's power of two must follow it
         x = (rng.standard_normal(shape.x_shape) * 300).astype(np.float32)
-    y = emulate(tmp_path, shape, raw if raw_hw else x, w, b, raw_hw, split, out_dtype, params)
-    assert np.isfinite(y).all(), EMULATED[case]
+    y = emulate(tmp_path, shape, raw if raw_hw else x, w, b, raw_hw, split, out_dtype, params,
+                tc)
+    assert np.isfinite(y).all(), CASES[case]
     ref = reference_conv_relu_pool(x, w, b, 1, POOL)
     bound = 2e-6 if split and out_dtype == "float32" else TOLERANCE["fp16"]
-    assert rel_l2(y, ref) <= bound, EMULATED[case]
+    assert rel_l2(y, ref) <= bound, CASES[case]
     if raw_hw:
-        y_float = emulate(tmp_path, shape, x, w, b, None, split, out_dtype, params)
+        y_float = emulate(tmp_path, shape, x, w, b, None, split, out_dtype, params, tc)
         assert np.array_equal(y.view(np.uint32), y_float.view(np.uint32))
 
 

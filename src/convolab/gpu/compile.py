@@ -24,7 +24,8 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 # nothing else.
 ARCH_SPECIFIC: dict[str, str] = {"39_implicit_gemm_wgmma.cu": "sm_90a",
                                  "40_implicit_gemm_wgmma_pipelined.cu": "sm_90a",
-                                 "44_fused_conv_pool_wgmma.cu": "sm_90a"}
+                                 "44_fused_conv_pool_wgmma.cu": "sm_90a",
+                                 "45_fused_first_conv_pool_wgmma.cu": "sm_90a"}
 
 
 def nvcc_target(filename: str) -> tuple[str, ...]:

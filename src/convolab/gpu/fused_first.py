@@ -9,6 +9,8 @@ writing the pooled map in fp32 or fp16:
     fr_conv_pool_raw / _f32   fp16 tensor cores, two filter rows per MMA and the channels in
                               its n ('fp16'), or each operand split in two fp16 parts
                               ('3xfp16': fp32 accuracy), kernels/29c_..._rowpair.cu
+    frw_conv_pool_raw / _f32  the same operands on the warpgroup MMA (sm_90a), a warpgroup's
+                              four m-tiles a wgmma, kernels/45_fused_first_conv_pool_wgmma.cu
 
 `first_plan` picks the family, its defines and its launch geometry; `prepare(...)` returns
 run(x, out), reading raw images (n, h, w) uint8 when prepared with `raw_hw`, else float images
@@ -34,10 +36,11 @@ from convolab.shapes import ConvShape, ceil_div
 KERNEL_FILE = "29_fused_first_conv_pool.cu"  # FFMA
 TC_KERNEL_FILE = "29b_fused_first_conv_pool_mma.cu"  # fp16 tensor cores, Toeplitz
 RP_KERNEL_FILE = "29c_fused_first_conv_pool_rowpair.cu"  # fp16 tensor cores, row pairs
+WG_KERNEL_FILE = "45_fused_first_conv_pool_wgmma.cu"  # row pairs on the warpgroup MMA
 OUT_DTYPES = ("float32", "float16")
 PRECISIONS = ("fp32", "fp16", "3xfp16")  # FFMA; fp16 tensor cores; split fp16 (fp32-accurate)
 # The `tc` parameter: which family runs a precision that has more than one.
-TC_FFMA, TC_CHOOSE, TC_TOEPLITZ, TC_ROWPAIR = -1, 0, 1, 2
+TC_FFMA, TC_CHOOSE, TC_TOEPLITZ, TC_ROWPAIR, TC_WGMMA = -1, 0, 1, 2, 3
 # What the fused network asks of rung 29 per precision of its mode (gpu/network.py): the split
 # fp16 tensor cores are fp32-accurate, so they serve the exact and tf32 modes.
 NETWORK_PRECISION = {"fp32": "3xfp16", "tf32": "3xfp16", "fp16": "fp16"}
@@ -189,13 +192,11 @@ def pow2_exponent(largest: float) -> int:
     return int(np.clip(RP_SCALE - np.floor(np.log2(largest)), -RP_EMAX, RP_EMAX))
 
 
-def rowpair_fragments(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
-    """The row-pair B operand per lane, uint32 (parts, KS, NT, 32 lanes, 2 registers), and the
-    weights' scale exponent (0 without the split). B[k][c * D + dx] = w[c][2s + k // 8][k % 8 -
-    dx] of n-tile channels c; with the split, part 0 is hi = fp16(w 2^e), part 1 lo = fp16(w 2^e
-    - hi)."""
-    from convolab.gpu.fused_mma import LANE_G, LANE_T, pack_half2
-
+def _rowpair_parts(w: np.ndarray, split: bool) -> tuple[list[np.ndarray], int]:
+    """The row-pair B operand as float32 arrays [s][n-tile][k][n] (16 x 8 per k-step and
+    n-tile), one per part, and the weights' scale exponent (0 without the split).
+    B[k][c * D + dx] = w[c][2s + k // 8][k % 8 - dx] of n-tile channels c; with the split, part
+    0 is hi = fp16(w 2^e), part 1 lo = fp16(w 2^e - hi)."""
     M, _, K, _ = w.shape
     geo = rp_geometry(ConvShape(1, 1, K, K, M, K), 1)
     d, cn, nt, ks = geo["D"], geo["CN"], geo["NT"], geo["KS"]
@@ -211,12 +212,63 @@ def rowpair_fragments(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
                                         2 * np.arange(ks)[:, None] + k // 8, j]
     scaled = (band * 2.0 ** e).astype(np.float32)
     hi = scaled.astype(np.float16).astype(np.float32)
-    parts = [hi, (scaled - hi)] if split else [scaled]
+    return ([hi, (scaled - hi)] if split else [scaled]), e
+
+
+def rowpair_fragments(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
+    """29c's B operand per lane, uint32 (parts, KS, NT, 32 lanes, 2 registers) from
+    _rowpair_parts, and the weights' scale exponent."""
+    from convolab.gpu.fused_mma import LANE_G, LANE_T, pack_half2
+
+    parts, e = _rowpair_parts(w, split)
     g, t = LANE_G, LANE_T
     frags = [np.stack([pack_half2(p[:, :, 2 * t, g], p[:, :, 2 * t + 1, g]),
                        pack_half2(p[:, :, 2 * t + 8, g], p[:, :, 2 * t + 9, g])], axis=-1)
              for p in parts]
     return np.ascontiguousarray(np.stack(frags).astype(np.uint32)), e
+
+
+def rowpair_wgmma_tiles(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
+    """Rung 45's B operand as its shared memory holds it: uint16 fp16 bits (parts, KS, NT, 2, 8,
+    8) — per (part, k-step) NT x 2 core matrices of 8 columns x 8 k (k 8-15 the second), each
+    column's 8 k contiguous — and the weights' scale exponent."""
+    parts, e = _rowpair_parts(w, split)
+    # [s][nt][k][n] -> [s][nt][k half][n][k % 8]
+    tiles = [p.reshape(*p.shape[:2], 2, 8, 8).transpose(0, 1, 2, 4, 3) for p in parts]
+    return np.ascontiguousarray(np.stack(tiles).astype(np.float16)).view(np.uint16), e
+
+
+# ---- row pairs on the warpgroup MMA (45) --------------------------------------------------------
+
+# The precisions the unasked choice (tc = 0) runs on rung 45 where it takes the shape.
+WG_CHOSEN = ("fp16", "3xfp16")
+WG_NT = (1, 2, 3, 4, 6, 8)  # n-tiles a wgmma takes (wgmma_rs.cuh's N = 8 NT)
+WG_WARPS = 4  # one warpgroup a block
+
+
+def wg_b_bytes(shape: ConvShape, split: bool) -> int:
+    """FR_B_BYTES: the B tiles of every (part, k-step), 256 bytes an n-tile."""
+    geo = rp_geometry(shape, 1)
+    return (2 if split else 1) * geo["KS"] * geo["NT"] * 256
+
+
+def wg_why_not(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None,
+               split: bool = False) -> str | None:
+    """None where rung 45 takes the first block, else why not."""
+    from convolab.gpu.implicit_gemm_wgmma import wgmma_ruled_out
+
+    if not rp_supports(shape, pool, raw_hw, split):
+        return "rung 29c's row pairs do not take the shape (C = 1, stride 1, pool 2, K <= 7)"
+    if rp_geometry(shape, 1)["NT"] not in WG_NT:
+        return f"wgmma N = 8 NT needs NT in {WG_NT} (M = {shape.M}, K = {shape.K})"
+    if wgmma_ruled_out():
+        return "this GPU cannot run sm_90a code (wgmma)"
+    return None
+
+
+def wg_supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None,
+                split: bool = False) -> bool:
+    return wg_why_not(shape, pool, raw_hw, split) is None
 
 
 # ---- either -----------------------------------------------------------------------------------
@@ -254,7 +306,7 @@ def preferred(shape: ConvShape, pool: int) -> bool:
 class FirstPlan:
     """Compile-time defines and launch geometry of one rung-29 kernel."""
 
-    kernel: str  # ff_conv_pool_{raw,f32}, ff_toe_{raw,f32} or fr_conv_pool_{raw,f32}
+    kernel: str  # ff_conv_pool_*, ff_toe_*, fr_conv_pool_* or frw_conv_pool_* (raw or f32)
     defines: dict[str, int]
     threads: int
     blocks_per_image: int
@@ -268,18 +320,22 @@ class FirstPlan:
     @property
     def kernel_file(self) -> str:
         return {"ff_conv": KERNEL_FILE, "ff_toe_": TC_KERNEL_FILE,
-                "fr_conv": RP_KERNEL_FILE}[self.kernel[:7]]
+                "fr_conv": RP_KERNEL_FILE, "frw_con": WG_KERNEL_FILE}[self.kernel[:7]]
 
 
 def _family(shape: ConvShape, pool: int, params: Mapping[str, Any],
             raw_hw: tuple[int, int] | None, precision: str) -> str:
-    """'rowpair' (29c), 'toe' (29b) or 'ffma' (29) for a precision and the `tc` parameter:
-    each tensor-core precision takes the first family of its order that takes the shape."""
+    """'wgmma' (45), 'rowpair' (29c), 'toe' (29b) or 'ffma' (29) for a precision and the `tc`
+    parameter: each tensor-core precision takes the first family of its order that takes the
+    shape (45 unasked only in the precisions of WG_CHOSEN)."""
     tc = int(params.get("tc") or TC_CHOOSE)
     split = precision == "3xfp16"
     if precision == "fp32" or tc == TC_FFMA:
         return "ffma"
-    if tc in (TC_CHOOSE, TC_ROWPAIR) and rp_supports(shape, pool, raw_hw, split):
+    if (tc == TC_WGMMA or (tc == TC_CHOOSE and precision in WG_CHOSEN)) \
+            and wg_supports(shape, pool, raw_hw, split):
+        return "wgmma"
+    if tc in (TC_CHOOSE, TC_ROWPAIR, TC_WGMMA) and rp_supports(shape, pool, raw_hw, split):
         return "rowpair"
     if not split and tc in (TC_CHOOSE, TC_TOEPLITZ) and tc_supports(shape, pool, raw_hw):
         return "toe"
@@ -305,8 +361,9 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
     if raw_hw is not None:
         base |= {"RAW_H": raw_hw[0], "RAW_W": raw_hw[1]}
     family = _family(shape, pool, params, raw_hw, precision)
-    if family == "rowpair":
-        return _rowpair_plan(shape, params, base, entry, precision == "3xfp16", raw_hw)
+    if family in ("rowpair", "wgmma"):
+        return _rowpair_plan(shape, params, base, entry, precision == "3xfp16", raw_hw,
+                             family == "wgmma")
     if family == "toe":
         warps = int(params.get("warps") or TC_WARPS)
         tph = tc_rows(shape, pool)
@@ -322,14 +379,17 @@ def first_plan(shape: ConvShape, pool: int, params: Mapping[str, Any] | None = N
 
 
 def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, int],
-                  entry: str, split: bool, raw_hw: tuple[int, int] | None) -> FirstPlan:
+                  entry: str, split: bool, raw_hw: tuple[int, int] | None,
+                  wgmma: bool = False) -> FirstPlan:
     hp, _ = pooled_hw(shape, 2)
     tph = min(int(params.get("rows") or rp_rows(shape, split, raw_hw)), hp)
-    warps = int(params.get("warps") or RP_WARPS)
-    if not 1 <= warps <= 32 or rp_smem_bytes(shape, tph, split, raw_hw) > SMEM_STATIC_LIMIT:
-        raise ValueError(f"rung 29c: {tph} pooled rows a block of {shape} exceed the static "
+    warps = int(params.get("warps") or (WG_WARPS if wgmma else RP_WARPS))
+    rung = "45" if wgmma else "29c"
+    if not 1 <= warps <= 32 or (wgmma and warps % 4) \
+            or rp_smem_bytes(shape, tph, split, raw_hw) > SMEM_STATIC_LIMIT:
+        raise ValueError(f"rung {rung}: {tph} pooled rows a block of {shape} exceed the static "
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
-                         f"is not in 1..32")
+                         f"is not in 1..32" + (" (a multiple of 4)" if wgmma else ""))
     # The output through shared memory (osm = 1) sends whole sectors to L2 where an m-tile's
     # stores write half (fp16, K = 7: 16 bytes a channel) or unaligned ones. Nsight Compute
     # (B = 10,000, docs/raw.md), fp16 from floats: H100 eecs498 206 vs 298 us, mxnet 228 vs 255;
@@ -339,12 +399,14 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
     half = base["FF_HALF"] == 1
     osm = int(params.get("osm", int(half and raw_hw is None)))
     if osm not in (0, 1):
-        raise ValueError(f"rung 29c: osm (output through shared memory) is 0 or 1, got {osm}")
+        raise ValueError(f"rung {rung}: osm (output through shared memory) is 0 or 1, got {osm}")
     defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,
                "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1), "FR_OUT_SMEM": osm}
     smem = osm * shape.M * tph * pooled_hw(shape, 2)[1] * (HALF_BYTES if half else FLOAT_BYTES)
-    return FirstPlan(f"fr_conv_pool_{entry}", defines, 32 * warps, ceil_div(hp, tph), shape.M,
-                     smem)
+    if wgmma:
+        smem += wg_b_bytes(shape, split)
+    return FirstPlan(f"fr{'w' if wgmma else ''}_conv_pool_{entry}", defines, 32 * warps,
+                     ceil_div(hp, tph), shape.M, smem)
 
 
 def _ffma_plan(shape: ConvShape, pool: int, params: Mapping[str, Any], base: dict[str, int],
@@ -415,8 +477,9 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
     if plan.smem:
         kernel.max_dynamic_shared_size_bytes = plan.smem
     i32 = np.int32
-    if plan.kernel_file == RP_KERNEL_FILE:
-        frag, w_e = rowpair_fragments(w, bool(plan.defines["FR_SPLIT"]))
+    if plan.kernel_file in (RP_KERNEL_FILE, WG_KERNEL_FILE):
+        pack = rowpair_wgmma_tiles if plan.kernel_file == WG_KERNEL_FILE else rowpair_fragments
+        frag, w_e = pack(w, bool(plan.defines["FR_SPLIT"]))
         args = (cp.asarray(frag), cp.asarray(b))
         tail = (i32(w_e), i32(plan.blocks_per_image))
     elif plan.tensor_cores:
@@ -469,7 +532,8 @@ def compile_variants(precision: str, tc: int) -> list[dict[str, int]]:
     family (`tc`): fp32 and fp16 output, float input and Fashion-MNIST's 28x28 raw images."""
     from convolab.data import IMAGE_SIDE
 
-    file = {TC_FFMA: KERNEL_FILE, TC_TOEPLITZ: TC_KERNEL_FILE, TC_ROWPAIR: RP_KERNEL_FILE}[tc]
+    file = {TC_FFMA: KERNEL_FILE, TC_TOEPLITZ: TC_KERNEL_FILE, TC_ROWPAIR: RP_KERNEL_FILE,
+            TC_WGMMA: WG_KERNEL_FILE}[tc]
     variants: list[dict[str, int]] = []
     for shape, pool in first_layers():
         for out_dtype in OUT_DTYPES:
@@ -554,11 +618,44 @@ FIRST_3X_IMPL = register(ConvImpl(
     compile_variants=lambda: compile_variants("3xfp16", TC_ROWPAIR),
     pool=FIRST_POOL,
 ))
+FIRST_WG_IMPL = register(ConvImpl(
+    name=f"fused-first-conv-pool{FIRST_POOL}-wgmma",
+    demonstrates=("rung 29c's row pairs on the warpgroup MMA (sm_90a): a warpgroup's 64 rows are "
+                  "four m-tiles, their A quads in registers as 29c loads them, the weights as B "
+                  "by descriptor from shared memory, one m64nNk16 wgmma for every channel of a "
+                  "k-step"),
+    device="gpu",
+    prepare=_prepare_impl(FIRST_POOL, "fp16", TC_WGMMA),
+    supports=lambda s: wg_supports(s, FIRST_POOL),
+    space={"warps": [4, 8], "minb": [1, 2, 3, 4], "rows": [0, 4, 8, 16]},
+    defaults={"warps": 0, "minb": 0, "rows": 0},
+    tolerance=TOLERANCE["fp16"],
+    rung=45,
+    kernel_file=WG_KERNEL_FILE,
+    compile_variants=lambda: compile_variants("fp16", TC_WGMMA),
+    pool=FIRST_POOL,
+))
+FIRST_WG_3X_IMPL = register(ConvImpl(
+    name=f"fused-first-conv-pool{FIRST_POOL}-wgmma-3xfp16",
+    demonstrates=("rung 45 at fp32 accuracy: 29c's hi/lo fp16 split, three wgmmas per k-step "
+                  "(lo*hi, hi*lo, hi*hi) into one fp32 accumulator set"),
+    device="gpu",
+    prepare=_prepare_impl(FIRST_POOL, "3xfp16", TC_WGMMA),
+    supports=lambda s: wg_supports(s, FIRST_POOL, split=True),
+    space={"warps": [4, 8], "minb": [1, 2, 3, 4], "rows": [0, 4, 8, 16]},
+    defaults={"warps": 0, "minb": 0, "rows": 0},
+    tolerance=TOLERANCE["3xfp16"],
+    rung=45,
+    kernel_file=WG_KERNEL_FILE,
+    compile_variants=lambda: compile_variants("3xfp16", TC_WGMMA),
+    pool=FIRST_POOL,
+))
 
 # Each registry entry's precision and family: what its raw entry runs (prepare_registered).
 REGISTERED: dict[str, tuple[str, int]] = {
     FIRST_IMPL.name: ("fp32", TC_FFMA), FIRST_TC_IMPL.name: ("fp16", TC_TOEPLITZ),
-    FIRST_RP_IMPL.name: ("fp16", TC_ROWPAIR), FIRST_3X_IMPL.name: ("3xfp16", TC_ROWPAIR)}
+    FIRST_RP_IMPL.name: ("fp16", TC_ROWPAIR), FIRST_3X_IMPL.name: ("3xfp16", TC_ROWPAIR),
+    FIRST_WG_IMPL.name: ("fp16", TC_WGMMA), FIRST_WG_3X_IMPL.name: ("3xfp16", TC_WGMMA)}
 
 
 def prepare_registered(name: str, shape: ConvShape, weight: Any, bias: Any,

@@ -1,0 +1,106 @@
+// Rung 45 — rung 29c's first block on the warpgroup MMA (wgmma, sm_90a): the same row-pair
+// operands (an A row is 8 pixels of two input rows, B's columns the channels x dx; 29c's header
+// comment and first_rowpair.cuh), fp16 or split in hi/lo fp16 parts (3xfp16, exact mode).
+//
+// Why. 29c issues one m16n8k16 MMA per (k-step, n-tile, part) and warp: 36 an m-tile in 3xfp16
+// at eecs498 (4 k-steps x 3 n-tiles x 3 parts), each chained on the accumulator of the one before,
+// and takes twice its fp16 time in exact mode. A warpgroup's 64 rows are four of 29c's m-tiles
+// (the warps' A quads are 29c's fragments as they are, a1 = a2 included); one m64nNk16 wgmma with
+// N = 8 NT covers every channel of a (k-step, part): 12 instructions a warpgroup where four
+// warps issued 144, at the warpgroup MMA's rate rather than mma.sync's.
+//
+// B comes from shared memory by descriptor: per (part, k-step) NT x 2 core matrices (8 columns
+// x 8 k, 128 bytes; the second 8 k 128 bytes on, the next 8 columns 256 bytes on), copied from
+// the host's packing (gpu/fused_first.py rowpair_wgmma_tiles) into dynamic shared memory ahead
+// of the staged output (FR_OUT_SMEM). A warpgroup runs one m-tile group at a time: its wgmmas
+// are one commit group, waited for before the pooled store; the SM's other warpgroups cover the
+// wait.
+
+#define FR_DYN_B 1
+#include "first_rowpair.cuh"
+#include "wgmma_core.cuh"
+#include "wgmma_rs.cuh"
+
+static_assert(FR_WARPS % 4 == 0, "rung 45 runs whole warpgroups");
+static_assert(FR_NT == 1 || FR_NT == 2 || FR_NT == 3 || FR_NT == 4 || FR_NT == 6 || FR_NT == 8,
+              "rung 45: wgmma N = 8 NT for NT in 1, 2, 3, 4, 6, 8");
+
+#define FR_WGS (FR_WARPS / 4)
+#define FR_B_TILE (FR_NT * 256)                    // one (part, k-step) B operand, bytes
+#define FR_B_BYTES (FR_PARTS * FR_KS * FR_B_TILE)  // dynamic shared memory before the output
+#define FR_GROUPS ((FR_MTILES + 3) / 4)            // m-tile groups: one m-tile a warp
+
+typedef uint4 fr_b_t;  // 16 bytes of the packed B tiles
+#define FR_ENTRY(kind) frw_conv_pool_##kind
+
+// The descriptor of (part, k-step s): part 0 hi (the only one without the split), 1 lo.
+__device__ __forceinline__ unsigned long long fr_b_desc(unsigned wsm, int part, int s) {
+  return wg_desc_interleaved(wsm + (part * FR_KS + s) * FR_B_TILE, 128, 256);
+}
+
+template <typename Input>
+__device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restrict__ btiles,
+                                             const float* __restrict__ bias,
+                                             ff_out* __restrict__ y, int w_e, int tiles_h) {
+  __shared__ __align__(16) unsigned tile[FR_PARTS * FR_PAIRS];
+  __shared__ float red[FR_WARPS];
+  unsigned char* dyn = FR_DYN_SMEM;
+  for (int i = threadIdx.x; i < FR_B_BYTES / 16; i += FR_THREADS)
+    reinterpret_cast<uint4*>(dyn)[i] = __ldg(&btiles[i]);
+  const size_t b = blockIdx.x / tiles_h;
+  const int tile_y = blockIdx.x % tiles_h;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int e = fr_stage(input, tile, b, tile_y * FR_TPH * 2, red);
+  const float unscale = fr_pow2(-(e + w_e));
+  float bm[FR_NT];
+  fr_bias(bm, bias);
+  wg_proxy_fence();  // the B tiles were written by ordinary stores; the wgmmas read them
+  __syncthreads();
+  const unsigned wsm = static_cast<unsigned>(__cvta_generic_to_shared(dyn));
+  ff_out* out_s = reinterpret_cast<ff_out*>(dyn + FR_B_BYTES);
+  const unsigned* hi_s = tile;
+  const unsigned* lo_s = tile + FR_PAIRS;
+  (void)lo_s;
+  for (int grp = warp / 4; grp < FR_GROUPS; grp += FR_WGS) {
+    const int mt = grp * 4 + warp % 4;
+    const int combo = min(mt * 8 + g, FR_COMBOS - 1);
+    const int ph_l = combo / FR_NR, run = combo - ph_l * FR_NR;
+    const int at = (2 * ph_l * FR_RS + run * FR_D) / 2 + t;  // word of row y, column x + 2t
+    unsigned ah[FR_NA];
+#pragma unroll
+    for (int j = 0; j < FR_NA; ++j) ah[j] = hi_s[at + j * (FR_RS / 2)];
+#if FR_SPLIT
+    unsigned al[FR_NA];
+#pragma unroll
+    for (int j = 0; j < FR_NA; ++j) al[j] = lo_s[at + j * (FR_RS / 2)];
+#endif
+    float acc[FR_NT][4];
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < FR_KS; ++s) {
+      const unsigned a_hi[4] = {ah[2 * s], ah[2 * s + 1], ah[2 * s + 1], ah[2 * s + 2]};
+#if FR_SPLIT  // the small products first; the first wgmma starts the sums (scale-d 0)
+      const unsigned a_lo[4] = {al[2 * s], al[2 * s + 1], al[2 * s + 1], al[2 * s + 2]};
+      wg_mma_rs<FR_NT>(acc, a_lo, fr_b_desc(wsm, 0, s), s > 0);
+      wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 1, s), 1);
+      wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 0, s), 1);
+#else
+      wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 0, s), s > 0);
+#endif
+    }
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int n = 0; n < FR_NT; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) WG_HOLD(acc[n][r]);
+    fr_store(acc, bm, y, out_s, b, tile_y, ph_l, run, mt * 8 + g < FR_COMBOS, unscale);
+  }
+#if FR_OUT_SMEM
+  __syncthreads();
+  ff_write_pooled<FR_M, FR_TPH, FR_THREADS>(y, out_s, b, tile_y * FR_TPH);
+#endif
+}
+
+#include "first_rowpair_entries.cuh"
