@@ -38,6 +38,60 @@ __device__ __forceinline__ unsigned long long fr_b_desc(unsigned wsm, int part, 
   return wg_desc_interleaved(wsm + (part * FR_KS + s) * FR_B_TILE, 128, 256);
 }
 
+// Where m-tile mt's rows sit: the lane's (pooled row, run) and the word of its A quads.
+struct FrRows {
+  int ph_l, run, at;
+  bool valid;
+};
+
+__device__ __forceinline__ FrRows fr_rows(int mt) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int combo = min(mt * 8 + g, FR_COMBOS - 1);
+  FrRows r;
+  r.ph_l = combo / FR_NR;
+  r.run = combo - r.ph_l * FR_NR;
+  r.at = (2 * r.ph_l * FR_RS + r.run * FR_D) / 2 + t;  // word of row y, column x + 2t
+  r.valid = mt * 8 + g < FR_COMBOS;
+  return r;
+}
+
+// Load m-tile mt's A quads and issue its wgmmas into acc as one commit group.
+__device__ __forceinline__ void fr_issue(float (&acc)[FR_NT][4], const unsigned* tile, int mt,
+                                         unsigned wsm) {
+  const unsigned* hi_s = tile;
+  const int at = fr_rows(mt).at;
+  unsigned ah[FR_NA];
+#pragma unroll
+  for (int j = 0; j < FR_NA; ++j) ah[j] = hi_s[at + j * (FR_RS / 2)];
+#if FR_SPLIT
+  const unsigned* lo_s = tile + FR_PAIRS;
+  unsigned al[FR_NA];
+#pragma unroll
+  for (int j = 0; j < FR_NA; ++j) al[j] = lo_s[at + j * (FR_RS / 2)];
+#endif
+  wg_fence();
+#pragma unroll
+  for (int s = 0; s < FR_KS; ++s) {
+    const unsigned a_hi[4] = {ah[2 * s], ah[2 * s + 1], ah[2 * s + 1], ah[2 * s + 2]};
+#if FR_SPLIT  // the small products first; the first wgmma starts the sums (scale-d 0)
+    const unsigned a_lo[4] = {al[2 * s], al[2 * s + 1], al[2 * s + 1], al[2 * s + 2]};
+    wg_mma_rs<FR_NT>(acc, a_lo, fr_b_desc(wsm, 0, s), s > 0);
+    wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 1, s), 1);
+    wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 0, s), 1);
+#else
+    wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 0, s), s > 0);
+#endif
+  }
+  wg_commit();
+}
+
+__device__ __forceinline__ void fr_hold(float (&acc)[FR_NT][4]) {
+#pragma unroll
+  for (int n = 0; n < FR_NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) WG_HOLD(acc[n][r]);
+}
+
 template <typename Input>
 __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restrict__ btiles,
                                              const float* __restrict__ bias,
@@ -49,8 +103,7 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
     reinterpret_cast<uint4*>(dyn)[i] = __ldg(&btiles[i]);
   const size_t b = blockIdx.x / tiles_h;
   const int tile_y = blockIdx.x % tiles_h;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5;
   const int e = fr_stage(input, tile, b, tile_y * FR_TPH * 2, red);
   const float unscale = fr_pow2(-(e + w_e));
   float bm[FR_NT];
@@ -59,43 +112,16 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
   __syncthreads();
   const unsigned wsm = static_cast<unsigned>(__cvta_generic_to_shared(dyn));
   ff_out* out_s = reinterpret_cast<ff_out*>(dyn + FR_B_BYTES);
-  const unsigned* hi_s = tile;
-  const unsigned* lo_s = tile + FR_PAIRS;
-  (void)lo_s;
+  const int wq = warp % 4;
+  // One group at a time: a second accumulator set whose wgmmas run while this one is stored
+  // makes ptxas serialize every wgmma (it reads the stored set inside the other's stage).
   for (int grp = warp / 4; grp < FR_GROUPS; grp += FR_WGS) {
-    const int mt = grp * 4 + warp % 4;
-    const int combo = min(mt * 8 + g, FR_COMBOS - 1);
-    const int ph_l = combo / FR_NR, run = combo - ph_l * FR_NR;
-    const int at = (2 * ph_l * FR_RS + run * FR_D) / 2 + t;  // word of row y, column x + 2t
-    unsigned ah[FR_NA];
-#pragma unroll
-    for (int j = 0; j < FR_NA; ++j) ah[j] = hi_s[at + j * (FR_RS / 2)];
-#if FR_SPLIT
-    unsigned al[FR_NA];
-#pragma unroll
-    for (int j = 0; j < FR_NA; ++j) al[j] = lo_s[at + j * (FR_RS / 2)];
-#endif
     float acc[FR_NT][4];
-    wg_fence();
-#pragma unroll
-    for (int s = 0; s < FR_KS; ++s) {
-      const unsigned a_hi[4] = {ah[2 * s], ah[2 * s + 1], ah[2 * s + 1], ah[2 * s + 2]};
-#if FR_SPLIT  // the small products first; the first wgmma starts the sums (scale-d 0)
-      const unsigned a_lo[4] = {al[2 * s], al[2 * s + 1], al[2 * s + 1], al[2 * s + 2]};
-      wg_mma_rs<FR_NT>(acc, a_lo, fr_b_desc(wsm, 0, s), s > 0);
-      wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 1, s), 1);
-      wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 0, s), 1);
-#else
-      wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(wsm, 0, s), s > 0);
-#endif
-    }
-    wg_commit();
+    fr_issue(acc, tile, grp * 4 + wq, wsm);
     wg_wait<0>();
-#pragma unroll
-    for (int n = 0; n < FR_NT; ++n)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) WG_HOLD(acc[n][r]);
-    fr_store(acc, bm, y, out_s, b, tile_y, ph_l, run, mt * 8 + g < FR_COMBOS, unscale);
+    fr_hold(acc);
+    const FrRows r = fr_rows(grp * 4 + wq);
+    fr_store(acc, bm, y, out_s, b, tile_y, r.ph_l, r.run, r.valid, unscale);
   }
 #if FR_OUT_SMEM
   __syncthreads();
