@@ -277,7 +277,9 @@ def test_tensor_core_plan_covers_the_pooled_rows(rng: np.random.Generator) -> No
         hp = shape.H_out // POOL
         for precision, tc, rows_key in (("fp16", fused_first.TC_TOEPLITZ, "FF_TPH"),
                                         ("fp16", fused_first.TC_ROWPAIR, "FR_TPH"),
-                                        ("3xfp16", fused_first.TC_ROWPAIR, "FR_TPH")):
+                                        ("3xfp16", fused_first.TC_ROWPAIR, "FR_TPH"),
+                                        ("fp16", fused_first.TC_WGMMA, "FR_TPH"),
+                                        ("3xfp16", fused_first.TC_WGMMA, "FR_TPH")):
             if not takes(shape, raw_hw, precision, tc):
                 continue
             plan = fused_first.first_plan(shape, POOL, {"tc": tc}, raw_hw, "float16", precision)
@@ -292,10 +294,19 @@ def test_tensor_core_plan_covers_the_pooled_rows(rng: np.random.Generator) -> No
                     fused_first.SMEM_STATIC_LIMIT)
                 assert tph == hp or fused_first.rp_smem_bytes(shape, hp, split, raw_hw) > (
                     fused_first.SMEM_STATIC_LIMIT)
-        # by default fp16 takes the row pairs; tc = -1 keeps FFMA; fp32 never tensor cores
-        if fused_first.rp_supports(shape, POOL):
-            assert fused_first.first_plan(shape, POOL, {}, None, "float16",
-                                          "fp16").kernel_file == fused_first.RP_KERNEL_FILE
+        # by default fp16 and 3xfp16 take 45 where it takes the shape, else the row pairs;
+        # tc = -1 keeps FFMA; fp32 never tensor cores
+        for precision in ("fp16", "3xfp16"):
+            split = precision == "3xfp16"
+            want = (fused_first.WG_KERNEL_FILE if fused_first.wg_supports(shape, POOL, None, split)
+                    else fused_first.RP_KERNEL_FILE)
+            if fused_first.rp_supports(shape, POOL, None, split):
+                plan = fused_first.first_plan(shape, POOL, {}, None, "float16", precision)
+                assert plan.kernel_file == want, (shape, precision)
+                if want == fused_first.WG_KERNEL_FILE:  # the B tiles ahead of the staged maps
+                    assert plan.smem == fused_first.wg_b_bytes(shape, split) + (
+                        plan.defines["FR_OUT_SMEM"] * shape.M * plan.defines["FR_TPH"]
+                        * (shape.W_out // POOL) * 2)
         assert not fused_first.first_plan(shape, POOL, {"tc": -1}, None, "float16",
                                           "fp16").tensor_cores
         assert not fused_first.first_plan(shape, POOL, {}, None, "float16").tensor_cores
@@ -331,6 +342,49 @@ def test_rowpair_fragments_hold_the_weights(rng: np.random.Generator) -> None:
         assert np.abs(band - want).max() <= scale * (2.0 ** -21 if split else 2.0 ** -10)
         if split:
             assert 2 ** 14 <= np.abs(w).max() * 2.0 ** e < 2 ** 15
+
+
+def test_wgmma_tiles_hold_the_weights_where_the_descriptors_point(
+        rng: np.random.Generator) -> None:
+    """Read back as 45's descriptors address them (tile (part, s) at (part KS + s) NT 256 bytes,
+    8 k of column n at n // 8 * 256 + n % 8 * 16, k 8-15 128 bytes on), B[k][n] is 29c's B: the
+    two packings hold the same operand."""
+    from convolab.gpu.fused_mma import LANE_G, LANE_T
+
+    K = int(rng.choice([3, 5, 7]))
+    M = int(rng.integers(1, 20))
+    w = (rng.standard_normal((M, 1, K, K)) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32)
+    geo = fused_first.rp_geometry(ConvShape(1, 1, K, K, M, K), 1)
+    ks, nt = geo["KS"], geo["NT"]
+    for split in (False, True):
+        tiles, e = fused_first.rowpair_wgmma_tiles(w, split)
+        frag, e_frag = fused_first.rowpair_fragments(w, split)
+        assert e == e_frag and tiles.dtype == np.uint16
+        assert tiles.nbytes == fused_first.wg_b_bytes(ConvShape(1, 1, K, K, M, K), split)
+        smem = tiles.reshape(-1).view(np.float16)
+        halves = frag.view(np.float16)  # (parts, KS, NT, 32, 4): k 2t, 2t+1, 2t+8, 2t+9
+        for part in range(1 + split):
+            for s in range(ks):
+                base = (part * ks + s) * nt * 256
+                for n in range(8 * nt):
+                    for k in range(16):
+                        at = (base + n // 8 * 256 + (k // 8) * 128 + n % 8 * 16 + k % 8 * 2) // 2
+                        lane = int(np.flatnonzero((LANE_G == n % 8) & (LANE_T == k % 8 // 2))[0])
+                        reg = (k % 2) + 2 * (k // 8)
+                        assert smem[at] == halves[part, s, n // 8, lane, reg], (part, s, n, k)
+
+
+def test_wgmma_refuses_what_its_wgmma_cannot_take() -> None:
+    eecs498, mxnet = (conv_blocks(m)[0] for m in ("eecs498", "ece408-mxnet"))
+    for block in (eecs498, mxnet):
+        for split in (False, True):
+            assert fused_first.wg_why_not(block.shape, block.pool, None, split) is None
+    # K = 5: two channels an n-tile, so M = 10 needs NT = 5 (no m64n40 wrapper)
+    assert "NT in" in fused_first.wg_why_not(ConvShape(1, 1, 30, 30, 10, 5), POOL)
+    assert "row pairs" in fused_first.wg_why_not(ConvShape(1, 1, 30, 30, 8, 9), POOL)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        fused_first.first_plan(eecs498.shape, POOL, {"tc": fused_first.TC_WGMMA, "warps": 6},
+                               precision="fp16")
 
 
 def test_ffma_weights_pack_groups_and_bias(rng: np.random.Generator) -> None:
