@@ -294,12 +294,13 @@ def test_tensor_core_plan_covers_the_pooled_rows(rng: np.random.Generator) -> No
                     fused_first.SMEM_STATIC_LIMIT)
                 assert tph == hp or fused_first.rp_smem_bytes(shape, hp, split, raw_hw) > (
                     fused_first.SMEM_STATIC_LIMIT)
-        # by default fp16 and 3xfp16 take 45 where it takes the shape, else the row pairs;
-        # tc = -1 keeps FFMA; fp32 never tensor cores
+        # by default a precision of WG_CHOSEN takes 45 where it takes the shape, else the row
+        # pairs; tc = -1 keeps FFMA; fp32 never tensor cores
         for precision in ("fp16", "3xfp16"):
             split = precision == "3xfp16"
-            want = (fused_first.WG_KERNEL_FILE if fused_first.wg_supports(shape, POOL, None, split)
-                    else fused_first.RP_KERNEL_FILE)
+            wg = precision in fused_first.WG_CHOSEN and fused_first.wg_supports(
+                shape, POOL, None, split)
+            want = fused_first.WG_KERNEL_FILE if wg else fused_first.RP_KERNEL_FILE
             if fused_first.rp_supports(shape, POOL, None, split):
                 plan = fused_first.first_plan(shape, POOL, {}, None, "float16", precision)
                 assert plan.kernel_file == want, (shape, precision)
