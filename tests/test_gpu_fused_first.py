@@ -350,8 +350,6 @@ def test_wgmma_tiles_hold_the_weights_where_the_descriptors_point(
     """Read back as 45's descriptors address them (tile (part, s) at (part KS + s) NT 256 bytes,
     8 k of column n at n // 8 * 256 + n % 8 * 16, k 8-15 128 bytes on), B[k][n] is 29c's B: the
     two packings hold the same operand."""
-    from convolab.gpu.fused_mma import LANE_G, LANE_T
-
     K = int(rng.choice([3, 5, 7]))
     M = int(rng.integers(1, 20))
     w = (rng.standard_normal((M, 1, K, K)) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32)
@@ -370,7 +368,7 @@ def test_wgmma_tiles_hold_the_weights_where_the_descriptors_point(
                 for n in range(8 * nt):
                     for k in range(16):
                         at = (base + n // 8 * 256 + (k // 8) * 128 + n % 8 * 16 + k % 8 * 2) // 2
-                        lane = int(np.flatnonzero((LANE_G == n % 8) & (LANE_T == k % 8 // 2))[0])
+                        lane = 4 * (n % 8) + k % 8 // 2  # g = n, t = k // 2
                         reg = (k % 2) + 2 * (k // 8)
                         assert smem[at] == halves[part, s, n // 8, lane, reg], (part, s, n, k)
 
