@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from convolab.errors import InputError
-from convolab.gpu.device import SM_REGISTERS, SM_SMEM_BYTES, SMEM_STATIC_LIMIT
+from convolab.gpu.device import SM_REGISTERS, SMEM_STATIC_LIMIT
 from convolab.gpu.fused_ffma import ACC_BUDGET, pooled_hw, zoo_fused_layers
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
@@ -248,12 +248,6 @@ def rowpair_wgmma_tiles(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
 WG_CHOSEN = ("3xfp16",)
 WG_NT = (1, 2, 3, 4, 6, 8)  # n-tiles a wgmma takes (wgmma_rs.cuh's N = 8 NT)
 WG_WARPS = 4  # one warpgroup a block
-WG_DYNAMIC_LIMIT = SM_SMEM_BYTES - 1024  # a block's dynamic shared memory (opt-in maximum)
-# Blocks an SM the registers must allow by default (FF_MINB): as many as the shared memory
-# lets run, at most WG_MAX_MINB (ptxas otherwise takes up to 159 registers and the SM holds
-# fewer blocks than its shared memory allows; at 6 a block the loop has 80 without spills).
-WG_MAX_MINB = 5
-WG_REGS_BASE = 56  # registers besides the staged pairs' (ptxas, without spills at K = 5, 7)
 
 
 def wg_b_bytes(shape: ConvShape, split: bool) -> int:
@@ -262,64 +256,18 @@ def wg_b_bytes(shape: ConvShape, split: bool) -> int:
     return (2 if split else 1) * geo["KS"] * geo["NT"] * 256
 
 
-def wg_smem_bytes(shape: ConvShape, tph: int, split: bool, osm: int, half: bool) -> int:
-    """Rung 45's dynamic shared memory: the B tiles, the A quads (FR_Q_BYTES: per part, tph +
-    KS - 1 quad rows of RS / 2 quads of 16 bytes) and, with osm, the staged pooled maps."""
-    geo = rp_geometry(shape, tph)
-    quads = (2 if split else 1) * (tph + geo["KS"] - 1) * (geo["RS"] // 2) * 16
-    maps = osm * shape.M * tph * pooled_hw(shape, 2)[1] * (HALF_BYTES if half else FLOAT_BYTES)
-    return wg_b_bytes(shape, split) + quads + maps
-
-
-def wg_static_bytes(shape: ConvShape, tph: int, warps: int,
-                    raw_hw: tuple[int, int] | None = None) -> int:
-    """Rung 45's static shared memory: the max's scratch and, reading raw bytes, the raw
-    staging and the row pass of the block's rows."""
-    red = FLOAT_BYTES * warps
-    if raw_hw is None:
-        return red
-    return red + raw_stage_bytes(shape, raw_hw) + FLOAT_BYTES * rp_geometry(shape, tph)["IR"] \
-        * raw_hw[1]
-
-
 def wg_why_not(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None,
                split: bool = False) -> str | None:
-    """None where rung 45 takes the first block (a whole image a block), else why not."""
+    """None where rung 45 takes the first block, else why not."""
     from convolab.gpu.implicit_gemm_wgmma import wgmma_ruled_out
 
-    if not (shape.C == 1 and shape.S == 1 and pool == 2 and shape.K <= RP_MAX_K
-            and min(pooled_hw(shape, pool)) >= 1):
+    if not rp_supports(shape, pool, raw_hw, split):
         return "rung 29c's row pairs do not take the shape (C = 1, stride 1, pool 2, K <= 7)"
     if rp_geometry(shape, 1)["NT"] not in WG_NT:
         return f"wgmma N = 8 NT needs NT in {WG_NT} (M = {shape.M}, K = {shape.K})"
-    hp, _ = pooled_hw(shape, 2)
-    if wg_static_bytes(shape, 1, WG_WARPS, raw_hw) > SMEM_STATIC_LIMIT \
-            or wg_smem_bytes(shape, 1, split, 1, False) > WG_DYNAMIC_LIMIT:
-        return "one pooled row's staging exceeds the shared memory"
     if wgmma_ruled_out():
         return "this GPU cannot run sm_90a code (wgmma)"
     return None
-
-
-def wg_default_minb(shape: ConvShape, tph: int, warps: int, smem: int) -> int:
-    """FF_MINB for rung 45: the blocks an SM's shared memory holds, at most WG_MAX_MINB and at
-    most what WG_REGS_BASE registers plus the staging's (two a staged pixel pair: a block's
-    pairs are all loaded before the input's maximum is known) allow without spills."""
-    geo = rp_geometry(shape, tph)
-    pairs = ceil_div(geo["IR"] * geo["RS"] // 2, 32 * warps)
-    by_regs = SM_REGISTERS // (32 * warps * (2 * pairs + WG_REGS_BASE))
-    return max(1, min(WG_MAX_MINB, SM_SMEM_BYTES // (smem + 1024), by_regs))
-
-
-def wg_rows(shape: ConvShape, split: bool, raw_hw: tuple[int, int] | None) -> int:
-    """Pooled rows of a rung-45 block: the whole image where its staging fits."""
-    hp, _ = pooled_hw(shape, 2)
-    for tiles in range(1, hp + 1):
-        tph = ceil_div(hp, tiles)
-        if wg_static_bytes(shape, tph, WG_WARPS, raw_hw) <= SMEM_STATIC_LIMIT \
-                and wg_smem_bytes(shape, tph, split, 1, False) <= WG_DYNAMIC_LIMIT:
-            return tph
-    return 1
 
 
 def wg_supports(shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None = None,
@@ -438,13 +386,11 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
                   entry: str, split: bool, raw_hw: tuple[int, int] | None,
                   wgmma: bool = False) -> FirstPlan:
     hp, _ = pooled_hw(shape, 2)
-    rows = wg_rows(shape, split, raw_hw) if wgmma else rp_rows(shape, split, raw_hw)
-    tph = min(int(params.get("rows") or rows), hp)
+    tph = min(int(params.get("rows") or rp_rows(shape, split, raw_hw)), hp)
     warps = int(params.get("warps") or (WG_WARPS if wgmma else RP_WARPS))
     rung = "45" if wgmma else "29c"
-    static = (wg_static_bytes(shape, tph, warps, raw_hw) if wgmma
-              else rp_smem_bytes(shape, tph, split, raw_hw))
-    if not 1 <= warps <= 32 or (wgmma and warps % 4) or static > SMEM_STATIC_LIMIT:
+    if not 1 <= warps <= 32 or (wgmma and warps % 4) \
+            or rp_smem_bytes(shape, tph, split, raw_hw) > SMEM_STATIC_LIMIT:
         raise ValueError(f"rung {rung}: {tph} pooled rows a block of {shape} exceed the static "
                          f"shared memory ({SMEM_STATIC_LIMIT} bytes), or warps {warps} "
                          f"is not in 1..32" + (" (a multiple of 4)" if wgmma else ""))
@@ -458,18 +404,11 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
     osm = int(params.get("osm", int(half and raw_hw is None)))
     if osm not in (0, 1):
         raise ValueError(f"rung {rung}: osm (output through shared memory) is 0 or 1, got {osm}")
-    minb = int(params.get("minb") or 1)
-    if wgmma:
-        smem = wg_smem_bytes(shape, tph, split, osm, half)
-        if smem > WG_DYNAMIC_LIMIT:
-            raise ValueError(f"rung 45: {tph} pooled rows a block of {shape} need {smem} bytes "
-                             f"of dynamic shared memory (> {WG_DYNAMIC_LIMIT})")
-        minb = int(params.get("minb") or wg_default_minb(shape, tph, warps, smem + static))
-    else:
-        smem = osm * shape.M * tph * pooled_hw(shape, 2)[1] * (HALF_BYTES if half
-                                                               else FLOAT_BYTES)
     defines = {**base, "FR_M": shape.M, "FR_SPLIT": int(split), "FR_TPH": tph,
-               "FR_WARPS": warps, "FF_MINB": minb, "FR_OUT_SMEM": osm}
+               "FR_WARPS": warps, "FF_MINB": int(params.get("minb") or 1), "FR_OUT_SMEM": osm}
+    smem = osm * shape.M * tph * pooled_hw(shape, 2)[1] * (HALF_BYTES if half else FLOAT_BYTES)
+    if wgmma:
+        smem += wg_b_bytes(shape, split)
     return FirstPlan(f"fr{'w' if wgmma else ''}_conv_pool_{entry}", defines, 32 * warps,
                      ceil_div(hp, tph), shape.M, smem)
 

@@ -94,28 +94,11 @@ __device__ __forceinline__ unsigned fr_half2(float a, float b) {
 // 2^e as a float (|e| <= 126).
 __device__ __forceinline__ float fr_pow2(int e) { return __int_as_float((127 + e) << 23); }
 
-// Where the staging puts fp16 pixel pair (row, p2) of part `part` (0 hi, 1 lo), i = row RS / 2
-// + p2: 29c's tile of rows (tile[part][row][col]); rung 45 stages its own layout.
-struct FrTileSink {
-  unsigned* tile;
-  __device__ __forceinline__ void operator()(int part, int i, int, int, unsigned w) const {
-    tile[part * FR_PAIRS + i] = w;
-  }
-};
-
-template <typename Input, typename Sink>
-__device__ __forceinline__ int fr_stage(Input input, Sink sink, size_t b, int iy0, float* red);
-
 // The block's tile as fp16 pixel pairs (tile[part][row][col]: part 0 hi, 1 lo), zero outside
-// the image, through a sink; returns the input's scale exponent (0 without the split).
+// the image; returns the input's scale exponent (0 without the split).
 template <typename Input>
 __device__ __forceinline__ int fr_stage(Input input, unsigned* tile, size_t b, int iy0,
                                         float* red) {
-  return fr_stage(input, FrTileSink{tile}, b, iy0, red);
-}
-
-template <typename Input, typename Sink>
-__device__ __forceinline__ int fr_stage(Input input, Sink sink, size_t b, int iy0, float* red) {
   float2 v[FR_PER];
   float mx = 0.f;
 #pragma unroll
@@ -145,11 +128,10 @@ __device__ __forceinline__ int fr_stage(Input input, Sink sink, size_t b, int iy
     const int i = threadIdx.x + u * FR_THREADS;
     if (i >= FR_PAIRS) break;
     const float a = v[u].x * s, c = v[u].y * s;
-    const int row = i / (FR_RS / 2), p2 = i - row * (FR_RS / 2);
-    sink(0, i, row, p2, fr_half2(a, c));
+    tile[i] = fr_half2(a, c);
 #if FR_SPLIT
     const float ah = __half2float(__float2half_rn(a)), ch = __half2float(__float2half_rn(c));
-    sink(1, i, row, p2, fr_half2(a - ah, c - ch));
+    tile[FR_PAIRS + i] = fr_half2(a - ah, c - ch);
 #endif
   }
   (void)red;
