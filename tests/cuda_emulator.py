@@ -227,11 +227,6 @@ inline void wg_fence() {}
 inline void wg_commit() {}
 template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
-inline unsigned wg_lds(unsigned saddr) {
-  unsigned v;
-  std::memcpy(&v, emu_smem + saddr, 4);
-  return v;
-}
 inline unsigned __cvta_generic_to_shared(const void* p) {
   return (unsigned)((const unsigned char*)p - emu_smem);
 }

@@ -148,8 +148,7 @@ def test_float_entry_odd_rectangles_match_fp64(precision: str, tc: int,
         elif tc == fused_first.TC_ROWPAIR:
             params |= {"warps": int(rng.choice([0, 2, 3, 8])), "rows": int(rng.integers(0, 6))}
         elif tc == fused_first.TC_WGMMA:
-            params |= {"warps": int(rng.choice([0, 4, 8])), "rows": int(rng.integers(0, 6)),
-                       "direct": int(rng.integers(0, 2))}
+            params |= {"warps": int(rng.choice([0, 4, 8])), "rows": int(rng.integers(0, 6))}
         w, b = weights(rng, shape)
         x = rng.random(shape.x_shape, dtype=np.float32)
         # a scale far from 1 (3xfp16's power of two must follow it)
@@ -554,8 +553,7 @@ EMULATED_WGMMA = [  # rung 45: N = 8, 24, 32, 48; two warpgroups; bands; raw; st
     (ConvShape(2, 1, 14, 13, 7, 3), None, True, "float16", {"warps": 8, "osm": 1}),
     (ConvShape(3, 1, 16, 16, 4, 7), (11, 13), False, "float16", {"rows": 2}),
     (ConvShape(1, 1, 21, 21, 11, 5), (13, 11), True, "float16", {}),
-    (ConvShape(2, 1, 17, 17, 12, 7), (28, 28), True, "float32", {"direct": 0}),
-    (ConvShape(2, 1, 16, 15, 12, 5), None, False, "float16", {"direct": 0, "warps": 8}),
+    (ConvShape(2, 1, 16, 15, 12, 5), None, False, "float16", {"warps": 8}),
 ]
 CASES = [(case, fused_first.TC_ROWPAIR) for case in EMULATED] + [
     (case, fused_first.TC_WGMMA) for case in EMULATED_WGMMA]

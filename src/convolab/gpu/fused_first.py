@@ -248,9 +248,6 @@ def rowpair_wgmma_tiles(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
 WG_CHOSEN = ("3xfp16",)
 WG_NT = (1, 2, 3, 4, 6, 8)  # n-tiles a wgmma takes (wgmma_rs.cuh's N = 8 NT)
 WG_WARPS = 4  # one warpgroup a block
-# FR_A_DIRECT: each A quad's four words loaded into its own registers (a repeated word twice)
-# rather than each word once and the quads built by register moves.
-WG_DIRECT = 1
 
 
 def wg_b_bytes(shape: ConvShape, split: bool) -> int:
@@ -412,11 +409,7 @@ def _rowpair_plan(shape: ConvShape, params: Mapping[str, Any], base: dict[str, i
     smem = osm * shape.M * tph * pooled_hw(shape, 2)[1] * (HALF_BYTES if half else FLOAT_BYTES)
     if wgmma:
         smem += wg_b_bytes(shape, split)
-        direct = int(params.get("direct", WG_DIRECT))
-        if direct not in (0, 1):
-            raise ValueError(f"rung 45: direct (A quads loaded word by word) is 0 or 1, got "
-                             f"{direct}")
-        defines["FR_A_DIRECT"] = direct
+
     return FirstPlan(f"fr{'w' if wgmma else ''}_conv_pool_{entry}", defines, 32 * warps,
                      ceil_div(hp, tph), shape.M, smem)
 
@@ -639,9 +632,8 @@ FIRST_WG_IMPL = register(ConvImpl(
     device="gpu",
     prepare=_prepare_impl(FIRST_POOL, "fp16", TC_WGMMA),
     supports=lambda s: wg_supports(s, FIRST_POOL),
-    space={"warps": [4, 8], "minb": [1, 2, 3, 4, 5, 6], "rows": [0, 4, 8, 16], "osm": [0, 1],
-           "direct": [0, 1]},
-    defaults={"warps": 0, "minb": 0, "rows": 0, "osm": 0, "direct": 1},
+    space={"warps": [4, 8], "minb": [1, 2, 3, 4, 5, 6], "rows": [0, 4, 8, 16], "osm": [0, 1]},
+    defaults={"warps": 0, "minb": 0, "rows": 0, "osm": 0},
     tolerance=TOLERANCE["fp16"],
     rung=45,
     kernel_file=WG_KERNEL_FILE,
@@ -655,9 +647,8 @@ FIRST_WG_3X_IMPL = register(ConvImpl(
     device="gpu",
     prepare=_prepare_impl(FIRST_POOL, "3xfp16", TC_WGMMA),
     supports=lambda s: wg_supports(s, FIRST_POOL, split=True),
-    space={"warps": [4, 8], "minb": [1, 2, 3, 4, 5, 6], "rows": [0, 4, 8, 16], "osm": [0, 1],
-           "direct": [0, 1]},
-    defaults={"warps": 0, "minb": 0, "rows": 0, "osm": 0, "direct": 1},
+    space={"warps": [4, 8], "minb": [1, 2, 3, 4, 5, 6], "rows": [0, 4, 8, 16], "osm": [0, 1]},
+    defaults={"warps": 0, "minb": 0, "rows": 0, "osm": 0},
     tolerance=TOLERANCE["3xfp16"],
     rung=45,
     kernel_file=WG_KERNEL_FILE,

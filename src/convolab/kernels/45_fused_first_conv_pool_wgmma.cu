@@ -30,10 +30,6 @@ static_assert(FR_NT == 1 || FR_NT == 2 || FR_NT == 3 || FR_NT == 4 || FR_NT == 6
 #define FR_B_BYTES (FR_PARTS * FR_KS * FR_B_TILE)  // dynamic shared memory before the output
 #define FR_GROUPS ((FR_MTILES + 3) / 4)            // m-tile groups: one m-tile a warp
 
-#ifndef FR_A_DIRECT
-#define FR_A_DIRECT 0  // 1: each A quad's four words loaded into its registers (wg_lds)
-#endif
-
 typedef uint4 fr_b_t;  // 16 bytes of the packed B tiles
 #define FR_ENTRY(kind) frw_conv_pool_##kind
 
@@ -63,30 +59,14 @@ __device__ __forceinline__ FrRows fr_rows(int mt) {
 }
 
 // Load m-tile mt's A quads and issue its wgmmas into acc as one commit group. A quad is rows
-// y + 2s, y + 2s + 1 (twice), y + 2s + 2 of the lane's column; loaded once a word, the quads
-// are built by register moves (33 a group at eecs498 in 3xfp16), or with FR_A_DIRECT each
-// quad's words are loaded into its own registers (tsm: the tile's shared-window address).
+// y + 2s, y + 2s + 1 (twice), y + 2s + 2 of the lane's column, each word loaded once; the
+// quads cost register moves (a wgmma reads four consecutive registers), which loading each
+// quad's words into its own registers or staging the quads as they are read did not beat
+// (docs/raw.md, "Rung 45").
 __device__ __forceinline__ void fr_issue(float (&acc)[FR_NT][4], const unsigned* tile, int mt,
-                                         unsigned long long d0, unsigned tsm) {
+                                         unsigned long long d0) {
   constexpr int kRow = FR_RS / 2;  // words a staged row
   const int at = fr_rows(mt).at;
-#if FR_A_DIRECT
-  auto quad = [&](unsigned (&a)[4], int part, int s) {
-    const unsigned p = tsm + 4 * (part * FR_PAIRS + at + 2 * s * kRow);
-    a[0] = wg_lds(p);
-    a[1] = wg_lds(p + 4 * kRow);
-    a[2] = wg_lds(p + 4 * kRow);
-    a[3] = wg_lds(p + 8 * kRow);
-  };
-  unsigned qh[FR_KS][4];
-#pragma unroll
-  for (int s = 0; s < FR_KS; ++s) quad(qh[s], 0, s);
-#if FR_SPLIT
-  unsigned ql[FR_KS][4];
-#pragma unroll
-  for (int s = 0; s < FR_KS; ++s) quad(ql[s], 1, s);
-#endif
-#else
   const unsigned* hi_s = tile;
   unsigned ah[FR_NA];
 #pragma unroll
@@ -97,21 +77,12 @@ __device__ __forceinline__ void fr_issue(float (&acc)[FR_NT][4], const unsigned*
 #pragma unroll
   for (int j = 0; j < FR_NA; ++j) al[j] = lo_s[at + j * kRow];
 #endif
-#endif
   wg_fence();
 #pragma unroll
   for (int s = 0; s < FR_KS; ++s) {
-#if FR_A_DIRECT
-    const unsigned (&a_hi)[4] = qh[s];
-#else
     const unsigned a_hi[4] = {ah[2 * s], ah[2 * s + 1], ah[2 * s + 1], ah[2 * s + 2]};
-#endif
 #if FR_SPLIT  // the small products first; the first wgmma starts the sums (scale-d 0)
-#if FR_A_DIRECT
-    const unsigned (&a_lo)[4] = ql[s];
-#else
     const unsigned a_lo[4] = {al[2 * s], al[2 * s + 1], al[2 * s + 1], al[2 * s + 2]};
-#endif
     wg_mma_rs<FR_NT>(acc, a_lo, fr_b_desc(d0, 0, s), s > 0);
     wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(d0, 1, s), 1);
     wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(d0, 0, s), 1);
@@ -120,8 +91,6 @@ __device__ __forceinline__ void fr_issue(float (&acc)[FR_NT][4], const unsigned*
 #endif
   }
   wg_commit();
-  (void)tile;
-  (void)tsm;
 }
 
 __device__ __forceinline__ void fr_hold(float (&acc)[FR_NT][4]) {
@@ -151,14 +120,13 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
   __syncthreads();
   const unsigned long long d0 =
       wg_desc_interleaved(static_cast<unsigned>(__cvta_generic_to_shared(dyn)), 128, 256);
-  const unsigned tsm = static_cast<unsigned>(__cvta_generic_to_shared(tile));
   ff_out* out_s = reinterpret_cast<ff_out*>(dyn + FR_B_BYTES);
   const int wq = warp % 4;
   // One group at a time: a second accumulator set whose wgmmas run while this one is stored
   // makes ptxas serialize every wgmma (it reads the stored set inside the other's stage).
   for (int grp = warp / 4; grp < FR_GROUPS; grp += FR_WGS) {
     float acc[FR_NT][4];
-    fr_issue(acc, tile, grp * 4 + wq, d0, tsm);
+    fr_issue(acc, tile, grp * 4 + wq, d0);
     wg_wait<0>();
     fr_hold(acc);
     const FrRows r = fr_rows(grp * 4 + wq);

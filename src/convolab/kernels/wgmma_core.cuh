@@ -28,15 +28,6 @@ __device__ __forceinline__ void wg_wait() {
 #endif
 }
 
-// A 32-bit shared-memory load (address in the shared window) that the compiler neither merges
-// with another load of the same word nor moves: a wgmma's A quad that repeats a word gets it
-// loaded into both of its registers instead of copied register to register.
-__device__ __forceinline__ unsigned wg_lds(unsigned saddr) {
-  unsigned v;
-  asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(saddr));
-  return v;
-}
-
 // Shared memory written through the generic proxy (ordinary stores, cp.async) is read by the
 // wgmmas through the async proxy: each writing thread fences before the barrier.
 __device__ __forceinline__ void wg_proxy_fence() {
