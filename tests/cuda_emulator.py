@@ -234,6 +234,9 @@ inline unsigned long long wg_desc_interleaved(unsigned saddr, unsigned lbo, unsi
   return (unsigned long long)((saddr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
          ((unsigned long long)(sbo >> 4) << 32);
 }
+inline unsigned long long wg_desc_add(unsigned long long d0, unsigned bytes) {
+  return d0 + (bytes >> 4);
+}
 template <int NR>
 void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long desc,
                int scale_d) {

@@ -75,22 +75,22 @@ __device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
 }
 
 // first: the step opens a sum (its first wgmma into a tile's sets starts them from zero).
-__device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm,
+__device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned long long d0,
                                         int j, int s, bool first) {
 #pragma unroll
   for (int i = 0; i < FW_T; ++i) {
     const int p = s - i;  // tile 0 (top output row) at filter row s, tile 1 at s - 1
     if (p < 0 || p >= FW_K) continue;
     const int keep = !(first && p == 0);
-    wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b(wsm, j, p, 1), keep);
-    wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b(wsm, j, p, 0), keep);
+    wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b(d0, j, p, 1), keep);
+    wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b(d0, j, p, 0), keep);
   }
 }
 
-__device__ __forceinline__ void fw_tail(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm, int i,
-                                        int cc) {
-  wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b_tail(wsm, cc, 1), 1);
-  wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b_tail(wsm, cc, 0), 1);
+__device__ __forceinline__ void fw_tail(FwAcc& c, const FwA (&a)[FW_PARTS],
+                                        unsigned long long d0, int i, int cc) {
+  wg_mma_rs<FW_NT>(c.small[i], a[1].r, fw_b_tail(d0, cc, 1), 1);
+  wg_mma_rs<2 * FW_NT>(c.big[i], a[0].r, fw_b_tail(d0, cc, 0), 1);
 }
 
 // After a sum has retired: its sets into the fp32 total, small products first.
@@ -119,27 +119,27 @@ __device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
   for (int i = 0; i < FW_T; ++i) fw_hold(c.edge[i]);
 }
 
-__device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm,
+__device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned long long d0,
                                         int j, int s, bool first) {
   // One sum over every chunk: each set starts at its first shift of chunk 0.
   const int keep = j > 0;
   if (s == 0)
-    wg_mma_rs<FW_NT>(c.edge[0], a[0].r, fw_b(wsm, j, 0, 0), keep);
+    wg_mma_rs<FW_NT>(c.edge[0], a[0].r, fw_b(d0, j, 0, 0), keep);
   else if (s == FW_K)
-    wg_mma_rs<FW_NT>(c.edge[1], a[0].r, fw_b(wsm, j, FW_K - 1, 0), keep);
+    wg_mma_rs<FW_NT>(c.edge[1], a[0].r, fw_b(d0, j, FW_K - 1, 0), keep);
   else
-    wg_mma_rs<2 * FW_NT>(c.pair, a[0].r, fw_b(wsm, j, s, 0), keep || s > 1);
+    wg_mma_rs<2 * FW_NT>(c.pair, a[0].r, fw_b(d0, j, s, 0), keep || s > 1);
 }
 
 // A tail chunk goes to the tile's edge set (N = 8 NT, as the edge shifts).
-__device__ __forceinline__ void fw_tail(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned wsm, int i,
-                                        int cc) {
-  wg_mma_rs<FW_NT>(c.edge[i], a[0].r, fw_b_tail(wsm, cc, 0), 1);
+__device__ __forceinline__ void fw_tail(FwAcc& c, const FwA (&a)[FW_PARTS],
+                                        unsigned long long d0, int i, int cc) {
+  wg_mma_rs<FW_NT>(c.edge[i], a[0].r, fw_b_tail(d0, cc, 0), 1);
 }
 #endif
 
 // One m-tile (4 units) of the image in img: total[i] = tile i's sums over every chunk.
-__device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const FwRows& rows,
+__device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned long long d0, const FwRows& rows,
                                          FwTile& total) {
   FwAcc c;  // every set is started from zero by its sum's first wgmma (scale-d 0)
 #pragma unroll
@@ -152,7 +152,7 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
     const int s = st % FW_SHIFTS, j = st / FW_SHIFTS;
     fw_hold_acc(c);
     wg_fence();
-    fw_step(c, a[st % FW_RING], wsm, j, s, j % FW_SUM == 0);
+    fw_step(c, a[st % FW_RING], d0, j, s, j % FW_SUM == 0);
     wg_commit();
     if (st + FW_LEAD < FW_STEPS)
       fw_load_step(a[(st + FW_LEAD) % FW_RING], img, rows, st + FW_LEAD);
@@ -183,7 +183,7 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned wsm, const Fw
 #pragma unroll
     for (int i = 0; i < FW_T; ++i)
 #pragma unroll
-      for (int cc = 0; cc < FW_TCH; ++cc) fw_tail(c, ta[i][cc], wsm, i, cc);
+      for (int cc = 0; cc < FW_TCH; ++cc) fw_tail(c, ta[i][cc], d0, i, cc);
     wg_commit();
     wg_wait<0>();
     fw_hold_acc(c);
@@ -221,6 +221,7 @@ fcp_wgmma(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
   fw_t* img = reinterpret_cast<fw_t*>(wsm_p + FW_B_BYTES);
   float* red = reinterpret_cast<float*>(wsm_p + FW_B_BYTES + FW_PARTS * FW_IMG1_BYTES);
   fw_zero_slack(img);
+  const unsigned long long d0 = fw_b0(base + pad);
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
   const int g = lane >> 2, t = lane & 3;
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {
@@ -232,7 +233,7 @@ fcp_wgmma(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
     for (int mt = wg; mt < FW_NG; mt += FW_WGS) {
       const FwRows rows = fw_rows(4 * mt + warp, g, t);
       FwTile total;
-      fw_mtile(img, base + pad, rows, total);
+      fw_mtile(img, d0, rows, total);
       fw_store(total, rows, lane, bias, y, (size_t)b, w_unscale, a_unscale);
     }
   }

@@ -33,12 +33,10 @@ static_assert(FR_NT == 1 || FR_NT == 2 || FR_NT == 3 || FR_NT == 4 || FR_NT == 6
 typedef uint4 fr_b_t;  // 16 bytes of the packed B tiles
 #define FR_ENTRY(kind) frw_conv_pool_##kind
 
-// The descriptor of (part, k-step s) from the base descriptor d0 of the B tiles: part 0 hi
-// (the only one without the split), 1 lo. The start address is the low field, in 16-byte
-// units, and the tiles end below 256 KB, so the sum never carries out of it. (Built from the
-// address for each wgmma, ptxas spent four uniform instructions on every descriptor.)
+// The descriptor of (part, k-step s) from the B tiles' first (d0): part 0 hi (the only one
+// without the split), 1 lo.
 __device__ __forceinline__ unsigned long long fr_b_desc(unsigned long long d0, int part, int s) {
-  return d0 + (unsigned long long)((part * FR_KS + s) * FR_B_TILE / 16);
+  return wg_desc_add(d0, (part * FR_KS + s) * FR_B_TILE);
 }
 
 // Where m-tile mt's rows sit: the lane's (pooled row, run) and the word of its A quads.

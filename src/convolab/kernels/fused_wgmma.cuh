@@ -60,17 +60,23 @@ __device__ __forceinline__ void fw_load_step(FwA (&a)[FW_PARTS], const fw_t* img
     a[part] = fw_lda(lo + part * FW_IMG1, hi + part * FW_IMG1);
 }
 
+// The descriptor of the weights' first block (wsm: their shared-window address), which the
+// others are offsets of.
+__device__ __forceinline__ unsigned long long fw_b0(unsigned wsm) {
+  return wg_desc_interleaved(wsm, 128, FW_CORE2);
+}
+
 // The B descriptor of block (chunk j, filter row p) from part `part` on (3xfp16: lo 0, hi 1),
-// over N = 8 NT rows a part that follows.
-__device__ __forceinline__ unsigned long long fw_b(unsigned wsm, int j, int p, int part) {
-  return wg_desc_interleaved(
-      wsm + (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES + part * FW_PART_BYTES, 128, FW_CORE2);
+// over N = 8 NT rows a part that follows (d0 = fw_b0).
+__device__ __forceinline__ unsigned long long fw_b(unsigned long long d0, int j, int p,
+                                                   int part) {
+  return wg_desc_add(d0, (j * FW_K + FW_K - 1 - p) * FW_BLOCK_BYTES + part * FW_PART_BYTES);
 }
 
 // The B descriptor of packed tail chunk c (FW_TAILS).
-__device__ __forceinline__ unsigned long long fw_b_tail(unsigned wsm, int c, int part) {
-  return wg_desc_interleaved(
-      wsm + (FW_JM * FW_K + c) * FW_BLOCK_BYTES + part * FW_PART_BYTES, 128, FW_CORE2);
+__device__ __forceinline__ unsigned long long fw_b_tail(unsigned long long d0, int c,
+                                                        int part) {
+  return wg_desc_add(d0, (FW_JM * FW_K + c) * FW_BLOCK_BYTES + part * FW_PART_BYTES);
 }
 
 // The A quads of packed tail chunk c for tile i: lane t's k pairs t and 4 + t of the chunk are

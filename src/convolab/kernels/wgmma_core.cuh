@@ -50,3 +50,11 @@ __device__ __forceinline__ unsigned long long wg_desc_interleaved(unsigned saddr
   return (unsigned long long)((saddr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
          ((unsigned long long)(sbo >> 4) << 32);
 }
+
+// The descriptor `bytes` further on from descriptor d0 (same layout and offsets): the start
+// address is the low field in 16-byte units and shared memory ends below 256 KB, so the sum
+// never carries out of it. Built once and offset by constants, a loop's descriptors cost one
+// uniform add each; built from the address each time, ptxas spent about four.
+__device__ __forceinline__ unsigned long long wg_desc_add(unsigned long long d0, unsigned bytes) {
+  return d0 + (bytes >> 4);
+}
