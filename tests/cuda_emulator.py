@@ -223,6 +223,7 @@ inline void wg_sync() { wg_bar[threadIdx.x / 128]->arrive_and_wait(); }
 struct WgRegs { unsigned a[128][4]; };
 WgRegs wg_regs[8];
 #define WG_HOLD(x) ((void)0)
+template <int R> inline void wg_hold(float (&)[R][4]) {}
 inline void wg_fence() {}
 inline void wg_commit() {}
 template <int N> inline void wg_wait() {}

@@ -69,8 +69,8 @@ struct FwAcc {
 __device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
 #pragma unroll
   for (int i = 0; i < FW_T; ++i) {
-    fw_hold(c.small[i]);
-    fw_hold(c.big[i]);
+    wg_hold(c.small[i]);
+    wg_hold(c.big[i]);
   }
 }
 
@@ -114,9 +114,9 @@ struct FwAcc {
 };
 
 __device__ __forceinline__ void fw_hold_acc(FwAcc& c) {
-  fw_hold(c.pair);
+  wg_hold(c.pair);
 #pragma unroll
-  for (int i = 0; i < FW_T; ++i) fw_hold(c.edge[i]);
+  for (int i = 0; i < FW_T; ++i) wg_hold(c.edge[i]);
 }
 
 __device__ __forceinline__ void fw_step(FwAcc& c, const FwA (&a)[FW_PARTS], unsigned long long d0,

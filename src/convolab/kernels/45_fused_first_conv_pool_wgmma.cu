@@ -91,13 +91,6 @@ __device__ __forceinline__ void fr_issue(float (&acc)[FR_NT][4], const unsigned*
   wg_commit();
 }
 
-__device__ __forceinline__ void fr_hold(float (&acc)[FR_NT][4]) {
-#pragma unroll
-  for (int n = 0; n < FR_NT; ++n)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) WG_HOLD(acc[n][r]);
-}
-
 template <typename Input>
 __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restrict__ btiles,
                                              const float* __restrict__ bias,
@@ -126,7 +119,7 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
     float acc[FR_NT][4];
     fr_issue(acc, tile, grp * 4 + wq, d0);
     wg_wait<0>();
-    fr_hold(acc);
+    wg_hold(acc);
     const FrRows r = fr_rows(grp * 4 + wq);
     fr_store(acc, bm, y, out_s, b, tile_y, r.ph_l, r.run, r.valid, unscale);
   }

@@ -32,15 +32,6 @@ static_assert(!FW_TAILS || (FW_JM >= 1 && FW_TL > 0 && FW_TL % 2 == 0),
 
 typedef float FwTile[FW_T][FW_NT][4];  // [tile][n-tile][register]
 
-// WG_HOLD over a set of accumulators.
-template <int R>
-__device__ __forceinline__ void fw_hold(float (&d)[R][4]) {
-#pragma unroll
-  for (int n = 0; n < R; ++n)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) WG_HOLD(d[n][r]);
-}
-
 template <int R>
 __device__ __forceinline__ void fw_zero(float (&d)[R][4]) {
 #pragma unroll

@@ -9,6 +9,15 @@
 // asynchronous wgmmas that own it (an empty asm that "changes" it).
 #define WG_HOLD(x) asm volatile("" : "+f"(x)::"memory")
 
+// WG_HOLD over a set of accumulators d[n][0..3] (after the wait that completes them).
+template <int R>
+__device__ __forceinline__ void wg_hold(float (&d)[R][4]) {
+#pragma unroll
+  for (int n = 0; n < R; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) WG_HOLD(d[n][r]);
+}
+
 __device__ __forceinline__ void wg_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
