@@ -241,10 +241,10 @@ def rowpair_wgmma_tiles(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
 # ---- row pairs on the warpgroup MMA (45) --------------------------------------------------------
 
 # The precisions the unasked choice (tc = 0, the fused network's) runs on rung 45 where it
-# takes the shape. H200, B = 10,000 (docs/raw.md, "Rung 45"): the exact forward 1.203 ms with
-# conv1 on 45 against 1.295 on 29c (eecs498), 1.239 against 1.364 (mxnet); fp16 a tie (0.628 /
-# 0.610 and 0.667 / 0.658 ms; its conv1 writes fp16 maps through shared memory either way), so
-# fp16 stays on 29c.
+# takes the shape. H200, B = 10,000 (docs/raw.md, "Rung 45"): the exact forward 1.178 ms with
+# conv1 on 45 against 1.311 on 29c (eecs498), 1.247 against 1.358 (mxnet); the fp16 forward a
+# tie (0.604 / 0.610 and 0.628 / 0.610 ms, eecs498; its conv1 writes fp16 maps through shared
+# memory either way), so fp16 stays on 29c.
 WG_CHOSEN = ("3xfp16",)
 WG_NT = (1, 2, 3, 4, 6, 8)  # n-tiles a wgmma takes (wgmma_rs.cuh's N = 8 NT)
 WG_WARPS = 4  # one warpgroup a block
