@@ -11,8 +11,9 @@ For ece408:
 and kernel 30 (gpu/dense_head.py) is the head of the other models. The wider models' first
 block (one input channel, 12 output channels) runs rung 29 (gpu/fused_first.py: fp16
 tensor cores, 3xfp16 in exact/tf32; on Hopper the 3xfp16 runs on rung 45, its wgmma form).
-The only full-size intermediates are the pooled maps between blocks (ece408: 25.6 KB an image in fp32 NCHW; in mode 'fp16' ece408's pair passes it as fp16
-channels-last, 12.8 KB: gpu/fused_cl.py). A prepared run that reads fp16 says so
+The only full-size intermediates are the pooled maps between blocks (ece408: 25.6 KB an
+image in fp32 NCHW; in mode 'fp16' ece408's pair passes it as fp16 channels-last, 12.8 KB:
+gpu/fused_cl.py). A prepared run that reads fp16 says so
 (`run.in_dtype = "float16"`); the plan then allocates the map before it in fp16, which rung 29
 writes directly (elsewhere a cast follows the block that writes it).
 Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
