@@ -313,15 +313,20 @@ def test_tensor_core_plan_covers_the_pooled_rows(rng: np.random.Generator) -> No
         assert not fused_first.first_plan(shape, POOL, {}, None, "float16").tensor_cores
 
 
+def rowpair_weights(rng: np.random.Generator) -> tuple[int, int, np.ndarray, dict[str, int]]:
+    """K, M, weights (M, 1, K, K) at a random scale, and the row pairs' geometry for them."""
+    K = int(rng.choice([3, 5, 7]))
+    M = int(rng.integers(1, 20))
+    w = (rng.standard_normal((M, 1, K, K)) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32)
+    return K, M, w, fused_first.rp_geometry(ConvShape(1, 1, K, K, M, K), 1)
+
+
 def test_rowpair_fragments_hold_the_weights(rng: np.random.Generator) -> None:
     """Unpacked from the lanes, B[k][c * D + dx] is w[c][2s + k // 8][k % 8 - dx] (zero
     elsewhere); the split's parts sum to the weights to ~2^-22 and keep the power of two."""
     from convolab.gpu.fused_mma import LANE_G, LANE_T
 
-    K = int(rng.choice([3, 5, 7]))
-    M = int(rng.integers(1, 20))
-    w = (rng.standard_normal((M, 1, K, K)) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32)
-    geo = fused_first.rp_geometry(ConvShape(1, 1, K, K, M, K), 1)
+    K, M, w, geo = rowpair_weights(rng)
     d, cn = geo["D"], geo["CN"]
     for split in (False, True):
         frag, e = fused_first.rowpair_fragments(w, split)
@@ -350,10 +355,7 @@ def test_wgmma_tiles_hold_the_weights_where_the_descriptors_point(
     """Read back as 45's descriptors address them (tile (part, s) at (part KS + s) NT 256 bytes,
     8 k of column n at n // 8 * 256 + n % 8 * 16, k 8-15 128 bytes on), B[k][n] is 29c's B: the
     two packings hold the same operand."""
-    K = int(rng.choice([3, 5, 7]))
-    M = int(rng.integers(1, 20))
-    w = (rng.standard_normal((M, 1, K, K)) * 10.0 ** rng.uniform(-3, 2)).astype(np.float32)
-    geo = fused_first.rp_geometry(ConvShape(1, 1, K, K, M, K), 1)
+    K, M, w, geo = rowpair_weights(rng)
     ks, nt = geo["KS"], geo["NT"]
     for split in (False, True):
         tiles, e = fused_first.rowpair_wgmma_tiles(w, split)

@@ -623,38 +623,37 @@ FIRST_3X_IMPL = register(ConvImpl(
     compile_variants=lambda: compile_variants("3xfp16", TC_ROWPAIR),
     pool=FIRST_POOL,
 ))
-FIRST_WG_IMPL = register(ConvImpl(
-    name=f"fused-first-conv-pool{FIRST_POOL}-wgmma",
-    demonstrates=("rung 29c's row pairs on the warpgroup MMA (sm_90a): a warpgroup's 64 rows are "
-                  "four m-tiles, their A quads in registers as 29c loads them, the weights as B "
-                  "by descriptor from shared memory, one m64nNk16 wgmma for every channel of a "
-                  "k-step"),
-    device="gpu",
-    prepare=_prepare_impl(FIRST_POOL, "fp16", TC_WGMMA),
-    supports=lambda s: wg_supports(s, FIRST_POOL),
-    space={"warps": [4, 8], "minb": [1, 2, 3, 4, 5, 6], "rows": [0, 4, 8, 16], "osm": [0, 1]},
-    defaults={"warps": 0, "minb": 0, "rows": 0, "osm": 0},
-    tolerance=TOLERANCE["fp16"],
-    rung=45,
-    kernel_file=WG_KERNEL_FILE,
-    compile_variants=lambda: compile_variants("fp16", TC_WGMMA),
-    pool=FIRST_POOL,
-))
-FIRST_WG_3X_IMPL = register(ConvImpl(
-    name=f"fused-first-conv-pool{FIRST_POOL}-wgmma-3xfp16",
-    demonstrates=("rung 45 at fp32 accuracy: 29c's hi/lo fp16 split, three wgmmas per k-step "
-                  "(lo*hi, hi*lo, hi*hi) into one fp32 accumulator set"),
-    device="gpu",
-    prepare=_prepare_impl(FIRST_POOL, "3xfp16", TC_WGMMA),
-    supports=lambda s: wg_supports(s, FIRST_POOL, split=True),
-    space={"warps": [4, 8], "minb": [1, 2, 3, 4, 5, 6], "rows": [0, 4, 8, 16], "osm": [0, 1]},
-    defaults={"warps": 0, "minb": 0, "rows": 0, "osm": 0},
-    tolerance=TOLERANCE["3xfp16"],
-    rung=45,
-    kernel_file=WG_KERNEL_FILE,
-    compile_variants=lambda: compile_variants("3xfp16", TC_WGMMA),
-    pool=FIRST_POOL,
-))
+WG_DEMONSTRATES = {
+    "fp16": ("rung 29c's row pairs on the warpgroup MMA (sm_90a): a warpgroup's 64 rows are four "
+             "m-tiles, their A quads in registers as 29c loads them, the weights as B by "
+             "descriptor from shared memory, one m64nNk16 wgmma for every channel of a k-step"),
+    "3xfp16": ("rung 45 at fp32 accuracy: 29c's hi/lo fp16 split, three wgmmas per k-step "
+               "(lo*hi, hi*lo, hi*hi) into one fp32 accumulator set"),
+}
+
+
+def _wgmma_impl(precision: str) -> ConvImpl:
+    """Rung 45's registry entry in one precision (fp16 or 3xfp16)."""
+    split = precision == "3xfp16"
+    return register(ConvImpl(
+        name=f"fused-first-conv-pool{FIRST_POOL}-wgmma" + ("-3xfp16" if split else ""),
+        demonstrates=WG_DEMONSTRATES[precision],
+        device="gpu",
+        prepare=_prepare_impl(FIRST_POOL, precision, TC_WGMMA),
+        supports=lambda s: wg_supports(s, FIRST_POOL, split=split),
+        space={"warps": [4, 8], "minb": [1, 2, 3, 4, 5, 6], "rows": [0, 4, 8, 16],
+               "osm": [0, 1]},
+        defaults={"warps": 0, "minb": 0, "rows": 0, "osm": 0},
+        tolerance=TOLERANCE[precision],
+        rung=45,
+        kernel_file=WG_KERNEL_FILE,
+        compile_variants=lambda: compile_variants(precision, TC_WGMMA),
+        pool=FIRST_POOL,
+    ))
+
+
+FIRST_WG_IMPL = _wgmma_impl("fp16")
+FIRST_WG_3X_IMPL = _wgmma_impl("3xfp16")
 
 # Each registry entry's precision and family: what its raw entry runs (prepare_registered).
 REGISTERED: dict[str, tuple[str, int]] = {
