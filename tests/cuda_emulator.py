@@ -278,7 +278,8 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 # reads x.bin, w.bin, b.bin and y.bin (args: dir, batch, grid, w_unscale), prints the kernel's
 # shared-memory size, runs each block and writes y_out.bin. The test defines EMU_SMEM (the
 # array the kernel's dynamic shared memory is), EMU_W_BYTES, EMU_SMEM_BYTES, EMU_KERNEL and
-# EMU_BLOCK_SETUP (what a block needs besides run_block's barriers).
+# EMU_BLOCK_SETUP (what a block needs besides run_block's barriers); EMU_THREADS (a block's
+# threads) defaults to FW_THREADS.
 FUSED_MAIN = r"""
 int main(int argc, char** argv) {
   const char* dir = argv[1];
@@ -293,11 +294,14 @@ int main(int argc, char** argv) {
   printf("%d\n", EMU_SMEM_BYTES);
   static_assert(EMU_SMEM_BYTES <= (int)sizeof(EMU_SMEM), "emulator shared memory");
   static_assert(FW_THREADS == 32 * FW_WARPS);
+#ifndef EMU_THREADS
+#define EMU_THREADS FW_THREADS
+#endif
   gridDim.x = grid;
   for (int blk = 0; blk < grid; ++blk) {
     std::memset(EMU_SMEM, 0xFF, sizeof EMU_SMEM);  // NaN in fp16 and fp32: unstaged reads show
     EMU_BLOCK_SETUP;
-    run_block(blk, FW_THREADS, [=] { EMU_KERNEL(x, w, bias, y, batch, w_unscale); });
+    run_block(blk, EMU_THREADS, [=] { EMU_KERNEL(x, w, bias, y, batch, w_unscale); });
   }
   char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
   FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);

@@ -173,6 +173,46 @@ def test_tails_are_packed_where_they_save_a_tenth() -> None:
         fused_wgmma.wgmma_plan(ConvShape(1, 4, 12, 12, 8, 3), "fp16", {"tails": 1})
 
 
+def test_warp_specialized_plan_and_refusals() -> None:
+    """Rung 46: rung 44's loop defines with two consumer warpgroups, one block of three
+    warpgroups an SM, two staged images and the raw one in shared memory; it refuses rung 44's
+    block-shape parameters and layers whose buffers do not fit."""
+    for shape, _ in wide_blocks():
+        for precision in PRECISIONS:
+            plan = fused_wgmma.ws_plan(shape, precision)
+            loop = fused_wgmma.wgmma_plan(shape, precision).defines
+            assert plan.threads == 384 and plan.bps == 1 and plan.rung == 46
+            assert plan.kernel == (fused_wgmma.WS_KERNEL_FILE, fused_wgmma.WS_KERNEL)
+            assert plan.defines == {**{k: v for k, v in loop.items() if k != "FW_MINB"},
+                                    "FW_WGS": 2}
+            assert plan.smem <= fused_wgmma.SMEM_LIMIT  # (the emulator checks the sum)
+            assert fused_wgmma.default_rung(shape, precision) == \
+                fused_wgmma.DEFAULT_RUNG[precision]
+    shape = EECS498_CONV2
+    with pytest.raises(InputError, match="unknown parameter"):
+        fused_wgmma.ws_plan(shape, "fp16", {"wgs": 2})
+    big = ConvShape(1, 16, 30, 30, 32, 5)
+    assert fused_wgmma.supports(big, 2, "3xfp16")
+    assert "shared memory" in fused_wgmma.ws_why_not(big, 2, "3xfp16")
+    assert fused_wgmma.default_rung(big, "3xfp16") == 44
+    with pytest.raises(InputError, match="does not take"):
+        fused_wgmma.ws_plan(big, "3xfp16")
+
+
+def test_rung_parameter_and_registry_entries() -> None:
+    from convolab.registry import get_impl
+
+    for suffix in ("tc", "3xfp16"):
+        ws = get_impl(f"fused-conv-pool2-wgmma-ws-{suffix}")
+        assert ws.rung == 46 and ws.kernel_file == fused_wgmma.WS_KERNEL_FILE
+        assert set(ws.space) == set(fused_wgmma.WS_SPACE)
+        assert get_impl(f"fused-conv-pool2-wgmma-{suffix}").rung == 44
+        assert ws.compile_variants() and all(v["FW_WGS"] == 2 for v in ws.compile_variants())
+    with pytest.raises(InputError, match="rung must be one of"):
+        fused_wgmma.prepare(EECS498_CONV2, np.zeros((24, 12, 7, 7), np.float32),
+                            np.zeros(24, np.float32), {"rung": 45}, "fp16")
+
+
 # ---- CPU: the kernel source under g++, the warpgroup MMA emulated ----------------------------
 
 EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
@@ -192,23 +232,78 @@ alignas(1024) unsigned char emu_smem[232448];
     wg_bar[g] = wgb.back().get();                        \
   }
 """ + FUSED_MAIN
+# Rung 46's extra primitives on the CPU: setmaxnreg is nothing, a named barrier a std::barrier
+# of its thread count (bar.arrive counts without waiting), and the block's one mbarrier a count
+# of completed phases, which a bulk copy (a memcpy) completes at once.
+WS_SHIM = r"""
+#include <atomic>
+template <int R> inline void set_max_regs_dec() {}
+template <int R> inline void set_max_regs_inc() {}
+std::barrier<>* named_bar[16];
+inline void bar_sync(int id, int) { named_bar[id]->arrive_and_wait(); }
+inline void bar_arrive(int id, int) { (void)named_bar[id]->arrive(); }
+std::atomic<int> emu_mbar_phases{0};
+inline void mbar_init(unsigned, unsigned) { emu_mbar_phases = 0; }
+inline void fence_barrier_init() {}
+inline void mbar_expect_tx(unsigned, unsigned) {}
+inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned) {
+  std::memcpy(emu_smem + dst, src, bytes);
+  emu_mbar_phases.fetch_add(1);
+}
+inline void mbar_wait(unsigned, unsigned parity) {
+  while ((emu_mbar_phases.load() & 1) == (int)parity) std::this_thread::yield();
+}
+"""
+EMU_WS = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
+alignas(1024) unsigned char emu_smem[232448];
+#define fw_smem emu_smem
+""" + WGMMA_SHIM + WS_SHIM + r"""
+#include "kernel.inc"
+#define EMU_SMEM emu_smem
+#define EMU_W_BYTES FW_B_BYTES
+#define EMU_SMEM_BYTES FWS_SMEM_BYTES
+#define EMU_KERNEL fcp_wgmma_ws
+#define EMU_THREADS FWS_THREADS
+// the consumer warpgroups' barriers and the named barriers, alive while run_block runs
+#define EMU_BLOCK_SETUP                                                  \
+  std::vector<std::unique_ptr<std::barrier<>>> wgb;                      \
+  for (int g = 0; g < FW_WGS; ++g) {                                     \
+    wgb.emplace_back(new std::barrier<>(128));                           \
+    wg_bar[g] = wgb.back().get();                                        \
+  }                                                                      \
+  for (int id = 1; id < 6; ++id) {                                       \
+    wgb.emplace_back(new std::barrier<>(id == 1 ? 128 : FWS_THREADS));   \
+    named_bar[id] = wgb.back().get();                                    \
+  }
+""" + FUSED_MAIN
+
+
 def emulate(tmp_path: Path, shape: ConvShape, precision: str, in_dtype: str, x: np.ndarray,
-            w: np.ndarray, b: np.ndarray, params: dict[str, int], grid: int) -> np.ndarray:
-    """The kernel's output for (x, w, b) run on the CPU (the wgmma's shared-memory and register
-    operands as the kernel lays them out)."""
-    defines = fused_wgmma._plan_defines(shape, precision, params, in_dtype)
-    source = inline_headers((KERNEL_DIR / fused_wgmma.KERNEL_FILE).read_text(), KERNEL_DIR,
-                            keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh"))
+            w: np.ndarray, b: np.ndarray, params: dict[str, int], grid: int,
+            rung: int = 44) -> np.ndarray:
+    """Rung 44's (or 46's) output for (x, w, b) run on the CPU (the wgmma's shared-memory and
+    register operands as the kernel lays them out)."""
+    if rung == 46:
+        defines = fused_wgmma.ws_plan(shape, precision, params, in_dtype).defines
+        file, main = fused_wgmma.WS_KERNEL_FILE, EMU_WS
+        keep = ("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh", "mbarrier.cuh",
+                "warp_roles.cuh")
+    else:
+        defines = fused_wgmma._plan_defines(shape, precision, params, in_dtype)
+        file, main = fused_wgmma.KERNEL_FILE, EMU
+        keep = ("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh")
+    source = inline_headers((KERNEL_DIR / file).read_text(), KERNEL_DIR, keep=keep)
     source = source.replace("extern __shared__ __align__(16) unsigned char fw_smem[];", "")
     tails = bool(defines["FW_TAILS"])
     w_unscale = 2.0 ** -fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
     files = {"x.bin": np.ascontiguousarray(x, in_dtype),
              "w.bin": fused_wgmma.wgmma_blocks(w, precision, tails),
              "b.bin": b.astype(np.float32)}
-    y, smem = run_fused_emulator(tmp_path, EMU, source, define_flags(defines), files,
+    y, smem = run_fused_emulator(tmp_path, main, source, define_flags(defines), files,
                                  (shape.B, shape.M, shape.H_out // 2, shape.W_out // 2),
                                  [str(shape.B), str(grid), repr(w_unscale)])
-    assert smem == fused_wgmma.smem_bytes(shape, precision, defines["FW_WS"], in_dtype, tails)
+    size = fused_wgmma.ws_smem_bytes if rung == 46 else fused_wgmma.smem_bytes
+    assert smem == size(shape, precision, defines["FW_WS"], in_dtype, tails)
     return y
 
 
@@ -230,6 +325,29 @@ def test_kernel_emulated_on_cpu(case: int, tmp_path: Path, rng: np.random.Genera
     x, w, b = problem(rng, shape, in_dtype)
     y = emulate(tmp_path, shape, precision, in_dtype, x, w, b, params, grid)
     check_result(y, x, w, b, 2, precision)
+
+
+EMULATED_WS = [  # rung 46: (precision, input, shape, params, grid); blocks of 2-5 images, so
+    # that both slots are reused; fp16 inputs whose images start off 16-byte granules
+    ("3xfp16", "float32", ConvShape(5, 12, 29, 29, 24, 7), {}, 2),  # eecs498's conv2
+    ("fp16", "float16", ConvShape(4, 9, 13, 13, 19, 3), {"ring": 3, "lead": 1}, 1),
+    ("3xfp16", "float16", ConvShape(3, 7, 12, 11, 32, 5), {"tails": -1, "sum": 6}, 1),
+    ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), {"tails": -1}, 2),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("case", range(len(EMULATED_WS)))
+def test_warp_specialized_kernel_emulated_on_cpu(case: int, tmp_path: Path,
+                                                  rng: np.random.Generator) -> None:
+    precision, in_dtype, shape, params, grid = EMULATED_WS[case]
+    x, w, b = problem(rng, shape, in_dtype)
+    y = emulate(tmp_path, shape, precision, in_dtype, x, w, b, params, grid, rung=46)
+    check_result(y, x, w, b, 2, precision)
+    if case == 0:  # the same MMAs in the same order as rung 44's, the same scale exponents
+        (tmp_path / "44").mkdir()
+        y44 = emulate(tmp_path / "44", shape, precision, in_dtype, x, w, b, params, 1)
+        assert np.array_equal(y, y44)
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
@@ -325,3 +443,35 @@ def test_nan_stays_in_its_image(precision: str, rng: np.random.Generator) -> Non
     assert np.isnan(y[np.isnan(ref)]).all(), "a pool window with a NaN gave a finite value"
     for i in (0, 2):
         assert rel_l2(y[i], ref[i]) <= TOLERANCE[precision]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", fused_wide.IN_DTYPES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_warp_specialized_equals_rung_44_bit_for_bit(precision: str, in_dtype: str,
+                                                     rng: np.random.Generator) -> None:
+    """Rung 46 runs rung 44's MMAs in rung 44's order on the same staged values: eecs498's conv2
+    and a random layer, with a few hundred images so that every block reuses both slots."""
+    drawn = random_shape(rng, precision)
+    for shape in (dataclasses.replace(EECS498_CONV2, B=300),
+                  dataclasses.replace(drawn, B=int(rng.integers(133, 400)))):
+        params = {"ring": int(rng.choice([4, 5, 6]))}
+        print(shape, params)
+        x, w, b = problem(rng, shape, in_dtype)
+        y46 = run_gpu(shape, precision, in_dtype, x, w, b, {**params, "rung": 46})
+        check_result(y46, x, w, b, 2, precision)
+        assert np.array_equal(y46, run_gpu(shape, precision, in_dtype, x, w, b,
+                                           {**params, "rung": 44}))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [{"ring": 4}, {"ring": 6, "lead": 3}, {"sum": 1},
+                                    {"sum": 6, "ring": 3, "lead": 1}, {"tails": -1},
+                                    {"pitch": 29}])
+def test_warp_specialized_parameters_keep_the_result(params: dict[str, int],
+                                                     rng: np.random.Generator) -> None:
+    shape = dataclasses.replace(EECS498_CONV2, B=277)
+    x, w, b = problem(rng, shape, "float32")
+    for precision in PRECISIONS:
+        check_result(run_gpu(shape, precision, "float32", x, w, b, {**params, "rung": 46}),
+                     x, w, b, 2, precision)

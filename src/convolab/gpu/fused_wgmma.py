@@ -9,6 +9,12 @@ block of 8 NT channels x 16 k as core matrices in falling filter row order (and,
 kernel's wgmma descriptors read. `prepare` returns run(x, out) with rung 28's contract. The
 registry entries `fused-conv-pool2-wgmma-{tc,3xfp16}` wrap it for fp32 input. Nothing here
 imports CuPy at module import time.
+
+Rung 46 (kernels/46_fused_conv_pool_wgmma_ws.cu, `fcp_wgmma_ws`) is the same loop
+warp-specialized: a producer warpgroup stages the next image (by the bulk copy engine into a
+raw buffer, then split into one of two staged slots) while two consumer warpgroups compute;
+same weights, same defines for the loop, one block an SM (`fused-conv-pool2-wgmma-ws-*`).
+`prepare`'s `rung` parameter picks between them (0: `default_rung`).
 """
 
 from __future__ import annotations
@@ -57,13 +63,29 @@ DEFAULT_RING = {"fp16": 4, "3xfp16": 5}
 BLOCKS_PER_SM = 2  # one block stages its next image while the other computes
 _SUFFIX = {"fp16": "tc", "3xfp16": "3xfp16"}
 
+WS_KERNEL_FILE = "46_fused_conv_pool_wgmma_ws.cu"
+WS_KERNEL = "fcp_wgmma_ws"
+WS_CONSUMERS = 2  # FW_WGS of rung 46: the warpgroups that compute (a third one stages)
+WS_THREADS = 128 * (WS_CONSUMERS + 1)
+WS_TAIL_BYTES = 32  # FWS_TAIL_BYTES: the mbarrier, two exponents, the producer's maxima
+WS_SPACE: dict[str, list[int]] = {key: SPACE[key] for key in ("pitch", "ring", "lead", "sum",
+                                                               "tails")}
+RUNGS = (44, 46)
+# The rung FusedLeNet and `prepare` run where both take a layer, per precision (rung: 0).
+DEFAULT_RUNG = {"fp16": 46, "3xfp16": 46}
+
 
 @dataclass(frozen=True)
 class WgmmaPlan:
     defines: dict[str, int]
     smem: int
     threads: int
-    bps: int
+    bps: int  # blocks an SM (0: as many as fit)
+    rung: int = 44
+
+    @property
+    def kernel(self) -> tuple[str, str]:
+        return (WS_KERNEL_FILE, WS_KERNEL) if self.rung == 46 else (KERNEL_FILE, KERNEL)
 
 
 def chunk_counts(shape: ConvShape, precision: str, tails: bool) -> tuple[int, int]:
@@ -103,6 +125,16 @@ def smem_bytes(shape: ConvShape, precision: str, pitch: int, in_dtype: Any = "fl
     return ALIGN + weight_bytes(shape, precision, tails) + geo.image_bytes
 
 
+def ws_smem_bytes(shape: ConvShape, precision: str, pitch: int, in_dtype: Any = "float32",
+                  tails: bool = False) -> int:
+    """FWS_SMEM_BYTES (rung 46): the alignment slack, the weights, two staged images (without
+    rung 44's reduction slots), the raw image's 16-byte granules plus one, the tail."""
+    geo = fused_wide.geometry(shape, POOL, precision, 1, in_dtype, pitch)
+    slot = geo.image_bytes - (fused_wide.REDUCE_BYTES if precision == "3xfp16" else 0)
+    raw = ceil_div(geo.raw_bytes, 16) * 16 + 16
+    return ALIGN + weight_bytes(shape, precision, tails) + 2 * slot + raw + WS_TAIL_BYTES
+
+
 def default_pitch(shape: ConvShape, precision: str, in_dtype: Any = "float32") -> int:
     """The staged row pitch with the fewest A-load bank conflicts (fused_wide.load_cost) among
     those that leave room for BLOCKS_PER_SM blocks an SM (eecs498's conv2 in 3xfp16: the
@@ -137,10 +169,35 @@ def supports(shape: ConvShape, pool: int, precision: str) -> bool:
     return why_not(shape, pool, precision) is None
 
 
-def _check_params(params: Mapping[str, Any]) -> None:
-    unknown = sorted(set(params) - set(SPACE))
+def ws_why_not(shape: ConvShape, pool: int, precision: str) -> str | None:
+    """None where rung 46 takes the layer (rung 44 does, and its shared memory fits at rung
+    44's widest default pitch with fp32 input), else the reason it does not."""
+    reason = why_not(shape, pool, precision)
+    if reason is not None:
+        return reason
+    pitch = shape.W + fused_wide.MAX_PITCH_PAD
+    smem = ws_smem_bytes(shape, precision, pitch, "float32", default_tails(shape, precision))
+    if smem > SMEM_LIMIT:
+        return (f"two staged images, the raw image and the weights need {smem} bytes of shared "
+                f"memory (> {SMEM_LIMIT})")
+    return None
+
+
+def ws_supports(shape: ConvShape, pool: int, precision: str) -> bool:
+    return ws_why_not(shape, pool, precision) is None
+
+
+def default_rung(shape: ConvShape, precision: str) -> int:
+    """The rung `prepare` runs without a `rung` parameter: DEFAULT_RUNG where it takes the
+    layer, else 44."""
+    want = DEFAULT_RUNG.get(precision, 44)
+    return 46 if want == 46 and ws_supports(shape, POOL, precision) else 44
+
+
+def _check_params(params: Mapping[str, Any], space: Mapping[str, list[int]] = SPACE) -> None:
+    unknown = sorted(set(params) - set(space))
     if unknown:
-        raise InputError(f"fcp_wgmma: unknown parameter(s) {unknown} (known: {list(SPACE)})")
+        raise InputError(f"fcp_wgmma: unknown parameter(s) {unknown} (known: {list(space)})")
     for key, value in params.items():
         if not isinstance(value, int | np.integer) or (value < 0 and key != "tails"):
             raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
@@ -166,6 +223,28 @@ def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | Non
     _check_ring(defines)
     smem = smem_bytes(shape, precision, defines["FW_WS"], in_name, bool(defines["FW_TAILS"]))
     return WgmmaPlan(defines, smem, 128 * defines["FW_WGS"], int(params.get("bps") or 0))
+
+
+def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None = None,
+            in_dtype: Any = "float32") -> WgmmaPlan:
+    """Rung 46's defines and launch geometry: rung 44's loop defines (WS_SPACE may fix pitch,
+    ring, lead, sum, tails) with WS_CONSUMERS computing warpgroups, one block an SM."""
+    reason = ws_why_not(shape, POOL, precision)
+    if reason is not None:
+        raise InputError(f"fcp_wgmma_ws does not take {shape} with pool {POOL}: {reason}")
+    params = params or {}
+    _check_params(params, WS_SPACE)
+    in_name = np.dtype(in_dtype).name
+    if in_name not in fused_wide.IN_DTYPES:
+        raise InputError(f"fcp_wgmma_ws: input dtype must be one of {fused_wide.IN_DTYPES}, "
+                         f"got {in_name}")
+    defines = _plan_defines(shape, precision, params, in_name)
+    del defines["FW_MINB"]
+    defines["FW_WGS"] = WS_CONSUMERS
+    _check_ring(defines)
+    smem = ws_smem_bytes(shape, precision, defines["FW_WS"], in_name,
+                         bool(defines["FW_TAILS"]))
+    return WgmmaPlan(defines, smem, WS_THREADS, 1, rung=46)
 
 
 def _check_ring(defines: Mapping[str, int]) -> None:
@@ -217,12 +296,22 @@ def wgmma_blocks(w: np.ndarray, precision: str, tails: bool = False) -> np.ndarr
 def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str, Any],
             precision: str, in_dtype: Any = "float32") -> Run:
     """run(x, out): x (B, C, H, W) NCHW in `in_dtype` (float32 or float16), out
-    (B, M, Ho // 2, Wo // 2) float32, written with maxpool(relu(conv(x, weight) + bias))."""
+    (B, M, Ho // 2, Wo // 2) float32, written with maxpool(relu(conv(x, weight) + bias)).
+    kernel_params may name the rung (44 or 46) beside that rung's parameters (SPACE,
+    WS_SPACE); without it, parameters only rung 44 has (wgs, minb, bps) pick rung 44, else
+    `default_rung` decides."""
     from convolab.backend import require_cupy, to_numpy
     from convolab.gpu.compile import get_kernel
     from convolab.gpu.device import occupancy, sm_count
 
-    plan = wgmma_plan(shape, precision, kernel_params, in_dtype)
+    params = dict(kernel_params)
+    rung = params.pop("rung", 0)
+    if not rung:
+        rung = (default_rung(shape, precision)
+                if precision in PRECISIONS and set(params) <= set(WS_SPACE) else 44)
+    if rung not in RUNGS:
+        raise InputError(f"fcp_wgmma: rung must be one of {RUNGS} (or 0), got {rung!r}")
+    plan = (ws_plan if rung == 46 else wgmma_plan)(shape, precision, params, in_dtype)
     w_h = np.asarray(to_numpy(weight), np.float32)
     if w_h.shape != shape.w_shape:
         raise InputError(f"fcp_wgmma: weights have shape {w_h.shape}, {shape} needs "
@@ -232,7 +321,7 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
     b_d = cp.ascontiguousarray(cp.asarray(bias, dtype=cp.float32))
     if b_d.shape != (shape.M,):
         raise InputError(f"fcp_wgmma: bias has shape {b_d.shape}, needs ({shape.M},)")
-    kernel = get_kernel(KERNEL_FILE, KERNEL, plan.defines)
+    kernel = get_kernel(*plan.kernel, plan.defines)
     kernel.max_dynamic_shared_size_bytes = plan.smem
     kernel.preferred_shared_memory_carveout = 100  # rung 28's reason (gpu/fused_wide.py)
     per_sm = plan.bps or max(1, occupancy(kernel, plan.threads, plan.smem))
@@ -263,26 +352,31 @@ NETWORK = True
 
 def network_takes(shape: ConvShape, pool: int, precision: str,
                   kernel_params: Mapping[str, Any]) -> bool:
-    """Whether FusedLeNet runs this block on rung 44 (kernel parameters other than rung 44's
-    name rung 28's, which then keeps the block)."""
-    return (NETWORK and precision in PRECISIONS and set(kernel_params) <= set(SPACE)
+    """Whether FusedLeNet runs this block on rung 44 or 46 (`prepare` picks which; kernel
+    parameters other than theirs name rung 28's, which then keeps the block)."""
+    return (NETWORK and precision in PRECISIONS and set(kernel_params) <= {*SPACE, "rung"}
             and supports(shape, pool, precision))
 
 
 # ---- registry -------------------------------------------------------------------------------
 
 
-def compile_variants(precision: str) -> list[dict[str, int]]:
-    """The define sets the host compiles: each zoo wide layer's default plan, fp32 input (the
-    registry entry) and fp16 input (the network's fp16 mode); the emulator tests build the
-    other parameters' paths."""
+def compile_variants(precision: str, rung: int = 44) -> list[dict[str, int]]:
+    """The define sets the host compiles for a rung: each zoo wide layer's default plan, fp32
+    input (the registry entry) and fp16 input (the network's fp16 mode); the emulator tests
+    build the other parameters' paths."""
     out: list[dict[str, int]] = []
     for shape, pool in fused_wide.zoo_wide_layers():
         if pool != POOL or fused_wide.why_not(shape, pool, precision) is not None \
                 or shape.M > MAX_M:
             continue
         for in_dtype in fused_wide.IN_DTYPES:
-            defines = _plan_defines(shape, precision, {}, in_dtype)
+            if rung == 46:
+                if not ws_supports(shape, pool, precision):
+                    continue
+                defines = ws_plan(shape, precision, {}, in_dtype).defines
+            else:
+                defines = _plan_defines(shape, precision, {}, in_dtype)
             if defines not in out:
                 out.append(defines)
     return out
@@ -323,34 +417,51 @@ def _plan_defines(shape: ConvShape, precision: str, params: Mapping[str, Any],
 
 
 @functools.cache
-def wgmma_impl(precision: str) -> ConvImpl:
-    """The registry entry of rung 44 for one precision (fp32 input)."""
+def wgmma_impl(precision: str, rung: int = 44) -> ConvImpl:
+    """The registry entry of rung 44 or 46 for one precision (fp32 input)."""
     if precision not in PRECISIONS:
         raise ValueError(f"fcp_wgmma takes precision in {tuple(PRECISIONS)}, got {precision!r}")
+    if rung not in RUNGS:
+        raise ValueError(f"fcp_wgmma: rung must be one of {RUNGS}, got {rung!r}")
     what = {"fp16": "fp16 operands",
             "3xfp16": "3xfp16: operands scaled by powers of two and split hi + lo, fp32-exact"}
 
     def prepare_fp32(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
-        return prepare(shape, w, b, params, precision, "float32")
+        return prepare(shape, w, b, {**params, "rung": rung}, precision, "float32")
 
+    if rung == 46:
+        name = f"fused-conv-pool2-wgmma-ws-{_SUFFIX[precision]}"
+        demonstrates = ("rung 44 warp-specialized: a producer warpgroup brings the next image "
+                        "by the bulk copy engine and stages it into one of two slots while two "
+                        "consumer warpgroups run rung 44's wgmma loop on the other; named "
+                        f"barriers hand the slots over, setmaxnreg moves registers to the "
+                        f"consumers ({what[precision]})")
+        space, file = WS_SPACE, WS_KERNEL_FILE
+        takes = ws_supports
+    else:
+        name = f"fused-conv-pool2-wgmma-{_SUFFIX[precision]}"
+        demonstrates = ("rung 28 on Hopper's warpgroup MMA: a warpgroup's 64 rows are four "
+                        "units' windows, A from registers, the weights as B by descriptor from "
+                        "core-matrix blocks that one N = 48 wgmma reads two of, A loaded two "
+                        f"shifts ahead, run tails packed ({what[precision]})")
+        space, file = SPACE, KERNEL_FILE
+        takes = supports
     return ConvImpl(
-        name=f"fused-conv-pool2-wgmma-{_SUFFIX[precision]}",
-        demonstrates=("rung 28 on Hopper's warpgroup MMA: a warpgroup's 64 rows are four "
-                      "units' windows, A from registers, the weights as B by descriptor from "
-                      "core-matrix blocks that one N = 48 wgmma reads two of, A loaded two "
-                      f"shifts ahead, run tails packed ({what[precision]})"),
+        name=name,
+        demonstrates=demonstrates,
         device="gpu",
         prepare=prepare_fp32,
-        supports=lambda s: supports(s, POOL, precision),
-        space=SPACE,
-        defaults={key: 0 for key in SPACE},
+        supports=lambda s: takes(s, POOL, precision),
+        space=space,
+        defaults={key: 0 for key in space},
         tolerance=TOLERANCE[precision],
-        rung=44,
-        kernel_file=KERNEL_FILE,
-        compile_variants=lambda: compile_variants(precision),
+        rung=rung,
+        kernel_file=file,
+        compile_variants=lambda: compile_variants(precision, rung),
         pool=POOL,
     )
 
 
-for _precision in PRECISIONS:
-    register(wgmma_impl(_precision))
+for _rung in RUNGS:
+    for _precision in PRECISIONS:
+        register(wgmma_impl(_precision, _rung))

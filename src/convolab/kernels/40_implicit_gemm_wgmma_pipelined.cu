@@ -32,6 +32,7 @@
 // channels-last 0.119) and 0.171 ms TF32 (cuDNN TF32 0.248, NCHW), SM throughput 52% -> 70%.
 
 #include "mbarrier.cuh"
+#include "warp_roles.cuh"
 #include "wgmma.cuh"
 
 #ifndef WP_TMA
@@ -63,20 +64,6 @@ __device__ __forceinline__ void tma_load_a(unsigned dst, const void* map, int k0
       " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
       "l"(map), "r"(k0), "r"(m0), "r"(0), "r"(bar)
       : "memory");
-}
-
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_dec() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
-#endif
-}
-
-template <int REGS>
-__device__ __forceinline__ void set_max_regs_inc() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
-#endif
 }
 
 extern "C" __global__ void __launch_bounds__(WP_THREADS, 1)
