@@ -231,14 +231,25 @@ def rowpair_fragments(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
 def rowpair_wgmma_tiles(w: np.ndarray, split: bool) -> tuple[np.ndarray, int]:
     """Rung 45's B operand as its shared memory holds it: uint16 fp16 bits (parts, KS, NT, 2, 8,
     8) — per (part, k-step) NT x 2 core matrices of 8 columns x 8 k (k 8-15 the second), each
-    column's 8 k contiguous — and the weights' scale exponent."""
+    column's 8 k contiguous — and the weights' scale exponent. With the split and an odd K, the
+    last k-step's filter row 2 KS - 1 is zero: its hi tile holds row K - 1's hi in both k
+    halves instead, which the kernel multiplies by [hi | lo] of the input (odd_last_step)."""
     parts, e = _rowpair_parts(w, split)
+    if odd_last_step(w.shape[2], split):
+        parts[0][-1, :, 8:] = parts[0][-1, :, :8]
     # [s][nt][k][n] -> [s][nt][k half][n][k % 8]
     tiles = [p.reshape(*p.shape[:2], 2, 8, 8).transpose(0, 1, 2, 4, 3) for p in parts]
     return np.ascontiguousarray(np.stack(tiles).astype(np.float16)).view(np.uint16), e
 
 
 # ---- row pairs on the warpgroup MMA (45) --------------------------------------------------------
+
+
+def odd_last_step(K: int, split: bool) -> bool:
+    """Whether rung 45 runs the last k-step of the split in two wgmmas instead of three (odd K
+    above 1: that step's second filter row is zero, so its k 8-15 carry the input's lo part;
+    K = 1's only step also starts the sums)."""
+    return split and K % 2 == 1 and K > 1
 
 # The precisions the unasked choice (tc = 0, the fused network's) runs on rung 45 where it
 # takes the shape. H200, B = 10,000 (docs/raw.md, "Rung 45"): the exact forward 1.178 ms with

@@ -7,7 +7,8 @@
 // and takes twice its fp16 time in exact mode. A warpgroup's 64 rows are four of 29c's m-tiles
 // (the warps' A quads are 29c's fragments as they are, a1 = a2 included); one m64nNk16 wgmma with
 // N = 8 NT covers every channel of a (k-step, part): 12 instructions a warpgroup where four
-// warps issued 144, at the warpgroup MMA's rate rather than mma.sync's.
+// warps issued 144, at the warpgroup MMA's rate rather than mma.sync's; 11 with an odd K, whose
+// last k-step carries the input's hi and lo parts of one filter row (fr_issue).
 //
 // B comes from shared memory by descriptor: per (part, k-step) NT x 2 core matrices (8 columns
 // x 8 k, 128 bytes; the second 8 k 128 bytes on, the next 8 columns 256 bytes on), copied from
@@ -80,6 +81,15 @@ __device__ __forceinline__ void fr_issue(float (&acc)[FR_NT][4], const unsigned*
   for (int s = 0; s < FR_KS; ++s) {
     const unsigned a_hi[4] = {ah[2 * s], ah[2 * s + 1], ah[2 * s + 1], ah[2 * s + 2]};
 #if FR_SPLIT  // the small products first; the first wgmma starts the sums (scale-d 0)
+    if (FF_K % 2 == 1 && FF_K > 1 && s == FR_KS - 1) {
+      // Odd K: this step's second filter row is zero. Its k 8-15 take the lo part of the first
+      // row's pixels instead, and the host's hi tile repeats row K - 1 there: hi x lo_w (k
+      // 8-15 of the lo tile are zero), then [hi | lo] x [hi_w | hi_w]. Two wgmmas, not three.
+      const unsigned a_mix[4] = {ah[2 * s], ah[2 * s + 1], al[2 * s], al[2 * s + 1]};
+      wg_mma_rs<FR_NT>(acc, a_mix, fr_b_desc(d0, 1, s), 1);
+      wg_mma_rs<FR_NT>(acc, a_mix, fr_b_desc(d0, 0, s), 1);
+      continue;
+    }
     const unsigned a_lo[4] = {al[2 * s], al[2 * s + 1], al[2 * s + 1], al[2 * s + 2]};
     wg_mma_rs<FR_NT>(acc, a_lo, fr_b_desc(d0, 0, s), s > 0);
     wg_mma_rs<FR_NT>(acc, a_hi, fr_b_desc(d0, 1, s), 1);
