@@ -66,16 +66,15 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, FW_MINB)
 fcp_wgmma(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
           const float* __restrict__ bias, float* __restrict__ y, int batch, float w_unscale) {
   extern __shared__ __align__(16) unsigned char fw_smem[];
-  const unsigned base = (unsigned)__cvta_generic_to_shared(fw_smem);
-  const unsigned pad = (FW_ALIGN - (base & (FW_ALIGN - 1))) & (FW_ALIGN - 1);
-  unsigned char* wsm_p = fw_smem + pad;
+  unsigned wsm;
+  unsigned char* wsm_p = fw_aligned(fw_smem, wsm);
   for (int i = threadIdx.x; i < FW_B_BYTES / 16; i += FW_THREADS)
     reinterpret_cast<uint4*>(wsm_p)[i] = __ldg(wpack + i);
   wg_proxy_fence();  // the wgmmas read the weights through the async proxy
   fw_t* img = reinterpret_cast<fw_t*>(wsm_p + FW_B_BYTES);
   float* red = reinterpret_cast<float*>(wsm_p + FW_B_BYTES + FW_PARTS * FW_IMG1_BYTES);
   fw_zero_slack(img);
-  const unsigned long long d0 = fw_b0(base + pad);
+  const unsigned long long d0 = fw_b0(wsm);
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
   const int g = lane >> 2, t = lane & 3;
   for (int b = blockIdx.x; b < batch; b += gridDim.x) {

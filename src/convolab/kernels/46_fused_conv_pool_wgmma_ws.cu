@@ -120,13 +120,12 @@ extern "C" __global__ void __launch_bounds__(FWS_THREADS, 1)
 fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
              const float* __restrict__ bias, float* __restrict__ y, int batch, float w_unscale) {
   extern __shared__ __align__(16) unsigned char fw_smem[];
-  const unsigned base = (unsigned)__cvta_generic_to_shared(fw_smem);
-  const unsigned pad = (FW_ALIGN - (base & (FW_ALIGN - 1))) & (FW_ALIGN - 1);
-  unsigned char* wsm_p = fw_smem + pad;
+  unsigned wsm;
+  unsigned char* wsm_p = fw_aligned(fw_smem, wsm);
   fw_t* slots = reinterpret_cast<fw_t*>(wsm_p + FW_B_BYTES);
   unsigned char* raw = wsm_p + FW_B_BYTES + 2 * FWS_SLOT_BYTES;
   unsigned char* tail = raw + FWS_RAW_BYTES;
-  const unsigned bar = base + pad + (unsigned)(tail - wsm_p);
+  const unsigned bar = wsm + (unsigned)(tail - wsm_p);
   int* exps = reinterpret_cast<int*>(tail + 8);
   float* red = reinterpret_cast<float*>(tail + 16);
   for (int i = threadIdx.x; i < FW_B_BYTES / 16; i += FWS_THREADS)
@@ -144,7 +143,7 @@ fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
   if (threadIdx.x >= FW_THREADS) {  // the producer warpgroup
     set_max_regs_dec<FWS_PRODUCER_REGS>();
     const int pt = threadIdx.x - FW_THREADS;
-    const unsigned raw_s = base + pad + (unsigned)(raw - wsm_p);
+    const unsigned raw_s = wsm + (unsigned)(raw - wsm_p);
     if (pt == 0 && (int)blockIdx.x < batch) fws_fetch(raw_s, x, blockIdx.x, bar);
     int i = 0;
     for (int b = blockIdx.x; b < batch; b += gridDim.x, ++i) {
@@ -164,7 +163,7 @@ fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
     }
   } else {  // the consumer warpgroups: rung 44's loop and store
     set_max_regs_inc<FWS_CONSUMER_REGS>();
-    const unsigned long long d0 = fw_b0(base + pad);
+    const unsigned long long d0 = fw_b0(wsm);
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
     const int g = lane >> 2, t = lane & 3;
     int i = 0;

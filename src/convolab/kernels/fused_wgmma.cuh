@@ -30,6 +30,15 @@ static_assert(!FW_TAILS || (FW_JM >= 1 && FW_TL > 0 && FW_TL % 2 == 0),
 // Dynamic shared memory: the weights' alignment slack, the weights, the image(s).
 #define FW44_SMEM_BYTES (FW_ALIGN + FW_B_BYTES + FW_IMG_BYTES)
 
+// The dynamic shared memory's first FW_ALIGN-aligned byte, where the weights start; addr: its
+// shared-window address (the descriptors' base).
+__device__ __forceinline__ unsigned char* fw_aligned(unsigned char* smem, unsigned& addr) {
+  const unsigned base = (unsigned)__cvta_generic_to_shared(smem);
+  const unsigned pad = (FW_ALIGN - (base & (FW_ALIGN - 1))) & (FW_ALIGN - 1);
+  addr = base + pad;
+  return smem + pad;
+}
+
 typedef float FwTile[FW_T][FW_NT][4];  // [tile][n-tile][register]
 
 template <int R>
