@@ -279,13 +279,16 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 # shared-memory size, runs each block and writes y_out.bin. The test defines EMU_SMEM (the
 # array the kernel's dynamic shared memory is), EMU_W_BYTES, EMU_SMEM_BYTES, EMU_KERNEL and
 # EMU_BLOCK_SETUP (what a block needs besides run_block's barriers); EMU_THREADS (a block's
-# threads) defaults to FW_THREADS.
+# threads) defaults to FW_THREADS, EMU_X_BYTES (an input image's bytes) to C H W elements.
 FUSED_MAIN = r"""
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int batch = atoi(argv[2]), grid = atoi(argv[3]);
   const float w_unscale = (float)atof(argv[4]);
-  const size_t nx = (size_t)batch * FW_C * FW_H * FW_W;
+#ifndef EMU_X_BYTES  // an input image's bytes
+#define EMU_X_BYTES (FW_C * FW_H * FW_W * sizeof(fw_in_t))
+#endif
+  const size_t nx = (size_t)batch * EMU_X_BYTES / sizeof(fw_in_t);
   const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP + 64;
   fw_in_t* x = read<fw_in_t>(dir, "x.bin", nx);
   uint4* w = read<uint4>(dir, "w.bin", EMU_W_BYTES / 16);

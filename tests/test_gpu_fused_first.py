@@ -465,7 +465,11 @@ using std::max;
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int batch = atoi(argv[2]), tiles_h = atoi(argv[3]), w_e = atoi(argv[4]);
+#if FR_STG  // staged records (as floats: a record is a multiple of 16 bytes)
+  const size_t ny = (size_t)batch * FR_STG_REC / sizeof(ff_out);
+#else
   const size_t ny = (size_t)batch * FR_M * FF_TASKS;
+#endif
 #ifdef RAW_INPUT
   auto* x = read<unsigned char>(dir, "x.bin", (size_t)batch * RAW_H * RAW_W);
   auto* taps = read<ResizeTap>(dir, "taps.bin", FF_H + FF_W);
@@ -473,7 +477,7 @@ int main(int argc, char** argv) {
   auto* x = read<float>(dir, "x.bin", (size_t)batch * FF_H * FF_W);
 #endif
   auto* frag = read<fr_b_t>(dir, "w.bin", EMU_W_COUNT);
-  auto* bias = read<float>(dir, "b.bin", FR_M);
+  auto* bias = read<float>(dir, "b.bin", FR_M + 2 * FR_STG);  // (the staged scale's bound)
   auto* y = read<ff_out>(dir, "y.bin", ny + 64);
   for (int blk = 0; blk < batch * tiles_h; ++blk) {
     static_assert(FR_THREADS == 32 * FR_WARPS);
@@ -621,3 +625,81 @@ def parse(text: str) -> ConvShape:
     from convolab.bench.cases import parse_shape
 
     return parse_shape(text).shape
+
+
+STAGED_CASES = [  # rung 45 writing rung 46's staged records: (conv1 shape, raw_hw, conv2 K)
+    (ConvShape(3, 1, 18, 17, 12, 7), None, 3),
+    (ConvShape(2, 1, 16, 16, 12, 5), (28, 28), 3),
+    (ConvShape(2, 1, 14, 13, 7, 3), None, 3),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("case", range(len(STAGED_CASES)))
+def test_wgmma_writes_the_next_blocks_staged_records(case: int, tmp_path: Path,
+                                                     rng: np.random.Generator) -> None:
+    """Each image's record: its scale exponent from the bound 2^(15 - e) W1 + B1 (e the input's
+    exponent), conv1's pooled maps as hi + lo of v 2^e2 at conv2's staged positions (equal to
+    the fp64 reference to 3xfp16's tolerance), nothing written in the padding or slack."""
+    from convolab.gpu import fused_wgmma, fused_wide
+    from convolab.gpu.resize import resize_taps
+
+    shape, raw_hw, k2 = STAGED_CASES[case]
+    w, b = weights(rng, shape)
+    if raw_hw:
+        x = rng.integers(0, 256, (shape.B, *raw_hw), dtype=np.uint8)
+        images = data.resize_bilinear(x, shape.H)
+    else:
+        x = images = (rng.standard_normal(shape.x_shape) * 300).astype(np.float32)
+    hp, wp = pooled_shape(shape, 1)[2:]
+    plan2 = fused_wgmma.ws_plan(ConvShape(shape.B, shape.M, hp, wp, 24, k2), "3xfp16", {},
+                                fused_wgmma.STAGED)
+    layout = fused_wgmma.staged_record(plan2.defines)
+    assert fused_first.staged_takes(shape, POOL, {}, raw_hw)
+    plan = fused_first._staged_plan(fused_first.first_plan(shape, POOL, {}, raw_hw, "float32",
+                                                           "3xfp16"), shape, layout)
+    source = inline_headers((KERNEL_DIR / plan.kernel_file).read_text(), KERNEL_DIR,
+                            keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh"))
+    (tmp_path / "kernel.inc").write_text(source)
+    (tmp_path / "emu.cpp").write_text(EMU)
+    exe = tmp_path / "emu"
+    flags = [*define_flags(plan.defines), *(["-DRAW_INPUT"] if raw_hw else [])]
+    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w", *flags, "-o",
+                            str(exe), str(tmp_path / "emu.cpp")], capture_output=True,
+                           text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    x.tofile(tmp_path / "x.bin")
+    if raw_hw:
+        resize_taps(*raw_hw, shape.H, shape.W).tofile(tmp_path / "taps.bin")
+    tiles, w_e = fused_first.rowpair_wgmma_tiles(w, True)
+    tiles.tofile(tmp_path / "w.bin")
+    w1 = np.abs(w.astype(np.float64)).sum(axis=(1, 2, 3)).max()
+    b1 = np.abs(b.astype(np.float64)).max()
+    np.concatenate([b, np.nextafter(np.float32([w1, b1]), np.float32(np.inf))]).astype(
+        np.float32).tofile(tmp_path / "b.bin")
+    rec = layout["FR_STG_REC"] // 2
+    poison = np.full(shape.B * rec + 2 * SENTINEL, 0x7E00, np.uint16)  # fp16 NaN
+    poison.tofile(tmp_path / "y.bin")
+    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), "1", str(w_e)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = np.fromfile(tmp_path / "y_out.bin", np.uint16)
+    assert (out[shape.B * rec:] == 0x7E00).all(), "wrote past the records"
+    records = out[:shape.B * rec].reshape(shape.B, rec)
+    ref = reference_conv_relu_pool(images.astype(np.float64), w, b, 1, POOL)
+    ws, cs, part = layout["FR_STG_WS"], layout["FR_STG_CS"], layout["FR_STG_IMG1"]
+    at = ((np.arange(hp)[:, None] * ws + np.arange(wp)[None, :])[None] * cs
+          + np.arange(shape.M)[:, None, None])
+    written = np.zeros(rec, bool)
+    written[at], written[part + at] = True, True
+    written[2 * part:2 * part + 2] = True
+    for i in range(shape.B):
+        e_in = fused_first.pow2_exponent(float(np.abs(images[i]).max()))
+        bound = np.float32(2.0 ** (15 - e_in)) * np.float32(w1) + np.float32(b1)
+        e2 = int(records[i, 2 * part:2 * part + 2].view(np.int32)[0])
+        assert e2 == fused_wide.fp16_scale_exponent(float(bound)), (i, e2)
+        hi = records[i, at].view(np.float16).astype(np.float64)
+        lo = records[i, part + at].view(np.float16).astype(np.float64)
+        got = (hi + lo) * 2.0 ** -e2
+        assert rel_l2(got, ref[i]) <= TOLERANCE["3xfp16"], i
+        assert (records[i, ~written] == 0x7E00).all(), "wrote into the padding or slack"

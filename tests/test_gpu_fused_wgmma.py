@@ -233,8 +233,8 @@ alignas(1024) unsigned char emu_smem[232448];
   }
 """ + FUSED_MAIN
 # Rung 46's extra primitives on the CPU: setmaxnreg is nothing, a named barrier a std::barrier
-# of its thread count (bar.arrive counts without waiting), and the block's one mbarrier a count
-# of completed phases, which a bulk copy (a memcpy) completes at once.
+# of its thread count (bar.arrive counts without waiting), and an mbarrier a count of completed
+# phases, which a bulk copy (a memcpy) completes at once.
 WS_SHIM = r"""
 #include <atomic>
 template <int R> inline void set_max_regs_dec() {}
@@ -242,16 +242,17 @@ template <int R> inline void set_max_regs_inc() {}
 std::barrier<>* named_bar[16];
 inline void bar_sync(int id, int) { named_bar[id]->arrive_and_wait(); }
 inline void bar_arrive(int id, int) { (void)named_bar[id]->arrive(); }
-std::atomic<int> emu_mbar_phases{0};
-inline void mbar_init(unsigned, unsigned) { emu_mbar_phases = 0; }
+std::atomic<int> emu_mbar_phases[64];  // by the mbarrier's address
+inline std::atomic<int>& emu_mbar(unsigned bar) { return emu_mbar_phases[bar / 8 % 64]; }
+inline void mbar_init(unsigned bar, unsigned) { emu_mbar(bar) = 0; }
 inline void fence_barrier_init() {}
 inline void mbar_expect_tx(unsigned, unsigned) {}
-inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned) {
+inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
   std::memcpy(emu_smem + dst, src, bytes);
-  emu_mbar_phases.fetch_add(1);
+  emu_mbar(bar).fetch_add(1);
 }
-inline void mbar_wait(unsigned, unsigned parity) {
-  while ((emu_mbar_phases.load() & 1) == (int)parity) std::this_thread::yield();
+inline void mbar_wait(unsigned bar, unsigned parity) {
+  while ((emu_mbar(bar).load() & 1) == (int)parity) std::this_thread::yield();
 }
 """
 EMU_WS = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
@@ -264,6 +265,9 @@ alignas(1024) unsigned char emu_smem[232448];
 #define EMU_SMEM_BYTES FWS_SMEM_BYTES
 #define EMU_KERNEL fcp_wgmma_ws
 #define EMU_THREADS FWS_THREADS
+#if FWS_STAGED_IN
+#define EMU_X_BYTES FWS_REC_BYTES
+#endif
 // the consumer warpgroups' barriers and the named barriers, alive while run_block runs
 #define EMU_BLOCK_SETUP                                                  \
   std::vector<std::unique_ptr<std::barrier<>>> wgb;                      \
@@ -285,6 +289,8 @@ def emulate(tmp_path: Path, shape: ConvShape, precision: str, in_dtype: str, x: 
     register operands as the kernel lays them out)."""
     if rung == 46:
         defines = fused_wgmma.ws_plan(shape, precision, params, in_dtype).defines
+        if in_dtype == fused_wgmma.STAGED:
+            x = staged_records(x, defines)
         file, main = fused_wgmma.WS_KERNEL_FILE, EMU_WS
         keep = ("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh", "mbarrier.cuh",
                 "warp_roles.cuh")
@@ -296,15 +302,41 @@ def emulate(tmp_path: Path, shape: ConvShape, precision: str, in_dtype: str, x: 
     source = source.replace("extern __shared__ __align__(16) unsigned char fw_smem[];", "")
     tails = bool(defines["FW_TAILS"])
     w_unscale = 2.0 ** -fused_wide.weight_exponent(w) if precision == "3xfp16" else 1.0
-    files = {"x.bin": np.ascontiguousarray(x, in_dtype),
+    files = {"x.bin": np.ascontiguousarray(x, np.uint16 if in_dtype == fused_wgmma.STAGED
+                                           else in_dtype),
              "w.bin": fused_wgmma.wgmma_blocks(w, precision, tails),
              "b.bin": b.astype(np.float32)}
     y, smem = run_fused_emulator(tmp_path, main, source, define_flags(defines), files,
                                  (shape.B, shape.M, shape.H_out // 2, shape.W_out // 2),
                                  [str(shape.B), str(grid), repr(w_unscale)])
+    if in_dtype == fused_wgmma.STAGED:
+        assert smem == fused_wgmma.ws_plan(shape, precision, params, in_dtype).smem
+        return y
     size = fused_wgmma.ws_smem_bytes if rung == 46 else fused_wgmma.smem_bytes
     assert smem == size(shape, precision, defines["FW_WS"], in_dtype, tails)
     return y
+
+
+def staged_records(x: np.ndarray, defines: dict[str, int]) -> np.ndarray:
+    """Images (B, C, H, W) as rung 46's staged records (FWS_STAGED_IN), written here
+    independently of the kernels: per image e from its largest |x| (rung 44's exponent), hi =
+    fp16(x 2^e), lo = fp16(x 2^e - hi), pixel (y, x) channel c at (y WS + x) CS + c of each
+    part, zeros elsewhere, e as an int after the two parts."""
+    layout = fused_wgmma.staged_record(defines)
+    ws, cs, part = layout["FR_STG_WS"], layout["FR_STG_CS"], layout["FR_STG_IMG1"]
+    B, C, H, W = x.shape
+    out = np.zeros((B, layout["FR_STG_REC"] // 2), np.uint16)
+    for i in range(B):
+        e = fused_wide.fp16_scale_exponent(float(np.abs(x[i]).max()))
+        scaled = x[i].astype(np.float32) * np.float32(2.0 ** e)
+        hi = scaled.astype(np.float16)
+        lo = (scaled - hi.astype(np.float32)).astype(np.float16)
+        at = ((np.arange(H)[:, None] * ws + np.arange(W)[None, :])[None] * cs
+              + np.arange(C)[:, None, None])
+        out[i, at] = hi.view(np.uint16)
+        out[i, part + at] = lo.view(np.uint16)
+        out[i, 2 * part:2 * part + 2] = np.array([e], np.int32).view(np.uint16)
+    return out
 
 
 EMULATED = [  # (precision, input, shape, params, grid): small images, padded and packed tails
@@ -348,6 +380,11 @@ def test_warp_specialized_kernel_emulated_on_cpu(case: int, tmp_path: Path,
         (tmp_path / "44").mkdir()
         y44 = emulate(tmp_path / "44", shape, precision, in_dtype, x, w, b, params, 1)
         assert np.array_equal(y, y44)
+    if precision == "3xfp16" and in_dtype == "float32":  # fed the same values as records
+        (tmp_path / "staged").mkdir()
+        ys = emulate(tmp_path / "staged", shape, precision, fused_wgmma.STAGED, x, w, b,
+                     params, grid, rung=46)
+        assert np.array_equal(ys, y)
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
@@ -475,3 +512,32 @@ def test_warp_specialized_parameters_keep_the_result(params: dict[str, int],
     for precision in PRECISIONS:
         check_result(run_gpu(shape, precision, "float32", x, w, b, {**params, "rung": 46}),
                      x, w, b, 2, precision)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["eecs498", "ece408-mxnet"])
+def test_staged_handoff_matches_fp64_and_the_float_handoff(model: str,
+                                                          rng: np.random.Generator) -> None:
+    """The exact forward with conv1 (rung 45) writing rung 46's staged records equals the fp64
+    forward and the forward through fp32 maps (`c3.staged = -1`) to fp32's tolerance; the
+    plans show which handoff each took."""
+    import cupy as cp
+    from test_gpu_network_raw import zoo_params
+
+    from convolab.conv_cpu import reference_forward
+    from convolab.gpu.network import FusedLeNet
+    from convolab.models import spec
+
+    params = zoo_params(model, int(rng.integers(1 << 30)))
+    n = int(rng.integers(150, 400)) | 1
+    size = spec(model).input_size
+    x = rng.random((n, 1, size, size), dtype=np.float32)
+    staged = FusedLeNet(params, mode="exact", model=model)
+    plain = FusedLeNet(params, mode="exact", model=model, kernel_params={"c3": {"staged": -1}})
+    a, p = staged(cp.asarray(x)).get(), plain(cp.asarray(x)).get()
+    assert staged._plan(n)[1][1].dtype == np.uint16, "the staged records were not taken"
+    assert plain._plan(n)[1][1].dtype == np.float32
+    print(model, n)
+    assert np.isfinite(a).all()
+    assert rel_l2(a, p) <= TOLERANCE["fp32"]
+    assert rel_l2(a[:64], reference_forward(params, x[:64], model=model)) <= TOLERANCE["fp32"]

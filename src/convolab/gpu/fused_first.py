@@ -21,7 +21,7 @@ the fused network sizes its buffers from them. Nothing here imports CuPy at modu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -473,21 +473,28 @@ def toe_weights(w: np.ndarray, group: int) -> tuple[np.ndarray, int]:
 def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
             kernel_params: Mapping[str, Any] | None = None,
             raw_hw: tuple[int, int] | None = None, out_dtype: str = "float32",
-            precision: str = "fp32") -> Run:
+            precision: str = "fp32", staged: Mapping[str, int] | None = None) -> Run:
     """run(x, out): x raw uint8 images (n, *raw_hw) when raw_hw is given (resized on chip to
     shape.H x shape.W, the rule of data.resize_bilinear), else float32 images (n, 1, H, W);
     out (n, M, Hp, Wp) in out_dtype. n may be any batch size. precision 'fp16' runs fp16
     tensor cores where they take the shape, '3xfp16' split fp16 ones (fp32 accuracy), 'fp32'
-    FFMA (first_plan)."""
+    FFMA (first_plan). With `staged` (a record layout, fused_wgmma.staged_record), rung 45 in
+    3xfp16 writes the next block's staged records instead: out uint16 (n, record elements)."""
     from convolab.backend import require_cupy, to_numpy
     from convolab.gpu.compile import get_kernel
     from convolab.gpu.resize import device_taps
 
     plan = first_plan(shape, pool, kernel_params, raw_hw, out_dtype, precision)
+    if staged is not None:
+        plan = _staged_plan(plan, shape, staged)
     w, b = np.asarray(to_numpy(weight), np.float32), np.asarray(to_numpy(bias), np.float32)
     if w.shape != shape.w_shape or b.shape != (shape.M,):
         raise InputError(f"rung 29: weight {w.shape} and bias {b.shape} do not fit {shape} "
                          f"(want {shape.w_shape} and ({shape.M},))")
+    if staged is not None:  # the bound of rung 45's scale for the next block: W1, B1 after b
+        b = np.concatenate([b, [np.abs(w.astype(np.float64)).sum(axis=(1, 2, 3)).max(),
+                                np.abs(b.astype(np.float64)).max()]]).astype(np.float32)
+        b[-2:] = np.nextafter(b[-2:], np.float32(np.inf))  # rounded up: still a bound
     cp = require_cupy()
     kernel = get_kernel(plan.kernel_file, plan.kernel, plan.defines)
     if plan.smem:
@@ -506,14 +513,43 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
         args, tail = (cp.asarray(ffma_weights(w, b, plan.channels)),), (i32(shape.M),)
     if raw_hw is not None:
         args = (device_taps(raw_hw[0], raw_hw[1], shape.H, shape.W), *args)
+    if staged is not None:
+        return _checked_run(kernel, plan, args, tail, shape, pool, raw_hw, "uint16",
+                            (staged["FR_STG_REC"] // 2,))
     return _checked_run(kernel, plan, args, tail, shape, pool, raw_hw, out_dtype)
+
+
+def staged_takes(shape: ConvShape, pool: int, kernel_params: Mapping[str, Any],
+                 raw_hw: tuple[int, int] | None) -> bool:
+    """Whether rung 45 writes this first block as the next block's staged records: where the
+    network's exact conv1 runs on 45 with the split and a whole image a block."""
+    try:
+        plan = first_plan(shape, pool, kernel_params, raw_hw, "float32", "3xfp16")
+    except ValueError:
+        return False
+    return (plan.kernel_file == WG_KERNEL_FILE and plan.defines["FR_SPLIT"] == 1
+            and plan.blocks_per_image == 1 and not plan.defines["FR_OUT_SMEM"])
+
+
+def _staged_plan(plan: FirstPlan, shape: ConvShape, staged: Mapping[str, int]) -> FirstPlan:
+    if not (plan.kernel_file == WG_KERNEL_FILE and plan.defines["FR_SPLIT"] == 1
+            and plan.blocks_per_image == 1 and not plan.defines["FR_OUT_SMEM"]):
+        raise ValueError(f"rung 45: staged records need the split on 45, a whole image a "
+                         f"block and no staged output ({plan.kernel} {plan.defines})")
+    keys = ("FR_STG_WS", "FR_STG_CS", "FR_STG_IMG1", "FR_STG_REC")
+    if set(staged) != set(keys) or staged["FR_STG_CS"] < shape.M \
+            or staged["FR_STG_WS"] < pooled_hw(shape, 2)[1]:
+        raise ValueError(f"rung 45: a staged layout names {keys} and holds the {shape.M} "
+                         f"channels and the pooled row, got {dict(staged)}")
+    return replace(plan, defines={**plan.defines, "FR_STG": 1,
+                                              **{k: int(staged[k]) for k in keys}})
 
 
 def _checked_run(kernel: Any, plan: FirstPlan, args: tuple[Any, ...], tail: tuple[Any, ...],
                  shape: ConvShape, pool: int, raw_hw: tuple[int, int] | None,
-                 out_dtype: str) -> Run:
+                 out_dtype: str, out_tail: tuple[int, ...] | None = None) -> Run:
     in_tail = tuple(raw_hw) if raw_hw is not None else (1, shape.H, shape.W)
-    out_tail = (shape.M, *pooled_hw(shape, pool))
+    out_tail = out_tail or (shape.M, *pooled_hw(shape, pool))
     in_dtype = np.dtype(np.uint8 if raw_hw is not None else np.float32)
 
     def run(x: Any, out: Any) -> None:
@@ -531,6 +567,7 @@ def _checked_run(kernel: Any, plan: FirstPlan, args: tuple[Any, ...], tail: tupl
 
     run.in_dtype = in_dtype.name  # type: ignore[attr-defined]
     run.out_dtype = out_dtype  # type: ignore[attr-defined]
+    run.out_tail = out_tail  # type: ignore[attr-defined]
     run.plan = plan  # type: ignore[attr-defined]  # for tests and benchmarks
     return run
 
@@ -557,7 +594,33 @@ def compile_variants(precision: str, tc: int) -> list[dict[str, int]]:
                 plan = first_plan(shape, pool, {"tc": tc}, raw_hw, out_dtype, precision)
                 if plan.defines not in variants and plan.kernel_file == file:
                     variants.append(plan.defines)
+    if tc == TC_WGMMA and precision == "3xfp16":
+        variants += [v for v in staged_variants() if v not in variants]
     return variants
+
+
+def staged_variants() -> list[dict[str, int]]:
+    """Rung 45's define sets that write the next block's staged records: each zoo model whose
+    exact forward runs that pair (rung 46 fed by records), float and 28x28 raw input."""
+    from convolab.data import IMAGE_SIDE
+    from convolab.gpu import fused_wgmma
+    from convolab.models import MODELS, conv_blocks
+
+    out: list[dict[str, int]] = []
+    for model in MODELS:
+        blocks = conv_blocks(model, 1)
+        if len(blocks) < 2 or not fused_wgmma.staged_takes(blocks[1].shape, blocks[1].pool,
+                                                           "3xfp16", {}):
+            continue
+        first, second = blocks[0], blocks[1]
+        layout = fused_wgmma.staged_record(
+            fused_wgmma.ws_plan(second.shape, "3xfp16", {}, fused_wgmma.STAGED).defines)
+        for raw_hw in (None, (IMAGE_SIDE, IMAGE_SIDE)):
+            if supports(first.shape, first.pool, raw_hw) and \
+                    staged_takes(first.shape, first.pool, {}, raw_hw):
+                plan = first_plan(first.shape, first.pool, {}, raw_hw, "float32", "3xfp16")
+                out.append(_staged_plan(plan, first.shape, layout).defines)
+    return out
 
 
 def _prepare_impl(pool: int, precision: str, tc: int) -> Any:

@@ -70,6 +70,8 @@ WS_THREADS = 128 * (WS_CONSUMERS + 1)
 WS_TAIL_BYTES = 32  # FWS_TAIL_BYTES: the mbarrier, two exponents, the producer's maxima
 WS_SPACE: dict[str, list[int]] = {key: SPACE[key] for key in ("pitch", "ring", "lead", "sum",
                                                                "tails")}
+STAGED = "staged"  # prepare's in_dtype for rung 46 fed staged records (FWS_STAGED_IN)
+RECORD_TAIL = 16  # a record's bytes after its two parts: the image's scale exponent
 RUNGS = (44, 46)
 # The rung FusedLeNet and `prepare` run where both take a layer, per precision (rung: 0).
 DEFAULT_RUNG = {"fp16": 46, "3xfp16": 46}
@@ -133,6 +135,18 @@ def ws_smem_bytes(shape: ConvShape, precision: str, pitch: int, in_dtype: Any = 
     slot = geo.image_bytes - (fused_wide.REDUCE_BYTES if precision == "3xfp16" else 0)
     raw = ceil_div(geo.raw_bytes, 16) * 16 + 16
     return ALIGN + weight_bytes(shape, precision, tails) + 2 * slot + raw + WS_TAIL_BYTES
+
+
+def staged_record(defines: Mapping[str, int]) -> dict[str, int]:
+    """The staged-record layout of a 3xfp16 plan (its defines), as rung 45 writes it (FR_STG_*
+    defines): the staged row pitch and channels, one part's fp16 elements (FW_IMG1) and the
+    record's bytes (both parts, then RECORD_TAIL bytes holding the scale exponent)."""
+    shape = ConvShape(1, defines["FW_C"], defines["FW_H"], defines["FW_W"], defines["FW_M"],
+                      defines["FW_K"])
+    geo = fused_wide.geometry(shape, POOL, "3xfp16", 1, "float32", defines["FW_WS"])
+    part = (geo.image_bytes - fused_wide.REDUCE_BYTES) // 2
+    return {"FR_STG_WS": defines["FW_WS"], "FR_STG_CS": geo.cs, "FR_STG_IMG1": part // 2,
+            "FR_STG_REC": 2 * part + RECORD_TAIL}
 
 
 def default_pitch(shape: ConvShape, precision: str, in_dtype: Any = "float32") -> int:
@@ -234,16 +248,23 @@ def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None =
         raise InputError(f"fcp_wgmma_ws does not take {shape} with pool {POOL}: {reason}")
     params = params or {}
     _check_params(params, WS_SPACE)
-    in_name = np.dtype(in_dtype).name
+    staged = isinstance(in_dtype, str) and in_dtype == STAGED
+    if staged and precision != "3xfp16":
+        raise InputError(f"fcp_wgmma_ws: staged records are 3xfp16's, not {precision}'s")
+    in_name = "float32" if staged else np.dtype(in_dtype).name
     if in_name not in fused_wide.IN_DTYPES:
-        raise InputError(f"fcp_wgmma_ws: input dtype must be one of {fused_wide.IN_DTYPES}, "
-                         f"got {in_name}")
+        raise InputError(f"fcp_wgmma_ws: input dtype must be one of {fused_wide.IN_DTYPES} or "
+                         f"{STAGED!r}, got {in_name}")
     defines = _plan_defines(shape, precision, params, in_name)
     del defines["FW_MINB"]
     defines["FW_WGS"] = WS_CONSUMERS
     _check_ring(defines)
     smem = ws_smem_bytes(shape, precision, defines["FW_WS"], in_name,
                          bool(defines["FW_TAILS"]))
+    if staged:
+        defines["FWS_STAGED_IN"] = 1
+        smem = (ALIGN + weight_bytes(shape, precision, bool(defines["FW_TAILS"]))
+                + 2 * staged_record(defines)["FR_STG_REC"] + 16)
     return WgmmaPlan(defines, smem, WS_THREADS, 1, rung=46)
 
 
@@ -305,6 +326,7 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
     from convolab.gpu.device import occupancy, sm_count
 
     params = dict(kernel_params)
+    params.pop("staged", None)  # FusedLeNet's choice of the handoff from conv1, not a kernel's
     rung = params.pop("rung", 0)
     if not rung:
         rung = (default_rung(shape, precision)
@@ -330,13 +352,22 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
     w_unscale = np.float32(2.0 ** -fused_wide.weight_exponent(w_h)
                            if precision == "3xfp16" else 1.0)
 
+    staged = plan.defines.get("FWS_STAGED_IN") == 1
+
     def run(x: Any, y: Any) -> None:
+        if staged and (x.dtype != np.uint16 or x.size < shape.B * record[1]):
+            raise InputError(f"fcp_wgmma_ws: staged input must be uint16 records of "
+                             f"{record[1]} elements for {shape.B} images")
         if shape.B:
             kernel(grid, (plan.threads,), (x, packed, b_d, y, batch, w_unscale),
                    shared_mem=plan.smem)
 
+    record = (staged_record(plan.defines), staged_record(plan.defines)["FR_STG_REC"] // 2) \
+        if staged else ({}, 0)
     run.grid = grid  # type: ignore[attr-defined]  # for tests and benchmarks
-    run.in_dtype = np.dtype(in_dtype).name  # type: ignore[attr-defined]  # FusedLeNet reads it
+    # FusedLeNet reads these: what the run reads, and a staged record's layout (rung 45's)
+    run.in_dtype = STAGED if staged else np.dtype(in_dtype).name  # type: ignore[attr-defined]
+    run.staged = record[0]  # type: ignore[attr-defined]
     return run
 
 
@@ -354,8 +385,23 @@ def network_takes(shape: ConvShape, pool: int, precision: str,
                   kernel_params: Mapping[str, Any]) -> bool:
     """Whether FusedLeNet runs this block on rung 44 or 46 (`prepare` picks which; kernel
     parameters other than theirs name rung 28's, which then keeps the block)."""
-    return (NETWORK and precision in PRECISIONS and set(kernel_params) <= {*SPACE, "rung"}
+    return (NETWORK and precision in PRECISIONS
+            and set(kernel_params) <= {*SPACE, "rung", "staged"}
             and supports(shape, pool, precision))
+
+
+def staged_takes(shape: ConvShape, pool: int, precision: str,
+                 kernel_params: Mapping[str, Any]) -> bool:
+    """Whether FusedLeNet feeds this block staged records from the block before (rung 45
+    writing rung 46's staged form, exact mode's 3xfp16): where rung 46 runs it (`prepare`'s
+    choice) and `staged` is not -1."""
+    params = {k: v for k, v in kernel_params.items() if k != "staged"}
+    if precision != "3xfp16" or int(kernel_params.get("staged") or 0) < 0 \
+            or not network_takes(shape, pool, precision, params):
+        return False
+    rung = params.get("rung") or (default_rung(shape, precision)
+                                  if set(params) - {"rung"} <= set(WS_SPACE) else 44)
+    return rung == 46
 
 
 # ---- registry -------------------------------------------------------------------------------
@@ -375,6 +421,10 @@ def compile_variants(precision: str, rung: int = 44) -> list[dict[str, int]]:
                 if not ws_supports(shape, pool, precision):
                     continue
                 defines = ws_plan(shape, precision, {}, in_dtype).defines
+                if precision == "3xfp16" and in_dtype == "float32":  # and fed records
+                    staged = ws_plan(shape, precision, {}, STAGED).defines
+                    if staged not in out:
+                        out.append(staged)
             else:
                 defines = _plan_defines(shape, precision, {}, in_dtype)
             if defines not in out:

@@ -323,7 +323,12 @@ class FusedLeNet:
         reads = [_in_dtype(run) for run in later] + ["float32"]  # the head reads fp32
         runs: list[Callable] = []
         buffers: list[Any] = [None]
-        first = self._first_run(blocks[0], raw_hw, reads[0])
+        pair = self._staged_pair(blocks, raw_hw)
+        if pair is not None:
+            first, later[0] = pair
+            reads[0] = _in_dtype(later[0])
+        else:
+            first = self._first_run(blocks[0], raw_hw, reads[0])
         if first is None and raw_hw is not None:
             first = self._raw_first_block(blocks[0], raw_hw)
             if first is None:  # no on-chip resize there: rung 25 first
@@ -341,6 +346,9 @@ class FusedLeNet:
             if self.channels_last and i == 0:  # fp16 channels-last pooled C1 map
                 buffers.append(cp.empty((batch, hp, wp, b.M), cp.float16))
                 continue
+            if pair is not None and i == 0:  # staged records: padding and slack stay zero
+                buffers.append(cp.zeros((batch, *run.out_tail), cp.uint16))
+                continue
             writes = str(getattr(run, "out_dtype", "float32"))
             buffers.append(cp.empty((batch, b.M, hp, wp), writes))
             if writes != reads[i]:
@@ -349,23 +357,48 @@ class FusedLeNet:
         return runs, buffers
 
     def _first_run(self, block: ConvBlock, raw_hw: tuple[int, int] | None,
-                   out_dtype: str) -> Callable | None:
+                   out_dtype: str, staged: Mapping[str, int] | None = None) -> Callable | None:
         """Rung 29 for the first block, from raw bytes or floats, writing `out_dtype` (in
-        the precision fused_first.NETWORK_PRECISION gives the mode): where it takes the shape
-        and measured faster than the block's other kernels (or the block's kernel parameters
-        ask for it: first = 1; first = -1 turns it off); None elsewhere."""
+        the precision fused_first.NETWORK_PRECISION gives the mode), or the next block's
+        staged records (`staged`, their layout): where it takes the shape and measured faster
+        than the block's other kernels (or the block's kernel parameters ask for it: first =
+        1; first = -1 turns it off); None elsewhere."""
         from convolab.gpu import fused_first
 
         kp = self._kernel_params.get(block.name, {})
         choice = int(kp.get("first") or 0)
+        precision = fused_first.NETWORK_PRECISION[NETWORK_MODES[self.mode]]
         if (self.channels_last or choice < 0
                 or not fused_first.supports(block.shape, block.pool, raw_hw)
-                or (choice == 0 and not fused_first.preferred(block.shape, block.pool))):
+                or (choice == 0 and not fused_first.preferred(block.shape, block.pool))
+                or (staged is not None and (precision != "3xfp16" or not fused_first
+                                            .staged_takes(block.shape, block.pool, kp, raw_hw)))):
             return None
         p = self.params
-        precision = fused_first.NETWORK_PRECISION[NETWORK_MODES[self.mode]]
         return fused_first.prepare(block.shape, block.pool, p[f"{block.name}.weight"],
-                                   p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision)
+                                   p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision,
+                                   staged)
+
+    def _staged_pair(self, blocks: list[ConvBlock],
+                     raw_hw: tuple[int, int] | None) -> tuple[Callable, Callable] | None:
+        """The first two blocks as rung 45 writing rung 46's staged records (exact mode:
+        conv1's fp32 maps never reach memory, and rung 46's producer only copies), where both
+        take their block and `staged` (a kernel parameter of the second) is not -1; else
+        None."""
+        from convolab.gpu import fused_wgmma, fused_wide
+
+        if self.channels_last or len(blocks) < 2:
+            return None
+        second = blocks[1]
+        kp = self._kernel_params.get(second.name, {})
+        wide = fused_wide.network_precision(second.shape, second.pool, NETWORK_MODES[self.mode])
+        if wide is None or not fused_wgmma.staged_takes(second.shape, second.pool, wide, kp):
+            return None
+        p = self.params
+        run = fused_wgmma.prepare(second.shape, p[f"{second.name}.weight"],
+                                  p[f"{second.name}.bias"], kp, wide, fused_wgmma.STAGED)
+        first = self._first_run(blocks[0], raw_hw, "float32", run.staged)
+        return None if first is None else (first, run)
 
     def _float_run(self, i: int, block: ConvBlock) -> Callable:
         """Block i's run on float input (fp16 channels-last for ece408's fp16 pair; rung 28

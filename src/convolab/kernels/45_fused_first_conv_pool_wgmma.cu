@@ -21,6 +21,9 @@
 #include "first_rowpair.cuh"
 #include "wgmma_core.cuh"
 #include "wgmma_rs.cuh"
+#if FR_STG
+#include "split_scale.cuh"
+#endif
 
 static_assert(FR_WARPS % 4 == 0, "rung 45 runs whole warpgroups");
 static_assert(FR_NT == 1 || FR_NT == 2 || FR_NT == 3 || FR_NT == 4 || FR_NT == 6 || FR_NT == 8,
@@ -123,6 +126,16 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
       wg_desc_interleaved(static_cast<unsigned>(__cvta_generic_to_shared(dyn)), 128, 256);
   ff_out* out_s = reinterpret_cast<ff_out*>(dyn + FR_B_BYTES);
   const int wq = warp % 4;
+#if FR_STG
+  // conv2's scale from a bound on this image's outputs, known before any is computed:
+  // |x| < 2^(15 - e) (fr_stage's exponent), so |out| <= 2^(15 - e) W1 + B1, with W1 = max_c
+  // sum |w_c| and B1 = max |b| (the host's, after the biases).
+  const float bound = fr_pow2(15 - e) * __ldg(bias + FR_M) + __ldg(bias + FR_M + 1);
+  const int e2 = fw_scale_exponent(bound);
+  __half* const rec = reinterpret_cast<__half*>(reinterpret_cast<unsigned char*>(y) +
+                                                b * (size_t)FR_STG_REC);
+  if (threadIdx.x == 0) *reinterpret_cast<int*>(rec + 2 * FR_STG_IMG1) = e2;
+#endif
   // One group at a time: a second accumulator set whose wgmmas run while this one is stored
   // makes ptxas serialize every wgmma (it reads the stored set inside the other's stage).
   for (int grp = warp / 4; grp < FR_GROUPS; grp += FR_WGS) {
@@ -131,12 +144,17 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
     wg_wait<0>();
     wg_hold(acc);
     const FrRows r = fr_rows(grp * 4 + wq);
+#if FR_STG
+    fr_store_staged(acc, bm, rec, r.ph_l, r.run, r.valid, unscale, fr_pow2(e2));
+#else
     fr_store(acc, bm, y, out_s, b, tile_y, r.ph_l, r.run, r.valid, unscale);
+#endif
   }
 #if FR_OUT_SMEM
   __syncthreads();
   ff_write_pooled<FR_M, FR_TPH, FR_THREADS>(y, out_s, b, tile_y * FR_TPH);
 #endif
+  (void)out_s;
 }
 
 #include "first_rowpair_entries.cuh"

@@ -16,6 +16,9 @@
 //   * setmaxnreg moves registers from the producer to the consumers (the kernel is compiled
 //     for three warpgroups at 168; the MMA loop keeps its ring of A quads in registers).
 // Same MMAs in the same order as rung 44, same scale exponents: the outputs are bit-identical.
+// FWS_STAGED_IN 1: the input is already in the staged form (records of both parts and the
+// image's scale exponent, as rung 45 writes them with FR_STG), so the producer only copies a
+// record into a slot, which completes on that slot's mbarrier.
 
 #ifndef FW_PREC
 #define FW_PREC 3
@@ -59,12 +62,24 @@
 #endif
 static_assert(FWS_PRODUCERS * FWS_PRODUCER_REGS + FW_THREADS * FWS_CONSUMER_REGS <= 65536,
               "rung 46: the registers the roles ask for exceed the SM's");
+#ifndef FWS_STAGED_IN
+#define FWS_STAGED_IN 0
+#endif
 // A raw image: its 16-byte granules (the first may start up to 15 bytes before it).
 #define FWS_RAW_BYTES ((FW_RAW_BYTES + 15) / 16 * 16 + 16)
 #define FWS_SLOT_BYTES (FW_PARTS * FW_IMG1_BYTES)
+// A staged record: the slot's bytes (hi part, lo part), then 16 bytes whose first int is the
+// image's scale exponent.
+#define FWS_REC_BYTES (FWS_SLOT_BYTES + 16)
+#if FWS_STAGED_IN
+// [align][weights][record 0][record 1][mbarriers 2 x 8]
+#define FWS_SMEM_BYTES (FW_ALIGN + FW_B_BYTES + 2 * FWS_REC_BYTES + 16)
+static_assert(FW_PREC == 3, "rung 46: staged records are 3xfp16's");
+#else
 // [align][weights][slot 0][slot 1][raw][mbarrier 8][exponents 2 x 4][producer maxima 4 x 4]
 #define FWS_TAIL_BYTES 32
 #define FWS_SMEM_BYTES (FW_ALIGN + FW_B_BYTES + 2 * FWS_SLOT_BYTES + FWS_RAW_BYTES + FWS_TAIL_BYTES)
+#endif
 enum { kBarProducers = 1, kBarFull = 2, kBarEmpty = 4 };  // kBarFull + slot, kBarEmpty + slot
 
 // Image b's granules into raw, completing on bar (one thread).
@@ -114,6 +129,63 @@ __device__ __forceinline__ int fws_stage(fw_t* img, const fw_in_t* raw, float* r
   return e;
 }
 
+#if FWS_STAGED_IN
+// The same persistent loop fed by staged records (x: B records of FWS_REC_BYTES): the
+// producer's first thread copies record b into slot i % 2 (mbarrier i % 2), the consumers wait
+// on that mbarrier and read the exponent from the record's tail.
+extern "C" __global__ void __launch_bounds__(FWS_THREADS, 1)
+fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
+             const float* __restrict__ bias, float* __restrict__ y, int batch, float w_unscale) {
+  extern __shared__ __align__(16) unsigned char fw_smem[];
+  unsigned wsm;
+  unsigned char* wsm_p = fw_aligned(fw_smem, wsm);
+  const unsigned char* rec = reinterpret_cast<const unsigned char*>(x);
+  const unsigned slots_s = wsm + FW_B_BYTES, bars = slots_s + 2 * FWS_REC_BYTES;
+  for (int i = threadIdx.x; i < FW_B_BYTES / 16; i += FWS_THREADS)
+    reinterpret_cast<uint4*>(wsm_p)[i] = __ldg(wpack + i);
+  wg_proxy_fence();  // the wgmmas read the weights through the async proxy
+  if (threadIdx.x == 0) {
+    mbar_init(bars, 1);
+    mbar_init(bars + 8, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x >= FW_THREADS) {  // the producer warpgroup: its first thread copies
+    set_max_regs_dec<FWS_PRODUCER_REGS>();
+    int i = 0;
+    for (int b = blockIdx.x; b < batch; b += gridDim.x, ++i) {
+      const int slot = i & 1;
+      if (i >= 2) bar_sync(kBarEmpty + slot, FWS_THREADS);  // image i - 2 is done with it
+      if (threadIdx.x == FW_THREADS) {
+        wg_proxy_fence();  // the copy engine overwrites what generic loads read
+        mbar_expect_tx(bars + 8 * slot, FWS_REC_BYTES);
+        bulk_copy(slots_s + slot * FWS_REC_BYTES, rec + (size_t)b * FWS_REC_BYTES,
+                  FWS_REC_BYTES, bars + 8 * slot);
+      }
+    }
+  } else {  // the consumer warpgroups: rung 44's loop and store
+    set_max_regs_inc<FWS_CONSUMER_REGS>();
+    const unsigned long long d0 = fw_b0(wsm);
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
+    const int g = lane >> 2, t = lane & 3;
+    int i = 0;
+    for (int b = blockIdx.x; b < batch; b += gridDim.x, ++i) {
+      const int slot = i & 1;
+      mbar_wait(bars + 8 * slot, (i >> 1) & 1);
+      const unsigned char* rec_s = wsm_p + FW_B_BYTES + slot * FWS_REC_BYTES;
+      const fw_t* img = reinterpret_cast<const fw_t*>(rec_s);
+      const float a_unscale = fw_pow2(-*reinterpret_cast<const int*>(rec_s + FWS_SLOT_BYTES));
+      for (int mt = wg; mt < FW_NG; mt += FW_WGS) {
+        const FwRows rows = fw_rows(4 * mt + warp, g, t);
+        FwTile total;
+        fw_mtile(img, d0, rows, total);
+        fw_store(total, rows, lane, bias, y, (size_t)b, w_unscale, a_unscale);
+      }
+      if (b + 2 * (int)gridDim.x < batch) bar_arrive(kBarEmpty + slot, FWS_THREADS);
+    }
+  }
+}
+#else
 // Persistent, one block an SM: the block copies the packed weights once; its images are
 // blockIdx.x, + gridDim.x, ...; the i-th of them goes through slot i % 2.
 extern "C" __global__ void __launch_bounds__(FWS_THREADS, 1)
@@ -183,3 +255,4 @@ fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
     }
   }
 }
+#endif

@@ -169,6 +169,53 @@ __device__ __forceinline__ void fr_store(const float (&acc)[FR_NT][4], const flo
   (void)out_s;
 }
 
+#ifndef FR_STG
+#define FR_STG 0  // 1 (rung 45, split): write conv2's staged records instead of fp32 maps
+#endif
+#if FR_STG
+// The record of one image as rung 46 reads it (FWS_STAGED_IN): part 0 (hi) then part 1 (lo) of
+// conv2's staged image, each FR_STG_IMG1 fp16 elements (pixel (y, x), channel c at
+// (y FR_STG_WS + x) FR_STG_CS + c; row padding and slack never written: the host zeroes the
+// records once), then the image's scale exponent (an int) FR_STG_REC - 16 bytes in.
+#ifndef FR_STG_WS
+#define FR_STG_WS FF_WP
+#endif
+#ifndef FR_STG_CS
+#define FR_STG_CS ((FR_M + 3) / 4 * 4)
+#endif
+#ifndef FR_STG_IMG1
+#define FR_STG_IMG1 (FF_HP * FR_STG_WS * FR_STG_CS)
+#endif
+#ifndef FR_STG_REC
+#define FR_STG_REC (2 * FR_STG_IMG1 * 2 + 16)
+#endif
+static_assert(FR_SPLIT && !FF_HALF, "staged records come from the split, fp32 sums");
+static_assert(FR_TPH == FF_HP, "staged records: a whole image a block (one scale)");
+
+// A lane's pooled windows (fr_store's) as conv2's staged hi and lo parts of v 2^e2: bias, ReLU,
+// the split's unscale, then conv2's split (fw_store4's: hi = fp16(s), lo = fp16(s - hi)).
+__device__ __forceinline__ void fr_store_staged(const float (&acc)[FR_NT][4],
+                                                const float (&bm)[FR_NT],
+                                                __half* __restrict__ rec, int ph, int run,
+                                                bool valid, float unscale, float scale2) {
+  const int t = threadIdx.x & 3;
+  const int pw = run * (FR_D / 2) + (2 * t % FR_D) / 2;
+  if (valid && ph < FF_HP && pw < FF_WP) {
+    __half* const px = rec + (ph * FR_STG_WS + pw) * FR_STG_CS;
+#pragma unroll
+    for (int n = 0; n < FR_NT; ++n) {
+      const int c = n * FR_CN + 2 * t / FR_D;
+      if (FR_M % FR_CN != 0 && c >= FR_M) continue;
+      float v = fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
+      const float s = fmax_nan(v * unscale + bm[n], 0.f) * scale2;  // both powers of two
+      const __half hi = __float2half_rn(s);
+      px[c] = hi;
+      px[FR_STG_IMG1 + c] = __float2half_rn(s - __half2float(hi));
+    }
+  }
+}
+#endif
+
 // The bias of this lane's channel in each n-tile (n * CN + 2t / D).
 __device__ __forceinline__ void fr_bias(float (&bm)[FR_NT], const float* __restrict__ bias) {
   const int lane = threadIdx.x & 31, t = lane & 3;

@@ -6,17 +6,11 @@
 #include <cuda_bf16.h>
 #endif
 
+#include "split_scale.cuh"
+
 static_assert(FW_PREC == 2 || FW_PREC == 3, "rung 28b runs 3xTF32 (2) and 3xfp16 (3)");
 static_assert(FW_SPLIT == 2 || FW_SPLIT == 3, "fcp_wide: 3xTF32 takes 3 or 2 MMAs a step");
 
-// The exponent e of 3xfp16's power-of-two scale for values of largest magnitude m >= 0:
-// m 2^e in [2^14, 2^15), fp16's top binade but one (hi rounds up to at most 2^15). 0 for inf
-// (NaN never reaches here: fmaxf drops it); at most 126 (all-zero or tiny images), so that
-// 2^-e stays a normal float. gpu/fused_wide.fp16_scale_exponent is the host's copy.
-__device__ __forceinline__ int fw_scale_exponent(float m) {
-  const int biased = (int)((__float_as_uint(m) >> 23) & 0xffu);
-  return biased == 0xff ? 0 : min(141 - biased, 126);
-}
 
 // Four consecutive channels of one pixel into the staged image(s): 3xTF32 one 16-byte store
 // (split as it is loaded for the MMAs); 3xfp16 v times 2^e split into hi (img) and lo (the
