@@ -535,7 +535,9 @@ def test_staged_handoff_matches_fp64_and_the_float_handoff(model: str,
     staged = FusedLeNet(params, mode="exact", model=model)
     plain = FusedLeNet(params, mode="exact", model=model, kernel_params={"c3": {"staged": -1}})
     a, p = staged(cp.asarray(x)).get(), plain(cp.asarray(x)).get()
-    assert staged._plan(n)[1][1].dtype == np.uint16, "the staged records were not taken"
+    # taken from conv1's K = 7 (eecs498); mxnet's K = 5 keeps fp32 maps (fused_first.STAGED_MIN_K)
+    want = np.uint16 if model == "eecs498" else np.float32
+    assert staged._plan(n)[1][1].dtype == want, "the handoff is not the one chosen"
     assert plain._plan(n)[1][1].dtype == np.float32
     print(model, n)
     assert np.isfinite(a).all()

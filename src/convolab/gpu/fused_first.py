@@ -519,10 +519,20 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
     return _checked_run(kernel, plan, args, tail, shape, pool, raw_hw, out_dtype)
 
 
+# The staged records' stores are a lane's 4 consecutive channels of one pixel where a row-pair
+# A row holds 2 output columns (K > 5); with 4 (K <= 5) a lane's values scatter over pixel
+# pairs, and mxnet's conv1 took 943 us writing records against 306 writing fp32 maps (H200,
+# docs/raw.md "Rung 46"), so the handoff is taken from K > 5 only.
+STAGED_MIN_K = 6
+
+
 def staged_takes(shape: ConvShape, pool: int, kernel_params: Mapping[str, Any],
                  raw_hw: tuple[int, int] | None) -> bool:
     """Whether rung 45 writes this first block as the next block's staged records: where the
-    network's exact conv1 runs on 45 with the split and a whole image a block."""
+    network's exact conv1 runs on 45 with the split and a whole image a block, K >=
+    STAGED_MIN_K."""
+    if shape.K < STAGED_MIN_K:
+        return False
     try:
         plan = first_plan(shape, pool, kernel_params, raw_hw, "float32", "3xfp16")
     except ValueError:
