@@ -19,7 +19,8 @@ writes directly (elsewhere a cast follows the block that writes it).
 Rung 28 (gpu/fused_wide.py) runs the blocks rungs 17/18 do not take (the wider models' conv2)
 in every mode (3xfp16 in 'exact'), reading the map before it in fp16 in mode 'fp16'; on Hopper
 its wgmma form, rung 44 (gpu/fused_wgmma.py), takes them in 'fp16' and 'exact', fed by a
-producer warpgroup (rung 46) where its buffers fit.
+producer warpgroup (rung 46) where its buffers fit; in 'exact', where conv1 runs on rung 45
+with K >= 6, conv1 writes rung 46's staged records instead of fp32 maps (`_staged_pair`).
 
 Input: float images (B, C, S, S) as the model expects them, or raw uint8 images (B, h, w) —
 784 bytes a Fashion-MNIST image instead of 29,584 — which the first conv kernel resizes on chip

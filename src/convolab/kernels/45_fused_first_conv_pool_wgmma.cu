@@ -16,6 +16,11 @@
 // of the staged output (FR_OUT_SMEM). A warpgroup runs one m-tile group at a time: its wgmmas
 // are one commit group, waited for before the pooled store; the SM's other warpgroups cover the
 // wait.
+//
+// FR_STG 1 (exact mode's handoff to rung 46): the pooled maps go out as the next block's staged
+// records (fr_store_staged: fp16 hi and lo of v 2^e2, channels-last), e2 from a bound on the
+// image's outputs known before the MMAs (the input's exponent, the host's largest filter sum
+// and bias), so that rung 46's producer only copies.
 
 #define FR_DYN_B 1
 #include "first_rowpair.cuh"
