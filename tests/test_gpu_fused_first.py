@@ -503,17 +503,14 @@ GXX = shutil.which("g++")
 SENTINEL = 64  # outputs past the last, which must stay untouched
 
 
-def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: np.ndarray,
-            raw_hw: tuple[int, int] | None, split: bool, out_dtype: str,
-            params: dict[str, int], tc: int = fused_first.TC_ROWPAIR) -> np.ndarray:
-    """29c's (tc 2) or 45's (tc 3) output for (x, w, b) run on the CPU (every block of the
-    batch)."""
+def run_emulator(tmp_path: Path, plan: fused_first.FirstPlan, shape: ConvShape, x: np.ndarray,
+                 raw_hw: tuple[int, int] | None, weights: np.ndarray, bias: np.ndarray,
+                 y: np.ndarray, w_e: int) -> np.ndarray:
+    """A row-pair kernel's plan built with g++ over EMU and run on every block of the batch:
+    x, the packed weights, the bias (as the kernel reads it) and the output's initial contents
+    y go in; y's contents after the run come back (same dtype and size)."""
     from convolab.gpu.resize import resize_taps
 
-    precision = "3xfp16" if split else "fp16"
-    plan = fused_first.first_plan(shape, POOL, {**params, "tc": tc}, raw_hw, out_dtype,
-                                  precision)
-    assert plan.kernel_file == FILES[tc]
     source = inline_headers((KERNEL_DIR / plan.kernel_file).read_text(), KERNEL_DIR,
                             keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh"))
     assert "asm" not in source, "inline PTX the emulator does not know"
@@ -528,18 +525,31 @@ def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: n
     x.tofile(tmp_path / "x.bin")
     if raw_hw:
         resize_taps(*raw_hw, shape.H, shape.W).tofile(tmp_path / "taps.bin")
-    pack = (fused_first.rowpair_wgmma_tiles if tc == fused_first.TC_WGMMA
-            else fused_first.rowpair_fragments)
-    frag, w_e = pack(w, split)
-    frag.tofile(tmp_path / "w.bin")
-    b.astype(np.float32).tofile(tmp_path / "b.bin")
-    out = pooled_shape(shape, shape.B)
-    ny = int(np.prod(out))
-    np.full(ny + SENTINEL, np.nan, out_dtype).tofile(tmp_path / "y.bin")
+    weights.tofile(tmp_path / "w.bin")
+    bias.astype(np.float32).tofile(tmp_path / "b.bin")
+    y.tofile(tmp_path / "y.bin")
     run = subprocess.run([str(exe), str(tmp_path), str(shape.B), str(plan.blocks_per_image),
                           str(w_e)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    y = np.fromfile(tmp_path / "y_out.bin", out_dtype)
+    return np.fromfile(tmp_path / "y_out.bin", y.dtype)
+
+
+def emulate(tmp_path: Path, shape: ConvShape, x: np.ndarray, w: np.ndarray, b: np.ndarray,
+            raw_hw: tuple[int, int] | None, split: bool, out_dtype: str,
+            params: dict[str, int], tc: int = fused_first.TC_ROWPAIR) -> np.ndarray:
+    """29c's (tc 2) or 45's (tc 3) output for (x, w, b) run on the CPU (every block of the
+    batch)."""
+    precision = "3xfp16" if split else "fp16"
+    plan = fused_first.first_plan(shape, POOL, {**params, "tc": tc}, raw_hw, out_dtype,
+                                  precision)
+    assert plan.kernel_file == FILES[tc]
+    pack = (fused_first.rowpair_wgmma_tiles if tc == fused_first.TC_WGMMA
+            else fused_first.rowpair_fragments)
+    frag, w_e = pack(w, split)
+    out = pooled_shape(shape, shape.B)
+    ny = int(np.prod(out))
+    y = run_emulator(tmp_path, plan, shape, x, raw_hw, frag, b,
+                     np.full(ny + SENTINEL, np.nan, out_dtype), w_e)
     assert np.isnan(y[ny:]).all(), "wrote past the output"
     return y[:ny].reshape(out).astype(np.float32)
 
@@ -643,7 +653,6 @@ def test_wgmma_writes_the_next_blocks_staged_records(case: int, tmp_path: Path,
     exponent), conv1's pooled maps as hi + lo of v 2^e2 at conv2's staged positions (equal to
     the fp64 reference to 3xfp16's tolerance), nothing written in the padding or slack."""
     from convolab.gpu import fused_wgmma, fused_wide
-    from convolab.gpu.resize import resize_taps
 
     shape, raw_hw, k2 = STAGED_CASES[case]
     w, b = weights(rng, shape)
@@ -659,32 +668,13 @@ def test_wgmma_writes_the_next_blocks_staged_records(case: int, tmp_path: Path,
     assert fused_first.staged_takes(shape, POOL, {}, raw_hw) == (shape.K >= 6)
     plan = fused_first._staged_plan(fused_first.first_plan(shape, POOL, {}, raw_hw, "float32",
                                                            "3xfp16"), shape, layout)
-    source = inline_headers((KERNEL_DIR / plan.kernel_file).read_text(), KERNEL_DIR,
-                            keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh"))
-    (tmp_path / "kernel.inc").write_text(source)
-    (tmp_path / "emu.cpp").write_text(EMU)
-    exe = tmp_path / "emu"
-    flags = [*define_flags(plan.defines), *(["-DRAW_INPUT"] if raw_hw else [])]
-    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-pthread", "-w", *flags, "-o",
-                            str(exe), str(tmp_path / "emu.cpp")], capture_output=True,
-                           text=True, timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
-    x.tofile(tmp_path / "x.bin")
-    if raw_hw:
-        resize_taps(*raw_hw, shape.H, shape.W).tofile(tmp_path / "taps.bin")
     tiles, w_e = fused_first.rowpair_wgmma_tiles(w, True)
-    tiles.tofile(tmp_path / "w.bin")
     w1 = np.abs(w.astype(np.float64)).sum(axis=(1, 2, 3)).max()
     b1 = np.abs(b.astype(np.float64)).max()
-    np.concatenate([b, np.nextafter(np.float32([w1, b1]), np.float32(np.inf))]).astype(
-        np.float32).tofile(tmp_path / "b.bin")
+    bias = np.concatenate([b, np.nextafter(np.float32([w1, b1]), np.float32(np.inf))])
     rec = layout["FR_STG_REC"] // 2
     poison = np.full(shape.B * rec + 2 * SENTINEL, 0x7E00, np.uint16)  # fp16 NaN
-    poison.tofile(tmp_path / "y.bin")
-    run = subprocess.run([str(exe), str(tmp_path), str(shape.B), "1", str(w_e)],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = np.fromfile(tmp_path / "y_out.bin", np.uint16)
+    out = run_emulator(tmp_path, plan, shape, x, raw_hw, tiles, bias, poison, w_e)
     assert (out[shape.B * rec:] == 0x7E00).all(), "wrote past the records"
     records = out[:shape.B * rec].reshape(shape.B, rec)
     ref = reference_conv_relu_pool(images.astype(np.float64), w, b, 1, POOL)
