@@ -245,6 +245,7 @@ def test_plan_chains_the_blocks(model: str, mode: str, raw_first: str | None,
     net.params = zoo_params(model, 0)
     monkeypatch.setattr(net, "_float_run", lambda i, block: ("float", i))
     monkeypatch.setattr(net, "_first_run", lambda block, hw, out_dtype: None)
+    monkeypatch.setattr(net, "_staged_pair", lambda blocks, hw: None)
     monkeypatch.setattr(net, "_raw_first_block",
                         lambda block, hw: ("raw", 0) if raw_first == "fused" else None)
     blocks = conv_blocks(model, 5)
@@ -320,6 +321,7 @@ def test_plan_buffer_dtype_follows_the_next_run(model: str, raw: bool, next_read
     monkeypatch.setattr(net, "_float_run", lambda i, block: _FakeRun(
         ("float", i), in_dtype=next_reads if i == 1 else None))
     monkeypatch.setattr(net, "_raw_first_block", lambda block, hw: pytest.fail("not asked"))
+    monkeypatch.setattr(net, "_staged_pair", lambda blocks, hw: None)
     blocks = conv_blocks(model, 7)
     runs, buffers = net._new_plan(7, RAW_HW if raw else None)
     assert asked == [next_reads]
@@ -453,3 +455,69 @@ def test_classify_throughput_streams_raw_bytes_and_scores_those_images(
     assert fed and all(x.dtype == np.uint8 and x.shape[1:] == RAW_HW for x in fed)
     streamed = [x for x in fed if len(x) == n]
     assert streamed and all(np.array_equal(x, raw[idx]) for x in streamed)
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_plan_hands_staged_records_to_the_next_run(raw: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where `_staged_pair` gives the first two runs, the buffer between them is the first
+    run's records (uint16, its out_tail an image, zeroed: padding is never written), read by
+    the second run as it is (no cast); the rest of the plan follows as before."""
+    from types import SimpleNamespace
+
+    from convolab.models import conv_blocks
+
+    net = _fake_net("eecs498", "exact")
+    net._cp = SimpleNamespace(empty=np.empty, zeros=np.zeros, uint16=np.uint16,
+                              float16=np.float16, float32=np.float32)
+    first = _FakeRun(("first", 0), out_dtype="uint16")
+    first.out_tail = (1234,)  # type: ignore[attr-defined]
+    second = _FakeRun(("staged", 1), in_dtype="staged")
+    monkeypatch.setattr(net, "_staged_pair", lambda blocks, hw: (first, second))
+    monkeypatch.setattr(net, "_float_run", lambda i, block: _FakeRun(("float", i)))
+    monkeypatch.setattr(net, "_first_run", lambda *a: pytest.fail("not asked"))
+    blocks = conv_blocks("eecs498", 7)
+    runs, buffers = net._new_plan(7, RAW_HW if raw else None)
+    assert [r.tag for r in runs] == [("first", 0), ("staged", 1)] + [
+        ("float", i) for i in range(2, len(blocks))]
+    assert buffers[1].dtype == np.uint16 and buffers[1].shape == (7, 1234)
+    assert not buffers[1].any()
+    last = blocks[-1].shape
+    assert buffers[-1].shape == (7, last.M, last.H_out // 2, last.W_out // 2)
+
+
+@pytest.mark.parametrize("model", ["eecs498", "ece408-mxnet"])
+@pytest.mark.parametrize("mode", ["exact", "fp16"])
+@pytest.mark.parametrize("kp", [{}, {"c3": {"staged": -1}}])
+def test_staged_pair_where_both_kernels_take_it(model: str, mode: str, kp: dict,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_staged_pair` gives (rung 45 writing records, rung 46 reading them) in exact mode where
+    conv1's K is at least STAGED_MIN_K (eecs498, not mxnet's K = 5), unless `c3.staged` is -1;
+    the first run is asked for the second's record layout."""
+    from convolab.gpu import fused_first, fused_wgmma
+    from convolab.models import conv_blocks
+
+    net = _fake_net(model, mode)
+    net._kernel_params = kp
+    asked: dict[str, object] = {}
+
+    def prepare_second(shape, w, b, kp2, precision, in_dtype):  # noqa: ANN001, ANN202
+        asked.update(second=(precision, in_dtype))
+        run = _FakeRun(("second", 1), in_dtype="staged")
+        run.staged = {"layout": 1}  # type: ignore[attr-defined]  # its record layout
+        return run
+
+    def prepare_first(shape, pool, w, b, kp1, hw, out_dtype, precision,  # noqa: ANN001, ANN202
+                      staged=None):
+        asked.update(first=(precision, staged))
+        return _FakeRun(("first", 0), out_dtype="uint16")
+
+    monkeypatch.setattr(fused_wgmma, "prepare", prepare_second)
+    monkeypatch.setattr(fused_first, "prepare", prepare_first)
+    pair = net._staged_pair(conv_blocks(model, 3), None)
+    takes = model == "eecs498" and mode == "exact" and not kp
+    assert (pair is not None) == takes, asked
+    if takes:
+        assert [r.tag for r in pair] == [("first", 0), ("second", 1)]
+        assert asked == {"second": ("3xfp16", fused_wgmma.STAGED),
+                         "first": ("3xfp16", {"layout": 1})}
