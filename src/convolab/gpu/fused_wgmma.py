@@ -353,21 +353,21 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
                            if precision == "3xfp16" else 1.0)
 
     staged = plan.defines.get("FWS_STAGED_IN") == 1
+    layout = staged_record(plan.defines) if staged else {}
+    record = layout.get("FR_STG_REC", 0) // 2  # uint16 elements of one image's record
 
     def run(x: Any, y: Any) -> None:
-        if staged and (x.dtype != np.uint16 or x.size < shape.B * record[1]):
+        if staged and (x.dtype != np.uint16 or x.size < shape.B * record):
             raise InputError(f"fcp_wgmma_ws: staged input must be uint16 records of "
-                             f"{record[1]} elements for {shape.B} images")
+                             f"{record} elements for {shape.B} images")
         if shape.B:
             kernel(grid, (plan.threads,), (x, packed, b_d, y, batch, w_unscale),
                    shared_mem=plan.smem)
 
-    record = (staged_record(plan.defines), staged_record(plan.defines)["FR_STG_REC"] // 2) \
-        if staged else ({}, 0)
     run.grid = grid  # type: ignore[attr-defined]  # for tests and benchmarks
     # FusedLeNet reads these: what the run reads, and a staged record's layout (rung 45's)
     run.in_dtype = STAGED if staged else np.dtype(in_dtype).name  # type: ignore[attr-defined]
-    run.staged = record[0]  # type: ignore[attr-defined]
+    run.staged = layout  # type: ignore[attr-defined]
     return run
 
 
