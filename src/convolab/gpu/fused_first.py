@@ -485,13 +485,12 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
     from convolab.gpu.resize import device_taps
 
     plan = first_plan(shape, pool, kernel_params, raw_hw, out_dtype, precision)
-    if staged is not None:
-        plan = _staged_plan(plan, shape, staged)
     w, b = np.asarray(to_numpy(weight), np.float32), np.asarray(to_numpy(bias), np.float32)
     if w.shape != shape.w_shape or b.shape != (shape.M,):
         raise InputError(f"rung 29: weight {w.shape} and bias {b.shape} do not fit {shape} "
                          f"(want {shape.w_shape} and ({shape.M},))")
     if staged is not None:  # the bound of rung 45's scale for the next block: W1, B1 after b
+        plan = _staged_plan(plan, shape, staged)
         b = np.concatenate([b, [np.abs(w.astype(np.float64)).sum(axis=(1, 2, 3)).max(),
                                 np.abs(b.astype(np.float64)).max()]]).astype(np.float32)
         b[-2:] = np.nextafter(b[-2:], np.float32(np.inf))  # rounded up: still a bound
@@ -537,13 +536,17 @@ def staged_takes(shape: ConvShape, pool: int, kernel_params: Mapping[str, Any],
         plan = first_plan(shape, pool, kernel_params, raw_hw, "float32", "3xfp16")
     except ValueError:
         return False
+    return _can_write_records(plan)
+
+
+def _can_write_records(plan: FirstPlan) -> bool:
+    """Rung 45 with the split, a whole image a block (one scale) and no staged fp32 output."""
     return (plan.kernel_file == WG_KERNEL_FILE and plan.defines["FR_SPLIT"] == 1
             and plan.blocks_per_image == 1 and not plan.defines["FR_OUT_SMEM"])
 
 
 def _staged_plan(plan: FirstPlan, shape: ConvShape, staged: Mapping[str, int]) -> FirstPlan:
-    if not (plan.kernel_file == WG_KERNEL_FILE and plan.defines["FR_SPLIT"] == 1
-            and plan.blocks_per_image == 1 and not plan.defines["FR_OUT_SMEM"]):
+    if not _can_write_records(plan):
         raise ValueError(f"rung 45: staged records need the split on 45, a whole image a "
                          f"block and no staged output ({plan.kernel} {plan.defines})")
     keys = ("FR_STG_WS", "FR_STG_CS", "FR_STG_IMG1", "FR_STG_REC")
@@ -626,8 +629,7 @@ def staged_variants() -> list[dict[str, int]]:
         layout = fused_wgmma.staged_record(
             fused_wgmma.ws_plan(second.shape, "3xfp16", {}, fused_wgmma.STAGED).defines)
         for raw_hw in (None, (IMAGE_SIDE, IMAGE_SIDE)):
-            if supports(first.shape, first.pool, raw_hw) and \
-                    staged_takes(first.shape, first.pool, {}, raw_hw):
+            if staged_takes(first.shape, first.pool, {}, raw_hw):
                 plan = first_plan(first.shape, first.pool, {}, raw_hw, "float32", "3xfp16")
                 out.append(_staged_plan(plan, first.shape, layout).defines)
     return out

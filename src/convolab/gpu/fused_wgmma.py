@@ -327,10 +327,8 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
 
     params = dict(kernel_params)
     params.pop("staged", None)  # FusedLeNet's choice of the handoff from conv1, not a kernel's
-    rung = params.pop("rung", 0)
-    if not rung:
-        rung = (default_rung(shape, precision)
-                if precision in PRECISIONS and set(params) <= set(WS_SPACE) else 44)
+    rung = _chosen_rung(shape, precision, params)
+    params.pop("rung", None)
     if rung not in RUNGS:
         raise InputError(f"fcp_wgmma: rung must be one of {RUNGS} (or 0), got {rung!r}")
     plan = (ws_plan if rung == 46 else wgmma_plan)(shape, precision, params, in_dtype)
@@ -399,9 +397,18 @@ def staged_takes(shape: ConvShape, pool: int, precision: str,
     if precision != "3xfp16" or int(kernel_params.get("staged") or 0) < 0 \
             or not network_takes(shape, pool, precision, params):
         return False
-    rung = params.get("rung") or (default_rung(shape, precision)
-                                  if set(params) - {"rung"} <= set(WS_SPACE) else 44)
-    return rung == 46
+    return _chosen_rung(shape, precision, params) == 46
+
+
+def _chosen_rung(shape: ConvShape, precision: str, params: Mapping[str, Any]) -> int:
+    """The rung `prepare` runs: params' `rung` where given (nonzero), else 44 where params name
+    a parameter only rung 44 has (wgs, minb, bps), else `default_rung`."""
+    rung = params.get("rung") or 0
+    if rung:
+        return rung
+    own = set(params) - {"rung"}
+    return (default_rung(shape, precision)
+            if precision in PRECISIONS and own <= set(WS_SPACE) else 44)
 
 
 # ---- registry -------------------------------------------------------------------------------
