@@ -178,6 +178,12 @@ def test_head_defines_cover_the_outputs(rng: np.random.Generator) -> None:
     assert dh.head_defines([DenseLayer("a", 100, 32, False)], 16, kc=64, ti=2)["DH_TI"] == 2
     with pytest.raises(ValueError, match="outputs in the first layer"):
         dh.head_defines([DenseLayer("a", 100, 256, False)], 64, ti=2)
+    # `to` raises the outputs a thread: the zoo's 10 classes in one group
+    for to, og in ((10, 1), (16, 1), (5, 2), (4, 4)):
+        d = dh.head_defines(head_layers("eecs498"), to=to)
+        assert (d["DH_OG"], d["DH_TO"]) == (og, -(-10 // og)), to
+    with pytest.raises(ValueError, match="to .outputs a thread"):
+        dh.head_defines(head_layers("eecs498"), to=dh.TO_LIMIT + 1)
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -422,6 +428,23 @@ def test_zoo_head_matches_fp64(model: str, batch: int, rng: np.random.Generator)
     if batch > 2:
         feat[batch // 2, 5] = np.nan  # one image with a NaN feature: only its row is NaN
     probs, labels = _gpu_run(cp, dh.prepare_dense_head(model, p), feat, 10)
+    check_head(probs, labels, feat, layers, p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["eecs498", "ece408-mxnet"])
+@pytest.mark.parametrize("to", [10, 16])
+def test_zoo_head_with_wide_thread_tiles_matches_fp64(model: str, to: int,
+                                                      rng: np.random.Generator) -> None:
+    """`to` = 10 or 16: every class of a thread's images in one output group (OG = 1)."""
+    import cupy as cp
+
+    layers, p = head_layers(model), zoo_params(model, rng)
+    feat = random_features(rng, 1007, layers[0].in_features)
+    feat[500, 3] = np.nan
+    head = dh.prepare_dense_head(model, p, to=to)
+    assert head.defines["DH_OG"] == 1  # type: ignore[attr-defined]
+    probs, labels = _gpu_run(cp, head, feat, 10)
     check_head(probs, labels, feat, layers, p)
 
 

@@ -17,7 +17,8 @@ from convolab.shapes import ceil_div
 KERNEL_FILE = "30_dense_head.cu"
 THREADS = 256  # DH_THREADS
 MAX_LAYERS = 4  # DH_N1 .. DH_N4
-MAX_TO = 8  # outputs a thread in the first layer: DH_TI x MAX_TO accumulators at most
+MAX_TO = 8  # outputs a thread in the first layer (default): DH_TI x MAX_TO accumulators at most
+TO_LIMIT = 16  # the most a head's `to` parameter may ask for
 MAX_SMEM = 227 * 1024
 NAN_LABEL = 255  # DH_NAN_LABEL: the label of an image whose probabilities are NaN
 # Default tiles (images, k a chunk, images a thread), the first that fits a head: 40 images, 5
@@ -32,23 +33,27 @@ KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a t
 
 
 def head_defines(layers: Sequence[DenseLayer], imgs: int | None = None, vec: int = 4,
-                 kc: int | None = None, ti: int | None = None) -> dict[str, int]:
+                 kc: int | None = None, ti: int | None = None,
+                 to: int | None = None) -> dict[str, int]:
     """The kernel's define set for a head: layer widths, ReLU bits, and the first layer's
     register tile (`ti` images by N1 outputs as OG groups of TO: the fewest groups with
-    TO <= 8, a power of two so that they divide the 256 threads). What is not given comes from
-    the first of DEFAULT_TILES that fits with what is."""
+    TO <= `to` (default MAX_TO), a power of two so that they divide the 256 threads). What is
+    not given comes from the first of DEFAULT_TILES that fits with what is."""
+    max_to = to or MAX_TO
+    if not 1 <= max_to <= TO_LIMIT:
+        raise ValueError(f"dense head: to (outputs a thread) must be in 1..{TO_LIMIT}, got {to}")
     for default in DEFAULT_TILES[:-1]:
         tile = [given or d for given, d in zip((imgs, kc, ti), default, strict=True)]
         try:
-            return _defines(layers, tile[0], vec, tile[1], tile[2])
+            return _defines(layers, tile[0], vec, tile[1], tile[2], max_to)
         except ValueError:
             continue
     last = DEFAULT_TILES[-1]
-    return _defines(layers, imgs or last[0], vec, kc or last[1], ti or last[2])
+    return _defines(layers, imgs or last[0], vec, kc or last[1], ti or last[2], max_to)
 
 
 def _defines(layers: Sequence[DenseLayer], imgs: int, vec: int, kc: int,
-             ti: int) -> dict[str, int]:
+             ti: int, max_to: int = MAX_TO) -> dict[str, int]:
     if not 1 <= len(layers) <= MAX_LAYERS:
         raise ValueError(f"dense head: 1..{MAX_LAYERS} linear layers, got {len(layers)}")
     if imgs not in IMGS_CHOICES or kc not in KC_CHOICES or ti not in TI_CHOICES:
@@ -59,11 +64,11 @@ def _defines(layers: Sequence[DenseLayer], imgs: int, vec: int, kc: int,
                          f"divide imgs and imgs / ti to divide {THREADS}")
     n1 = layers[0].out_features
     og = 1
-    while ceil_div(n1, og) > MAX_TO:
+    while ceil_div(n1, og) > max_to:
         og *= 2
     if og * imgs // ti > THREADS:
         raise ValueError(f"dense head: {n1} outputs in the first layer is over the "
-                         f"{THREADS // (imgs // ti) * MAX_TO} a tile of {imgs} images allows")
+                         f"{THREADS // (imgs // ti) * max_to} a tile of {imgs} images allows")
     if kc % (THREADS // (og * imgs // ti)) != 0:
         raise ValueError(f"dense head: a tile of {imgs} images, {ti} a thread, splits k in "
                          f"{THREADS // (og * imgs // ti)} groups, which kc = {kc} does not fill")
@@ -137,7 +142,7 @@ def _check(name: str, a: Any, shape: tuple[int, ...], dtype: Any) -> None:
 
 def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
                    imgs: int | None = None, kc: int | None = None,
-                   ti: int | None = None) -> Callable[..., None]:
+                   ti: int | None = None, to: int | None = None) -> Callable[..., None]:
     """`dense_head` for these layers, weights packed and uploaded once:
     run(features, probs=None, labels=None).
 
@@ -151,14 +156,15 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
     cp = require_cupy()
     layers = list(layers)
-    base = head_defines(layers, imgs, kc=kc, ti=ti)
+    base = head_defines(layers, imgs, kc=kc, ti=ti, to=to)
     packed = [cp.asarray(a) for a in pack_weights(layers, params, base)]
     n_in, n_classes = layers[0].in_features, layers[-1].out_features
     kernels: dict[int, Any] = {}
 
     def kernel(vec: int) -> Any:  # the float4 variant for aligned rows, else the scalar one
         if vec not in kernels:
-            d = head_defines(layers, base["DH_IMGS"], vec, base["DH_KC"], base["DH_TI"])
+            d = head_defines(layers, base["DH_IMGS"], vec, base["DH_KC"], base["DH_TI"],
+                             base["DH_TO"])
             kernels[vec] = get_kernel(KERNEL_FILE, "dense_head", d)
             kernels[vec].max_dynamic_shared_size_bytes = smem_bytes(d)
         return kernels[vec]
@@ -192,18 +198,20 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
 
 def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int | None = None,
-                       kc: int | None = None, ti: int | None = None) -> Callable[..., None]:
+                       kc: int | None = None, ti: int | None = None,
+                       to: int | None = None) -> Callable[..., None]:
     """The zoo model's head (`models.head_layers(model)`) on its parameters (Network.params()
     names, host or device arrays): run(features, probs=None, labels=None), see prepare_layers."""
-    return prepare_layers(head_layers(model), params, imgs, kc, ti)
+    return prepare_layers(head_layers(model), params, imgs, kc, ti, to)
 
 
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
-    """Every zoo model's head, float4 and scalar loads, and the 8-image register tile
-    (tests/test_nvcc_compile.py)."""
+    """Every zoo model's head, float4 and scalar loads, the 8-image register tile and 16
+    outputs a thread (tests/test_nvcc_compile.py)."""
     from convolab.models import MODELS
 
+    tiles = ((4, None, None), (1, None, None), (4, 8, None), (4, None, TO_LIMIT))
     return {f"dense-head {m} (dense_head)": [(KERNEL_FILE, head_defines(head_layers(m), vec=v,
-                                                                      ti=ti))
-                                             for v, ti in ((4, None), (1, None), (4, 8))]
+                                                                      ti=ti, to=to))
+                                             for v, ti, to in tiles]
             for m in MODELS}
