@@ -64,13 +64,6 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
   warp_sync();
   return r;
 }
-inline unsigned __shfl_xor_sync(unsigned m, unsigned v, int mask) {
-  float f, r;
-  std::memcpy(&f, &v, 4);
-  r = __shfl_xor_sync(m, f, mask);
-  std::memcpy(&v, &r, 4);
-  return v;
-}
 // A test's input file, 16-byte aligned like cudaMalloc's memory.
 template <class T> static T* read(const char* dir, const char* name, size_t n) {
   T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
@@ -106,13 +99,6 @@ MMA_SHIM = r"""
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
-// PRMT: byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {y, x} (x the low four).
-inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-  const unsigned long long xy = (static_cast<unsigned long long>(y) << 32) | x;
-  unsigned r = 0;
-  for (int i = 0; i < 4; ++i) r |= ((xy >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
-  return r;
-}
 typedef _Float16 __half;
 inline __half __float2half_rn(float f) { return (__half)f; }
 inline float __half2float(__half h) { return (float)h; }

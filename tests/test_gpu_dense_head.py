@@ -151,7 +151,7 @@ def test_head_defines_cover_the_outputs(rng: np.random.Generator) -> None:
     assert dh.head_defines([DenseLayer("a", 1023, 10, False)])["DH_VEC"] == 1
     assert dh.head_defines([DenseLayer("a", 1024, 10, False)])["DH_VEC"] == 4
     with pytest.raises(ValueError, match="outputs in the first layer"):
-        dh.head_defines([DenseLayer("a", 100, 300, False)])
+        dh.head_defines([DenseLayer("a", 100, 400, False)])
     with pytest.raises(ValueError, match="shared memory"):
         dh.head_defines([DenseLayer("a", 100, 10, True), DenseLayer("b", 10, 5000, False)])
     with pytest.raises(ValueError, match="linear layers"):

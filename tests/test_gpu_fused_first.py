@@ -642,8 +642,8 @@ STAGED_CASES = [  # rung 45 writing rung 46's staged records: (conv1 shape, raw_
     (ConvShape(3, 1, 18, 17, 12, 7), None, 3),
     (ConvShape(2, 1, 16, 16, 12, 5), (28, 28), 3),
     (ConvShape(2, 1, 14, 13, 7, 3), None, 3),
-    # K 6-7 with M % 4 == 0 take the quad-transposed 8-byte stores: every lane of a quad
-    # writing (M 16), and one to three idle (M 4, 8 from raw bytes)
+    # K 6-7 (two conv columns an A row, the network's case) at other channel counts: M 16, 4,
+    # and 8 from raw bytes
     (ConvShape(2, 1, 15, 16, 16, 7), None, 3),
     (ConvShape(2, 1, 16, 17, 4, 6), None, 3),
     (ConvShape(2, 1, 18, 18, 8, 7), (28, 28), 3),

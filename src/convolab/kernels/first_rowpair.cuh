@@ -192,85 +192,27 @@ __device__ __forceinline__ void fr_store(const float (&acc)[FR_NT][4], const flo
 static_assert(FR_SPLIT && !FF_HALF, "staged records come from the split, fp32 sums");
 static_assert(FR_TPH == FF_HP, "staged records: a whole image a block (one scale)");
 
-// A lane's pooled window of channel c (fr_store's) as conv2's staged value v 2^e2: bias, ReLU,
-// the split's unscale (both powers of two), then conv2's split into one word: fp16 hi = fp16(s)
-// in the low half, lo = fp16(s - hi) in the high (fw_store4's).
-__device__ __forceinline__ unsigned fr_staged_word(const float (&acc)[4], float bm,
-                                                   float unscale, float scale2) {
-  const float v = fmax_nan(fmax_nan(acc[0], acc[1]), fmax_nan(acc[2], acc[3]));
-  const float s = fmax_nan(v * unscale + bm, 0.f) * scale2;
-  return fr_half2(s, s - __half2float(__float2half_rn(s)));
-}
-
-#if FR_D == 2 && FR_M % 4 == 0
-static_assert(FR_NT <= 4 && FR_STG_CS % 4 == 0, "a quad's 4 x 4 transpose");
-// The quad's words, transposed: lane t holds w[n] = channel 4n + t of the quad's pixel, and
-// leaves with w[j] = channel 4t + j (two xor-shuffle stages: 2 x 2 blocks, then within them).
-__device__ __forceinline__ void fr_quad_transpose(unsigned (&w)[4]) {
-  const int t = threadIdx.x & 3;
-  const bool up = t & 2, odd = t & 1;
-  unsigned a0 = up ? w[0] : w[2], a1 = up ? w[1] : w[3];
-  a0 = __shfl_xor_sync(0xffffffffu, a0, 2);
-  a1 = __shfl_xor_sync(0xffffffffu, a1, 2);
-  if (up) {
-    w[0] = a0;
-    w[1] = a1;
-  } else {
-    w[2] = a0;
-    w[3] = a1;
-  }
-  unsigned b0 = odd ? w[0] : w[1], b1 = odd ? w[2] : w[3];
-  b0 = __shfl_xor_sync(0xffffffffu, b0, 1);
-  b1 = __shfl_xor_sync(0xffffffffu, b1, 1);
-  if (odd) {
-    w[0] = b0;
-    w[2] = b1;
-  } else {
-    w[1] = b0;
-    w[3] = b1;
-  }
-}
-#endif
-
-// A lane's pooled windows as conv2's staged hi and lo parts. With two conv columns an A row
-// (K 6-7) a quad's four lanes hold the 8 NT channels of one pixel, 2 bytes a lane and store;
-// transposed, lane t writes channels 4t..4t+3 as one 8-byte store a part, so that a warp's
-// store covers its 8 pixels' whole channel runs (whole sectors) instead of 8-byte pieces.
-// Every lane of the warp calls it (the shuffles).
+// A lane's pooled windows (fr_store's) as conv2's staged hi and lo parts of v 2^e2: bias, ReLU,
+// the split's unscale, then conv2's split (fw_store4's: hi = fp16(s), lo = fp16(s - hi)).
 __device__ __forceinline__ void fr_store_staged(const float (&acc)[FR_NT][4],
                                                 const float (&bm)[FR_NT],
                                                 __half* __restrict__ rec, int ph, int run,
                                                 bool valid, float unscale, float scale2) {
   const int t = threadIdx.x & 3;
   const int pw = run * (FR_D / 2) + (2 * t % FR_D) / 2;
-  const bool mine = valid && ph < FF_HP && pw < FF_WP;
-  __half* const px = rec + (ph * FR_STG_WS + pw) * FR_STG_CS;
-#if FR_D == 2 && FR_M % 4 == 0
-  unsigned w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-  for (int n = 0; n < FR_NT; ++n) w[n] = fr_staged_word(acc[n], bm[n], unscale, scale2);
-  fr_quad_transpose(w);
-  if (mine && t < FR_NT) {
-    // low halves (hi parts) of w[0..3] in channel order, then the high halves (lo parts)
-    const uint2 hi = make_uint2(__byte_perm(w[0], w[1], 0x5410), __byte_perm(w[2], w[3], 0x5410));
-    const uint2 lo = make_uint2(__byte_perm(w[0], w[1], 0x7632), __byte_perm(w[2], w[3], 0x7632));
-    *reinterpret_cast<uint2*>(px + 4 * t) = hi;
-    *reinterpret_cast<uint2*>(px + FR_STG_IMG1 + 4 * t) = lo;
-  }
-#else
-  if (mine) {
+  if (valid && ph < FF_HP && pw < FF_WP) {
+    __half* const px = rec + (ph * FR_STG_WS + pw) * FR_STG_CS;
 #pragma unroll
     for (int n = 0; n < FR_NT; ++n) {
       const int c = n * FR_CN + 2 * t / FR_D;
       if (FR_M % FR_CN != 0 && c >= FR_M) continue;
-      const float v = fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
-      const float s = fmax_nan(v * unscale + bm[n], 0.f) * scale2;
+      float v = fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
+      const float s = fmax_nan(v * unscale + bm[n], 0.f) * scale2;  // both powers of two
       const __half hi = __float2half_rn(s);
       px[c] = hi;
       px[FR_STG_IMG1 + c] = __float2half_rn(s - __half2float(hi));
     }
   }
-#endif
 }
 #endif
 
