@@ -140,6 +140,10 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
   __half* const rec = reinterpret_cast<__half*>(reinterpret_cast<unsigned char*>(y) +
                                                 b * (size_t)FR_STG_REC);
   if (threadIdx.x == 0) *reinterpret_cast<int*>(rec + 2 * FR_STG_IMG1) = e2;
+  const float u2 = unscale * fr_pow2(e2);
+  float bs[FR_NT];
+#pragma unroll
+  for (int n = 0; n < FR_NT; ++n) bs[n] = bm[n] * fr_pow2(e2);
 #endif
   // One group at a time: a second accumulator set whose wgmmas run while this one is stored
   // makes ptxas serialize every wgmma (it reads the stored set inside the other's stage).
@@ -150,7 +154,7 @@ __device__ __forceinline__ void fr_conv_pool(Input input, const uint4* __restric
     wg_hold(acc);
     const FrRows r = fr_rows(grp * 4 + wq);
 #if FR_STG
-    fr_store_staged(acc, bm, rec, r.ph_l, r.run, r.valid, unscale, fr_pow2(e2));
+    fr_store_staged(acc, bs, rec, r.ph_l, r.run, r.valid, u2);
 #else
     fr_store(acc, bm, y, out_s, b, tile_y, r.ph_l, r.run, r.valid, unscale);
 #endif

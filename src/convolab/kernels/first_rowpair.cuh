@@ -193,11 +193,13 @@ static_assert(FR_SPLIT && !FF_HALF, "staged records come from the split, fp32 su
 static_assert(FR_TPH == FF_HP, "staged records: a whole image a block (one scale)");
 
 // A lane's pooled windows (fr_store's) as conv2's staged hi and lo parts of v 2^e2: bias, ReLU,
-// the split's unscale, then conv2's split (fw_store4's: hi = fp16(s), lo = fp16(s - hi)).
+// the split's unscale, then conv2's split (fw_store4's: hi = fp16(s), lo = fp16(s - hi)). The
+// caller folds 2^e2 into both (powers of two: the same bits wherever s is a normal float), so
+// that the scale costs no instruction here: u = unscale 2^e2, bs = the bias 2^e2.
 __device__ __forceinline__ void fr_store_staged(const float (&acc)[FR_NT][4],
-                                                const float (&bm)[FR_NT],
+                                                const float (&bs)[FR_NT],
                                                 __half* __restrict__ rec, int ph, int run,
-                                                bool valid, float unscale, float scale2) {
+                                                bool valid, float u) {
   const int t = threadIdx.x & 3;
   const int pw = run * (FR_D / 2) + (2 * t % FR_D) / 2;
   if (valid && ph < FF_HP && pw < FF_WP) {
@@ -207,7 +209,7 @@ __device__ __forceinline__ void fr_store_staged(const float (&acc)[FR_NT][4],
       const int c = n * FR_CN + 2 * t / FR_D;
       if (FR_M % FR_CN != 0 && c >= FR_M) continue;
       float v = fmax_nan(fmax_nan(acc[n][0], acc[n][1]), fmax_nan(acc[n][2], acc[n][3]));
-      const float s = fmax_nan(v * unscale + bm[n], 0.f) * scale2;  // both powers of two
+      const float s = fmax_nan(v * u + bs[n], 0.f);
       const __half hi = __float2half_rn(s);
       px[c] = hi;
       px[FR_STG_IMG1 + c] = __float2half_rn(s - __half2float(hi));
