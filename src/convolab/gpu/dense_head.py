@@ -35,7 +35,10 @@ TI_CHOICES = (2, 4, 5, 8)  # 8: 13 shared-memory reads for 40 FMAs a k, but slow
 IMGS_CHOICES = (16, 32, 40, 64)
 KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a thread
 # Chunk buffers filled by cp.async (DH_STAGES; 1: the next chunk through registers instead);
-# float4 loads only (aligned rows, F % 4 == 0), else 1.
+# float4 loads only (aligned rows, F % 4 == 0), else 1. Slower at the zoo's heads once their
+# shared-memory reads were conflict-free (Nsight Compute, H200, B = 10,000, 2026-11-28: eecs498
+# 34.0 us with 1, 35.8-37.7 with 2-4; mxnet 52.8 against 54.7-55.9): one chunk in flight a
+# block already reads the features at 3.4-3.6 TB/s.
 STAGE_CHOICES = (1, 2, 3, 4)
 DEFAULT_STAGES = 1
 

@@ -11,7 +11,8 @@
 // k runs in chunks of DH_KC: the chunk's features (DH_IMGS x DH_KC) and weights (DH_KC x N1P,
 // pre-transposed and zero-padded on the host to N1P = DH_OG * DH_TO outputs and a whole number
 // of chunks) are staged in shared memory, double-buffered through registers (the next chunk's
-// global loads are in flight while this one is multiplied; one barrier a chunk). Thread
+// global loads are in flight while this one is multiplied; one barrier a chunk), or with
+// DH_STAGES > 1 copied by cp.async into a ring of that many buffers. Thread
 // (kg, ig, og) accumulates DH_TI images x DH_TO outputs over the chunk's k = kg, kg + KS, ...:
 // each weight read from shared memory serves DH_TI images and each feature DH_TO outputs, and
 // the KS k groups meet at the end of the tile in shared memory (fixed order). Then bias (+ReLU),
@@ -41,7 +42,9 @@
 // holds (SMs active 79 % of the time); fp16 features were slower (99 us). 40-image tiles with 5
 // images a thread and k chunks of 128 (250 tiles, 1.9 an SM: the host's default now) took
 // 80.7 / 53.0 us against 89.7 / 58.8 (H100, mxnet / eecs498); 8 images a thread 104.8 / 68.2
-// (docs/raw.md).
+// (docs/raw.md). Feature rows of KC + 1 floats had put a warp's reads up to 4 to a bank; rows of
+// KC + 4 (and 10 outputs a thread) took eecs498 52.1 -> 34.0 us and mxnet 79.5 -> 52.8 (H200),
+// 3.4-3.6 TB/s of features: the HBM floor is ~28 / 45 us.
 
 #include "common.cuh"
 
