@@ -17,6 +17,15 @@ from convolab.network import CrossEntropyLoss
 from convolab.optim import SGD, Adam
 
 GRAD_TOL = tr.GRADIENT_TOLERANCE
+# The CPU layers' fp64 backward routes each gradient by its own ReLU signs and max-pool argmax;
+# a pre-activation within fp32's rounding of zero, or of its pool window's maximum, routes one
+# position's gradient elsewhere on the device and moves a conv weight's gradient by ~1e-3 (one
+# position's share of c1.weight's: 1.3e-3 median, 4e-3 at the 90th percentile, fp64 on the
+# CPU; 2.0e-3 seen with base seed 4193703519 on an H200). test_trainer_modes's
+# test_gradients_match_routed_fp64 routes the fp64 backward through the device's own choices
+# and holds GRAD_TOL; here, against the independent layers, a wrong gradient still misses by
+# far more than this.
+UNROUTED_GRAD_TOL = 1e-2
 
 
 # ------------------------------------------------------------------ host plan (CPU)
@@ -135,7 +144,7 @@ def test_fused_step_matches_cpu_layers(rng, smoothing: float) -> None:
     assert rel_l2(t.feat[:12], feat.reshape(12, -1)) < GRAD_TOL
     assert loss == pytest.approx(ref_loss, rel=1e-5)
     for name, ref in ref_grads.items():
-        assert rel_l2(grads[name], ref) < GRAD_TOL, name
+        assert rel_l2(grads[name], ref) < UNROUTED_GRAD_TOL, name
 
 
 def fd_errors(t: tr.Trainer, raw: np.ndarray, labels: np.ndarray, grads: dict, names: list[str],

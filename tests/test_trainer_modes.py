@@ -322,11 +322,13 @@ def test_gradients_match_routed_fp64(mode: str, smoothing: float, mirror: bool, 
 def test_head_gradient_matches_finite_differences(mode: str, rng) -> None:
     """The mode's loss is quantized in the conv weights (rounded operands), but smooth in the
     fp32 head's: central differences of the device's own loss along random directions of f5
-    and f6 against the analytic gradient (median of five, as the exact test)."""
+    and f6 against the analytic gradient. The median of nine: of five (the exact test's) it
+    missed 3 % now and then (0.044 tf32, 0.035 bf16 on the H200; a direction that crosses
+    f5's ReLU kinks misses by a few percent)."""
     t, raw, labels, params = _trainer(rng, 16, 16, mode, smoothing=0.0)
     _, grads = t.gradients(np.arange(16))
     head = [k for k in params if k.startswith(("f5", "f6"))]
-    errors = fd_errors(t, raw, labels, grads, head, rng)
+    errors = fd_errors(t, raw, labels, grads, head, rng, directions=9)
     assert float(np.median(errors)) <= 3e-2, errors
 
 
