@@ -1,4 +1,4 @@
-"""Build every registered define set of the wgmma rungs (39, 40) in parallel threads, so that
+"""Build every define set of the wgmma rungs (39, 40; `define_sets`) in parallel threads, so that
 the GPU tests and plans that follow find their sm_90a cubins in the on-disk cache
 (`compile._arch_cubin`): one NVRTC build takes seconds, and the tests draw random tiles.
 `--plan FILE` also builds the wgmma rows of a bench plan that lie outside those sets.
@@ -33,7 +33,7 @@ def jobs(plan: Path | None = None) -> list[tuple[str, str, dict[str, int]]]:
     seen: dict[Job, None] = {}
     for rung in wg.RUNGS:
         for mode in dict.fromkeys(wg.MODE_OF.values()):
-            for defines in get_impl(rung.prefix + mode).compile_variants():
+            for defines in wg.define_sets(mode, rung):
                 kernel = rung.kernel if "BM" in defines else "wg_channels_last"
                 seen[(rung.file, kernel, tuple(sorted(defines.items())))] = None
     rungs = {r.prefix + m: r for r in wg.RUNGS for m in wg.MODE_OF.values()}
