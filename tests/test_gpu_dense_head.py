@@ -184,13 +184,6 @@ def test_head_defines_cover_the_outputs(rng: np.random.Generator) -> None:
         assert (d["DH_OG"], d["DH_TO"]) == (og, -(-10 // og)), to
     with pytest.raises(ValueError, match="to .outputs a thread"):
         dh.head_defines(head_layers("eecs498"), to=dh.TO_LIMIT + 1)
-    # the cp.async ring: float4 rows only, its buffers in the shared memory count
-    ring = dh.head_defines(head_layers("eecs498"), stages=4)
-    assert ring["DH_STAGES"] == 4
-    assert dh.head_defines(head_layers("eecs498"), vec=1, stages=4)["DH_STAGES"] == 1
-    assert dh.smem_bytes(ring) > dh.smem_bytes(dh.head_defines(head_layers("eecs498"), stages=1))
-    with pytest.raises(ValueError, match="stages"):
-        dh.head_defines(head_layers("eecs498"), stages=5)
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -251,11 +244,7 @@ def random_head_defines(rng: np.random.Generator) -> dict[str, int]:
         choices = tile_choices(layers)
         if choices:
             imgs, kc, ti = choices[int(rng.integers(len(choices)))]
-            try:  # a random ring where its buffers fit
-                return dh.head_defines(layers, imgs, kc=kc, ti=ti,
-                                       stages=int(rng.choice(dh.STAGE_CHOICES)))
-            except ValueError:
-                return dh.head_defines(layers, imgs, kc=kc, ti=ti)
+            return dh.head_defines(layers, imgs, kc=kc, ti=ti)
     raise AssertionError("no random head of 100 takes any tile")
 
 
@@ -276,27 +265,6 @@ def test_kernel_rejects_bad_defines(defines: dict[str, int], message: str) -> No
 EMU = CUDA_SHIM + r"""
 std::barrier<>* block_bar;
 inline void __syncthreads() { block_bar->arrive_and_wait(); }
-// cp.async as the hardware may run it: a thread's copies land only when a wait retires their
-// group (the source is read at issue: features and weights do not change), so a buffer read
-// before its wait shows the NaNs it was filled with.
-struct PendingCopy { void* dst; unsigned char bytes[16]; };
-thread_local std::vector<std::vector<PendingCopy>> cp_groups;
-thread_local std::vector<PendingCopy> cp_open;
-inline void cp_async16(void* dst, const void* src) {
-  PendingCopy c{dst, {}};
-  std::memcpy(c.bytes, src, 16);
-  cp_open.push_back(c);
-}
-inline void cp_async_commit() {
-  cp_groups.push_back(cp_open);
-  cp_open.clear();
-}
-template <int N> inline void cp_async_wait() {
-  while (cp_groups.size() > static_cast<size_t>(N)) {
-    for (const PendingCopy& c : cp_groups.front()) std::memcpy(c.dst, c.bytes, 16);
-    cp_groups.erase(cp_groups.begin());
-  }
-}
 alignas(16) float dh_smem[227 * 1024 / 4];
 #include "kernel.inc"
 template <class T> static T* read(const char* dir, const char* name, size_t n) {
@@ -365,9 +333,8 @@ def tile_choices(layers: list[DenseLayer]) -> list[tuple[int, int, int]]:
 
 
 def _emulate(tmp_path: Path, layers: list[DenseLayer], p: dict[str, np.ndarray],
-             feat: np.ndarray, imgs: int, kc: int, ti: int,
-             stages: int = dh.DEFAULT_STAGES) -> tuple[np.ndarray, np.ndarray]:
-    d = dh.head_defines(layers, imgs, kc=kc, ti=ti, stages=stages)
+             feat: np.ndarray, imgs: int, kc: int, ti: int) -> tuple[np.ndarray, np.ndarray]:
+    d = dh.head_defines(layers, imgs, kc=kc, ti=ti)
     source = KERNEL.read_text().replace('#include "common.cuh"', "")
     assert "asm" not in source, "inline PTX the emulator does not know"
     (tmp_path / "kernel.inc").write_text(source)
@@ -432,25 +399,8 @@ def test_kernel_emulated_on_cpu(case: str, tmp_path: Path, rng: np.random.Genera
     feat = random_features(rng, batch, layers[0].in_features)
     if batch > 2:
         feat[batch // 2, 0] = np.nan  # also poisons a neighbour that reads past its row end
-    stages = int(rng.choice(dh.STAGE_CHOICES))  # (scalar loads take 1 whatever is asked)
-    print(f"tile: imgs {imgs}, kc {kc}, ti {ti}, stages {stages}")
-    probs, labels = _emulate(tmp_path, layers, p, feat, imgs, kc, ti, stages)
-    check_head(probs, labels, feat, layers, p)
-
-
-@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize("stages", [s for s in dh.STAGE_CHOICES if s > 1])
-def test_cp_async_ring_emulated_on_cpu(stages: int, tmp_path: Path,
-                                       rng: np.random.Generator) -> None:
-    """The ring of chunk buffers: each chunk read only after its copies landed, no buffer
-    refilled while read, past-F features zero (a random zoo head, its default tile)."""
-    model = str(rng.choice(["eecs498", "ece408-mxnet"]))
-    layers, p = head_layers(model), zoo_params(model, rng)
-    imgs, kc, ti = dh.DEFAULT_TILES[0]
-    batch = int(rng.choice([imgs - 3, imgs + 1, 2 * imgs + 5]))
-    feat = random_features(rng, batch, layers[0].in_features)
-    print(f"{model}, batch {batch}, stages {stages}")
-    probs, labels = _emulate(tmp_path, layers, p, feat, imgs, kc, ti, stages)
+    print(f"tile: imgs {imgs}, kc {kc}, ti {ti}")
+    probs, labels = _emulate(tmp_path, layers, p, feat, imgs, kc, ti)
     check_head(probs, labels, feat, layers, p)
 
 
@@ -483,19 +433,18 @@ def test_zoo_head_matches_fp64(model: str, batch: int, rng: np.random.Generator)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("to,stages", [(10, 1), (16, 1), (8, 2), (10, 3), (16, 4)])
-def test_zoo_head_tiles_and_rings_match_fp64(model: str, to: int, stages: int,
-                                             rng: np.random.Generator) -> None:
-    """`to` = 10 or 16: every class of a thread's images in one output group (OG = 1 for the
-    wide models' 10); `stages` > 1: chunks through the cp.async ring. Odd batches, a NaN."""
+@pytest.mark.parametrize("to", [5, 8, 16])
+def test_zoo_head_thread_tiles_match_fp64(model: str, to: int, rng: np.random.Generator) -> None:
+    """`to` outputs a thread (the default MAX_TO is the zoo_head test's): two groups of 5 for
+    the wide models' 10 classes, 8, or all in one group. Odd batches, a NaN."""
     import cupy as cp
 
     layers, p = head_layers(model), zoo_params(model, rng)
     batch = int(rng.integers(900, 1100))
     feat = random_features(rng, batch, layers[0].in_features)
     feat[batch // 2, 3] = np.nan
-    head = dh.prepare_dense_head(model, p, to=to, stages=stages)
-    assert head.defines["DH_STAGES"] == stages  # type: ignore[attr-defined]
+    head = dh.prepare_dense_head(model, p, to=to)
+    assert head.defines["DH_TO"] <= to  # type: ignore[attr-defined]
     probs, labels = _gpu_run(cp, head, feat, 10)
     check_head(probs, labels, feat, layers, p)
 

@@ -34,41 +34,30 @@ DEFAULT_TILES = ((40, 128, 5), (32, 64, 4))
 TI_CHOICES = (2, 4, 5, 8)  # 8: 13 shared-memory reads for 40 FMAs a k, but slower (docs/raw.md)
 IMGS_CHOICES = (16, 32, 40, 64)
 KC_CHOICES = (64, 128)  # k a chunk: 128 doubles the feature bytes in flight a thread
-# Chunk buffers filled by cp.async (DH_STAGES; 1: the next chunk through registers instead);
-# float4 loads only (aligned rows, F % 4 == 0), else 1. Slower at the zoo's heads once their
-# shared-memory reads were conflict-free (Nsight Compute, H200, B = 10,000, 2026-11-28: eecs498
-# 34.0 us with 1, 35.8-37.7 with 2-4; mxnet 52.8 against 54.7-55.9): one chunk in flight a
-# block already reads the features at 3.4-3.6 TB/s.
-STAGE_CHOICES = (1, 2, 3, 4)
-DEFAULT_STAGES = 1
 
 
 def head_defines(layers: Sequence[DenseLayer], imgs: int | None = None, vec: int = 4,
-                 kc: int | None = None, ti: int | None = None, to: int | None = None,
-                 stages: int | None = None) -> dict[str, int]:
-    """The kernel's define set for a head: layer widths, ReLU bits, the first layer's register
-    tile (`ti` images by N1 outputs as OG groups of TO: the fewest groups with TO <= `to`
-    (default MAX_TO), a power of two so that they divide the 256 threads) and how chunks
-    arrive (`stages`, STAGE_CHOICES). What is not given comes from the first of DEFAULT_TILES
-    that fits with what is."""
+                 kc: int | None = None, ti: int | None = None,
+                 to: int | None = None) -> dict[str, int]:
+    """The kernel's define set for a head: layer widths, ReLU bits, and the first layer's
+    register tile (`ti` images by N1 outputs as OG groups of TO: the fewest groups with
+    TO <= `to` (default MAX_TO), a power of two so that they divide the 256 threads). What is
+    not given comes from the first of DEFAULT_TILES that fits with what is."""
     max_to = to or MAX_TO
     if not 1 <= max_to <= TO_LIMIT:
         raise ValueError(f"dense head: to (outputs a thread) must be in 1..{TO_LIMIT}, got {to}")
-    ring = DEFAULT_STAGES if stages is None else stages
-    if ring not in STAGE_CHOICES:
-        raise ValueError(f"dense head: stages must be one of {STAGE_CHOICES}, got {stages}")
     for default in DEFAULT_TILES[:-1]:
         tile = [given or d for given, d in zip((imgs, kc, ti), default, strict=True)]
         try:
-            return _defines(layers, tile[0], vec, tile[1], tile[2], max_to, ring)
+            return _defines(layers, tile[0], vec, tile[1], tile[2], max_to)
         except ValueError:
             continue
     last = DEFAULT_TILES[-1]
-    return _defines(layers, imgs or last[0], vec, kc or last[1], ti or last[2], max_to, ring)
+    return _defines(layers, imgs or last[0], vec, kc or last[1], ti or last[2], max_to)
 
 
 def _defines(layers: Sequence[DenseLayer], imgs: int, vec: int, kc: int,
-             ti: int, max_to: int = MAX_TO, stages: int = DEFAULT_STAGES) -> dict[str, int]:
+             ti: int, max_to: int = MAX_TO) -> dict[str, int]:
     if not 1 <= len(layers) <= MAX_LAYERS:
         raise ValueError(f"dense head: 1..{MAX_LAYERS} linear layers, got {len(layers)}")
     if imgs not in IMGS_CHOICES or kc not in KC_CHOICES or ti not in TI_CHOICES:
@@ -96,7 +85,7 @@ def _defines(layers: Sequence[DenseLayer], imgs: int, vec: int, kc: int,
          **{f"DH_N{i + 1}": w for i, w in enumerate(widths)},
          "DH_RELU": sum(1 << i for i, layer in enumerate(layers) if layer.relu),
          "DH_IMGS": imgs, "DH_TI": ti, "DH_TO": ceil_div(n1, og), "DH_OG": og, "DH_KC": kc,
-         "DH_VEC": vec, "DH_STAGES": stages if vec == 4 else 1}
+         "DH_VEC": vec}
     smem = smem_bytes(d)
     if smem > MAX_SMEM:
         raise ValueError(f"dense head: {smem} bytes of shared memory (widest layer "
@@ -105,13 +94,12 @@ def _defines(layers: Sequence[DenseLayer], imgs: int, vec: int, kc: int,
 
 
 def smem_bytes(d: Mapping[str, int]) -> int:
-    """Dynamic shared memory of `dense_head` (DH_SMEM_BYTES): two staging buffers (or the
-    cp.async ring's DH_STAGES) of features and first-layer weights (or, after the k loop, the k
-    groups' partial sums), and two activation buffers as wide as the widest layer."""
+    """Dynamic shared memory of `dense_head` (DH_SMEM_BYTES): two staging buffers of features
+    and first-layer weights (or, after the k loop, the k groups' partial sums), and two
+    activation buffers as wide as the widest layer."""
     imgs, n1p = d["DH_IMGS"], d["DH_OG"] * d["DH_TO"]
     ks = THREADS // (imgs // d["DH_TI"] * d["DH_OG"])
-    bufs = max(2, d.get("DH_STAGES", 1))
-    stage = bufs * (imgs * (d["DH_KC"] + 4) + d["DH_KC"] * n1p)  # rows of KC + 4 (DH_XS)
+    stage = 2 * (imgs * (d["DH_KC"] + 4) + d["DH_KC"] * n1p)  # rows of KC + 4 (DH_XS)
     widest = max(d[f"DH_N{i + 1}"] for i in range(MAX_LAYERS))
     return 4 * (max(stage, ks * imgs * n1p) + 2 * imgs * widest)
 
@@ -158,8 +146,7 @@ def _check(name: str, a: Any, shape: tuple[int, ...], dtype: Any) -> None:
 
 def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
                    imgs: int | None = None, kc: int | None = None,
-                   ti: int | None = None, to: int | None = None,
-                   stages: int | None = None) -> Callable[..., None]:
+                   ti: int | None = None, to: int | None = None) -> Callable[..., None]:
     """`dense_head` for these layers, weights packed and uploaded once:
     run(features, probs=None, labels=None).
 
@@ -173,7 +160,7 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
     cp = require_cupy()
     layers = list(layers)
-    base = head_defines(layers, imgs, kc=kc, ti=ti, to=to, stages=stages)
+    base = head_defines(layers, imgs, kc=kc, ti=ti, to=to)
     packed = [cp.asarray(a) for a in pack_weights(layers, params, base)]
     n_in, n_classes = layers[0].in_features, layers[-1].out_features
     kernels: dict[int, Any] = {}
@@ -181,7 +168,7 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
     def kernel(vec: int) -> Any:  # the float4 variant for aligned rows, else the scalar one
         if vec not in kernels:
             d = head_defines(layers, base["DH_IMGS"], vec, base["DH_KC"], base["DH_TI"],
-                             base["DH_TO"], base["DH_STAGES"])
+                             base["DH_TO"])
             kernels[vec] = get_kernel(KERNEL_FILE, "dense_head", d)
             kernels[vec].max_dynamic_shared_size_bytes = smem_bytes(d)
         return kernels[vec]
@@ -216,10 +203,10 @@ def prepare_layers(layers: Sequence[DenseLayer], params: Mapping[str, Any],
 
 def prepare_dense_head(model: str, params: Mapping[str, Any], imgs: int | None = None,
                        kc: int | None = None, ti: int | None = None,
-                       to: int | None = None, stages: int | None = None) -> Callable[..., None]:
+                       to: int | None = None) -> Callable[..., None]:
     """The zoo model's head (`models.head_layers(model)`) on its parameters (Network.params()
     names, host or device arrays): run(features, probs=None, labels=None), see prepare_layers."""
-    return prepare_layers(head_layers(model), params, imgs, kc, ti, to, stages)
+    return prepare_layers(head_layers(model), params, imgs, kc, ti, to)
 
 
 def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
@@ -227,9 +214,8 @@ def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
     outputs a thread (tests/test_nvcc_compile.py)."""
     from convolab.models import MODELS
 
-    tiles = ((4, None, None, None), (1, None, None, None), (4, 8, None, None),
-             (4, None, TO_LIMIT, max(STAGE_CHOICES)))
+    tiles = ((4, None, None), (1, None, None), (4, 8, None), (4, None, TO_LIMIT))
     return {f"dense-head {m} (dense_head)": [(KERNEL_FILE, head_defines(head_layers(m), vec=v,
-                                                                      ti=ti, to=to, stages=st))
-                                             for v, ti, to, st in tiles]
+                                                                      ti=ti, to=to))
+                                             for v, ti, to in tiles]
             for m in MODELS}

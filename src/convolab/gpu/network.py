@@ -239,7 +239,7 @@ class FusedLeNet:
     shape takes them, fp32 accumulate; the head stays fp32). For ece408, mode 'fp16' hands the
     pooled C1 map to conv2 as fp16 channels-last (gpu/fused_cl.py).
     kernel_params: per-kernel parameters {"c1": {...}, "c3": {...}, "head": {"imgs": n}} (the
-    head: kernel 20's imgs, or kernel 30's imgs, kc, ti, to and stages) for benchmarks; what is left
+    head: kernel 20's imgs, or kernel 30's imgs, kc, ti and to) for benchmarks; what is left
     out is each kernel's measured default.
     graphs: replay a captured CUDA graph from the second forward with the same batch size and
     input/output addresses (see the module docstring); False launches each kernel every time.
@@ -293,7 +293,7 @@ class FusedLeNet:
 
         head = {k: int(v) for k, v in self._kernel_params.get("head", {}).items()}
         return prepare_dense_head(self.model, p, head.get("imgs"), head.get("kc"), head.get("ti"),
-                                  head.get("to"), head.get("stages"))
+                                  head.get("to"))
 
     # ---- device forward -------------------------------------------------------------------
     def _plan(self, batch: int, slot: int = 0,

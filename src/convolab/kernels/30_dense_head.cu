@@ -11,8 +11,7 @@
 // k runs in chunks of DH_KC: the chunk's features (DH_IMGS x DH_KC) and weights (DH_KC x N1P,
 // pre-transposed and zero-padded on the host to N1P = DH_OG * DH_TO outputs and a whole number
 // of chunks) are staged in shared memory, double-buffered through registers (the next chunk's
-// global loads are in flight while this one is multiplied; one barrier a chunk), or with
-// DH_STAGES > 1 copied by cp.async into a ring of that many buffers. Thread
+// global loads are in flight while this one is multiplied; one barrier a chunk). Thread
 // (kg, ig, og) accumulates DH_TI images x DH_TO outputs over the chunk's k = kg, kg + KS, ...:
 // each weight read from shared memory serves DH_TI images and each feature DH_TO outputs, and
 // the KS k groups meet at the end of the tile in shared memory (fixed order). Then bias (+ReLU),
@@ -87,13 +86,6 @@
 #ifndef DH_VEC
 #define DH_VEC 4  // features loaded 4 at a time (needs DH_F % 4 == 0 and 16-byte aligned rows)
 #endif
-#ifndef DH_STAGES
-// 1: the next chunk through registers, stored to shared memory after this one's FMAs (one chunk
-// a block in flight). 2+: a ring of DH_STAGES chunk buffers filled by cp.async, DH_STAGES - 1
-// chunks in flight while one is multiplied (needs DH_VEC 4). The ring was slower at the zoo's
-// heads, whose conflict-free loop already reads 3.4 TB/s (gpu/dense_head.py, STAGE_CHOICES).
-#define DH_STAGES 1
-#endif
 
 #define DH_THREADS 256
 #define DH_NAN_LABEL 255
@@ -112,8 +104,7 @@
 #define DH_MAXW_A (DH_N1 > DH_N2 ? DH_N1 : DH_N2)
 #define DH_MAXW_B (DH_N3 > DH_N4 ? DH_N3 : DH_N4)
 #define DH_MAXW (DH_MAXW_A > DH_MAXW_B ? DH_MAXW_A : DH_MAXW_B)  // widest activation
-#define DH_BUFS (DH_STAGES > 1 ? DH_STAGES : 2)  // chunk buffers
-#define DH_STAGE_FL (DH_BUFS * (DH_XFL + DH_WFL))
+#define DH_STAGE_FL (2 * (DH_XFL + DH_WFL))
 #define DH_RED_FL (DH_KS * DH_IMGS * DH_N1P)
 #define DH_UNION_FL (DH_STAGE_FL > DH_RED_FL ? DH_STAGE_FL : DH_RED_FL)
 #define DH_SMEM_BYTES (4 * (DH_UNION_FL + 2 * DH_IMGS * DH_MAXW))
@@ -132,9 +123,6 @@
 #endif
 #if DH_VEC == 4 && DH_F % 4 != 0
 #error "DH_VEC 4 needs DH_F % 4 == 0"
-#endif
-#if DH_STAGES < 1 || DH_STAGES > 8 || (DH_STAGES > 1 && DH_VEC != 4)
-#error "DH_STAGES must be 1..8, and 1 unless DH_VEC 4 (cp.async copies 16 bytes)"
 #endif
 #if DH_SMEM_BYTES > 227 * 1024
 #error "shared memory over the 227 KB a block may have on sm_90"
@@ -159,38 +147,14 @@ dense_head(const float* __restrict__ feat, const float* __restrict__ w1t,
            const float* __restrict__ btail, float* __restrict__ probs,
            unsigned char* __restrict__ labels, int B, int flags) {
   extern __shared__ __align__(16) float dh_smem[];
-  float* const xs = dh_smem;                     // [BUFS][IMGS][XS] features
-  float* const ws = dh_smem + DH_BUFS * DH_XFL;  // [BUFS][KC][N1P] first-layer weights
-  float* const red = dh_smem;                    // [KS][IMGS][N1P], after the k loop
-  float* const act = dh_smem + DH_UNION_FL;      // [2][IMGS][MAXW] activations
+  float* const xs = dh_smem;                  // [2][IMGS][XS] features
+  float* const ws = dh_smem + 2 * DH_XFL;     // [2][KC][N1P] first-layer weights
+  float* const red = dh_smem;                 // [KS][IMGS][N1P], after the k loop
+  float* const act = dh_smem + DH_UNION_FL;   // [2][IMGS][MAXW] activations
   const int t = threadIdx.x;
   const int og = t % DH_OG, ig = (t / DH_OG) % DH_IG, kg = t / (DH_OG * DH_IG);
   const int img0 = blockIdx.x * DH_IMGS;
 
-#if DH_STAGES > 1
-  auto issue = [&](int c, int buf) {  // chunk c's copies into buffer buf (features past F: 0)
-    const int k0 = c * DH_KC;
-    float* const x = xs + buf * DH_XFL;
-#pragma unroll
-    for (int r = 0; r < DH_XLD; ++r) {
-      const int e = t + r * DH_THREADS;
-      const int row = e / (DH_KC / 4), kk = (e % (DH_KC / 4)) * 4;
-      const long long img = min(img0 + row, B - 1);
-      float* const dst = x + row * DH_XS + kk;
-      if (k0 + kk < DH_F)
-        cp_async16(dst, feat + img * DH_F + k0 + kk);
-      else
-        *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float4* const w = reinterpret_cast<float4*>(ws + buf * DH_WFL);
-    const float4* const src = reinterpret_cast<const float4*>(w1t + (long long)k0 * DH_N1P);
-#pragma unroll
-    for (int r = 0; r < DH_WLD; ++r) {
-      const int e = t + r * DH_THREADS;
-      if (4 * e < DH_WFL) cp_async16(w + e, src + e);
-    }
-  };
-#else
   float xr[DH_XLD * DH_VEC];
   float4 wr[DH_WLD];
   auto fetch = [&](int c) {  // chunk c into registers
@@ -239,7 +203,6 @@ dense_head(const float* __restrict__ feat, const float* __restrict__ w1t,
       if (4 * e < DH_WFL) w[e] = wr[r];
     }
   };
-#endif
 
   float acc[DH_TI][DH_TO];
 #pragma unroll
@@ -247,9 +210,13 @@ dense_head(const float* __restrict__ feat, const float* __restrict__ w1t,
 #pragma unroll
     for (int o = 0; o < DH_TO; ++o) acc[i][o] = 0.f;
 
-  auto multiply = [&](int buf) {  // chunk buffer buf into the accumulators
-    const float* const x = xs + buf * DH_XFL + ig * DH_XS;
-    const float* const w = ws + buf * DH_WFL + og * DH_TO;
+  fetch(0);
+  stage(0);
+  __syncthreads();
+  for (int c = 0; c < DH_KCH; ++c) {
+    if (c + 1 < DH_KCH) fetch(c + 1);  // in flight during this chunk's FMAs
+    const float* const x = xs + (c & 1) * DH_XFL + ig * DH_XS;
+    const float* const w = ws + (c & 1) * DH_WFL + og * DH_TO;
 #pragma unroll
     for (int k = kg; k < DH_KC; k += DH_KS) {
       float xv[DH_TI], wv[DH_TO];
@@ -262,35 +229,10 @@ dense_head(const float* __restrict__ feat, const float* __restrict__ w1t,
 #pragma unroll
         for (int o = 0; o < DH_TO; ++o) acc[i][o] = fmaf(xv[i], wv[o], acc[i][o]);
     }
-  };
-
-#if DH_STAGES > 1
-  for (int c = 0; c < DH_STAGES - 1; ++c) {
-    if (c < DH_KCH) issue(c, c);
-    cp_async_commit();  // (empty past the last chunk: the group count stays in step)
-  }
-  for (int c = 0; c < DH_KCH; ++c) {
-    cp_async_wait<DH_STAGES - 2>();  // this thread's copies of chunk c have landed
-    __syncthreads();  // everyone's have, and everyone is done with chunk c - 1's buffer
-    const int next = c + DH_STAGES - 1;
-    if (next < DH_KCH) issue(next, next % DH_STAGES);  // into chunk c - 1's buffer
-    cp_async_commit();
-    multiply(c % DH_STAGES);
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // every read of the buffers is done before red reuses them
-#else
-  fetch(0);
-  stage(0);
-  __syncthreads();
-  for (int c = 0; c < DH_KCH; ++c) {
-    if (c + 1 < DH_KCH) fetch(c + 1);  // in flight during this chunk's FMAs
-    multiply(c & 1);
     if (c + 1 < DH_KCH) stage((c + 1) & 1);  // the other buffer: read by nobody since the
                                              // barrier that ended chunk c - 1
     __syncthreads();
   }
-#endif
 
   // The k groups meet (the staging buffers are free: the last barrier ended every read).
 #pragma unroll
