@@ -41,9 +41,7 @@
 // holds (SMs active 79 % of the time); fp16 features were slower (99 us). 40-image tiles with 5
 // images a thread and k chunks of 128 (250 tiles, 1.9 an SM: the host's default now) took
 // 80.7 / 53.0 us against 89.7 / 58.8 (H100, mxnet / eecs498); 8 images a thread 104.8 / 68.2
-// (docs/raw.md). Feature rows of KC + 1 floats had put a warp's reads up to 4 to a bank; rows of
-// KC + 4 (and 10 outputs a thread) took eecs498 52.1 -> 34.0 us and mxnet 79.5 -> 52.8 (H200),
-// 3.4-3.6 TB/s of features: the HBM floor is ~28 / 45 us.
+// (docs/raw.md; rows of KC + 4 below: 34.0 / 52.8 us on the H200, 3.4-3.6 TB/s of features).
 
 #include "common.cuh"
 
@@ -93,9 +91,8 @@
 #define DH_IG (DH_IMGS / DH_TI)                 // image groups
 #define DH_KS (DH_THREADS / (DH_IG * DH_OG))    // k groups
 #define DH_KCH ((DH_F + DH_KC - 1) / DH_KC)     // chunks (the packed weights have DH_KCH * DH_KC rows)
-// Feature row stride in shared memory: 4 floats past a chunk keeps rows 16-byte aligned (float4
-// stores) and spreads a warp's reads of (image group ig, k group kg) over banks 4 ig + kg, all
-// distinct for up to 8 image groups; a stride of KC + 1 put them on ig + kg, up to 4 a bank.
+// Feature row stride: KC + 4 keeps rows 16-byte aligned (float4 stores) and puts a warp's reads
+// of (image group ig, k group kg) on banks 4 ig + kg, distinct (KC + 1: ig + kg, up to 4 a bank).
 #define DH_XS (DH_KC + 4)
 #define DH_XFL (DH_IMGS * DH_XS)                // floats a feature buffer
 #define DH_WFL (DH_KC * DH_N1P)                 // floats a weight buffer
