@@ -365,6 +365,9 @@ EMULATED_WS = [  # rung 46: (precision, input, shape, params, grid); blocks of 1
     ("fp16", "float16", ConvShape(4, 9, 13, 13, 19, 3), {"ring": 3, "lead": 1}, 1),
     ("3xfp16", "float16", ConvShape(3, 7, 12, 11, 32, 5), {"tails": -1, "sum": 6}, 1),
     ("fp16", "float32", ConvShape(3, 12, 15, 17, 24, 5), {"tails": -1}, 2),
+    # three consumers: eecs498's 4 m-tiles an image go round them across the block's images
+    ("3xfp16", "float32", ConvShape(4, 12, 29, 29, 24, 7), {"consumers": 3}, 1),
+    ("fp16", "float16", ConvShape(5, 9, 13, 13, 19, 3), {"consumers": 3}, 2),
 ]
 
 
@@ -504,7 +507,8 @@ def test_warp_specialized_equals_rung_44_bit_for_bit(precision: str, in_dtype: s
 @pytest.mark.gpu
 @pytest.mark.parametrize("params", [{"ring": 4}, {"ring": 6, "lead": 3}, {"sum": 1},
                                     {"sum": 6, "ring": 3, "lead": 1}, {"tails": -1},
-                                    {"pitch": 29}])
+                                    {"pitch": 29}, {"consumers": 3},
+                                    {"consumers": 3, "ring": 3, "lead": 1}])
 def test_warp_specialized_parameters_keep_the_result(params: dict[str, int],
                                                      rng: np.random.Generator) -> None:
     shape = dataclasses.replace(EECS498_CONV2, B=277)

@@ -65,11 +65,15 @@ _SUFFIX = {"fp16": "tc", "3xfp16": "3xfp16"}
 
 WS_KERNEL_FILE = "46_fused_conv_pool_wgmma_ws.cu"
 WS_KERNEL = "fcp_wgmma_ws"
-WS_CONSUMERS = 2  # FW_WGS of rung 46: the warpgroups that compute (a third one stages)
-WS_THREADS = 128 * (WS_CONSUMERS + 1)
+WS_CONSUMERS = 2  # FW_WGS of rung 46: the warpgroups that compute (one more stages)
 WS_TAIL_BYTES = 32  # FWS_TAIL_BYTES: the mbarrier, two exponents, the producer's maxima
-WS_SPACE: dict[str, list[int]] = {key: SPACE[key] for key in ("pitch", "ring", "lead", "sum",
-                                                               "tails")}
+WS_SPACE: dict[str, list[int]] = {
+    **{key: SPACE[key] for key in ("pitch", "ring", "lead", "sum", "tails")},
+    # computing warpgroups (0: WS_CONSUMERS); three get 128 registers a thread, in which
+    # 3xfp16's loop fits at ring 4 with one sum over every chunk (ptxas spills at ring 5)
+    "consumers": [2, 3],
+}
+WS_THREE_CONSUMERS = {"ring": 4, "sum": 6}
 STAGED = "staged"  # prepare's in_dtype for rung 46 fed staged records (FWS_STAGED_IN)
 RECORD_TAIL = 16  # a record's bytes after its two parts: the image's scale exponent
 RUNGS = (44, 46)
@@ -215,9 +219,10 @@ def _check_params(params: Mapping[str, Any], space: Mapping[str, list[int]] = SP
     for key, value in params.items():
         if not isinstance(value, int | np.integer) or (value < 0 and key != "tails"):
             raise InputError(f"fcp_wgmma: {key} must be an int >= 0, got {value!r}")
-    for key in ("wgs", "ring", "sum", "lead"):
-        if params.get(key) and params[key] not in SPACE[key]:
-            raise InputError(f"fcp_wgmma: {key} must be one of {SPACE[key]}, got {params[key]}")
+    for key in ("wgs", "ring", "sum", "lead", "consumers"):
+        values = space.get(key, SPACE.get(key))
+        if params.get(key) and values is not None and params[key] not in values:
+            raise InputError(f"fcp_wgmma: {key} must be one of {values}, got {params[key]}")
 
 
 def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None = None,
@@ -242,7 +247,8 @@ def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | Non
 def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None = None,
             in_dtype: Any = "float32") -> WgmmaPlan:
     """Rung 46's defines and launch geometry: rung 44's loop defines (WS_SPACE may fix pitch,
-    ring, lead, sum, tails) with WS_CONSUMERS computing warpgroups, one block an SM."""
+    ring, lead, sum, tails) with `consumers` computing warpgroups (WS_CONSUMERS), one block
+    an SM."""
     reason = ws_why_not(shape, POOL, precision)
     if reason is not None:
         raise InputError(f"fcp_wgmma_ws does not take {shape} with pool {POOL}: {reason}")
@@ -255,9 +261,13 @@ def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None =
     if in_name not in fused_wide.IN_DTYPES:
         raise InputError(f"fcp_wgmma_ws: input dtype must be one of {fused_wide.IN_DTYPES} or "
                          f"{STAGED!r}, got {in_name}")
-    defines = _plan_defines(shape, precision, params, in_name)
+    consumers = int(params.get("consumers") or WS_CONSUMERS)
+    if consumers == 3:  # what fits 128 registers a thread (WS_SPACE), unless params say
+        params = {**WS_THREE_CONSUMERS, **params}
+    defines = _plan_defines(shape, precision, {k: v for k, v in params.items()
+                                               if k != "consumers"}, in_name)
     del defines["FW_MINB"]
-    defines["FW_WGS"] = WS_CONSUMERS
+    defines["FW_WGS"] = consumers
     _check_ring(defines)
     smem = ws_smem_bytes(shape, precision, defines["FW_WS"], in_name,
                          bool(defines["FW_TAILS"]))
@@ -265,7 +275,7 @@ def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None =
         defines["FWS_STAGED_IN"] = 1
         smem = (ALIGN + weight_bytes(shape, precision, bool(defines["FW_TAILS"]))
                 + 2 * staged_record(defines)["FR_STG_REC"] + 16)
-    return WgmmaPlan(defines, smem, WS_THREADS, 1, rung=46)
+    return WgmmaPlan(defines, smem, 128 * (consumers + 1), 1, rung=46)
 
 
 def _check_ring(defines: Mapping[str, int]) -> None:
@@ -384,7 +394,7 @@ def network_takes(shape: ConvShape, pool: int, precision: str,
     """Whether FusedLeNet runs this block on rung 44 or 46 (`prepare` picks which; kernel
     parameters other than theirs name rung 28's, which then keeps the block)."""
     return (NETWORK and precision in PRECISIONS
-            and set(kernel_params) <= {*SPACE, "rung", "staged"}
+            and set(kernel_params) <= {*SPACE, *WS_SPACE, "rung", "staged"}
             and supports(shape, pool, precision))
 
 

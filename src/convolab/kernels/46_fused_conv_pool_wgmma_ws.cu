@@ -1,5 +1,5 @@
-// Rung 46 — rung 44 warp-specialized: a producer warpgroup stages the next image while two
-// consumer warpgroups run rung 44's MMA loop (fused_wgmma_loop.cuh) on this one.
+// Rung 46 — rung 44 warp-specialized: a producer warpgroup stages the next image while two (or
+// three) consumer warpgroups run rung 44's MMA loop (fused_wgmma_loop.cuh) on this one.
 //
 // Why. In rung 44 the warps that issue the wgmmas also stage each image (load it, scale it,
 // split it into fp16 parts): while one block of an SM stages, only the other issues MMAs, and a
@@ -13,8 +13,9 @@
 //   * Named barriers hand a slot over: FULL (the producer arrives, the consumers wait) and
 //     EMPTY (the consumers arrive after the image's last m-tile, the producer waits before it
 //     stages into the slot again).
-//   * setmaxnreg moves registers from the producer to the consumers (the kernel is compiled
-//     for three warpgroups at 168; the MMA loop keeps its ring of A quads in registers).
+//   * setmaxnreg moves registers from the producer to the consumers (the MMA loop keeps its
+//     ring of A quads in registers). ptxas allocates for the launch bound (168 a thread with
+//     two consumer warpgroups, 128 with three, FW_WGS = 3: a smaller ring then).
 // Same MMAs in the same order as rung 44, same scale exponents: the outputs are bit-identical.
 // FWS_STAGED_IN 1: the input is already in the staged form (records of both parts and the
 // image's scale exponent, as rung 45 writes them with FR_STG), so the producer only copies a
@@ -57,8 +58,8 @@
 #ifndef FWS_PRODUCER_REGS
 #define FWS_PRODUCER_REGS 56
 #endif
-#ifndef FWS_CONSUMER_REGS
-#define FWS_CONSUMER_REGS 224
+#ifndef FWS_CONSUMER_REGS  // what the SM's 64K registers leave the consumers
+#define FWS_CONSUMER_REGS ((65536 - FWS_PRODUCERS * FWS_PRODUCER_REGS) / FW_THREADS / 8 * 8)
 #endif
 static_assert(FWS_PRODUCERS * FWS_PRODUCER_REGS + FW_THREADS * FWS_CONSUMER_REGS <= 65536,
               "rung 46: the registers the roles ask for exceed the SM's");
@@ -129,6 +130,24 @@ __device__ __forceinline__ int fws_stage(fw_t* img, const fw_in_t* raw, float* r
   return e;
 }
 
+// A consumer's share of image b, its i-th (slot img): rung 44's loop and store over its
+// warpgroup's m-tiles.
+__device__ __forceinline__ void fws_consume(const fw_t* img, unsigned long long d0,
+                                            const float* __restrict__ bias, float* __restrict__ y,
+                                            int b, int i, float w_unscale, float a_unscale) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
+  const int g = lane >> 2, t = lane & 3;
+  // The m-tiles go round the warpgroups across images (tile i FW_NG + mt to warpgroup
+  // (i FW_NG + mt) % FW_WGS), so that FW_NG need not divide among them.
+  const int first = FW_NG % FW_WGS == 0 ? wg : ((wg - i * FW_NG) % FW_WGS + FW_WGS) % FW_WGS;
+  for (int mt = first; mt < FW_NG; mt += FW_WGS) {
+    const FwRows rows = fw_rows(4 * mt + warp, g, t);
+    FwTile total;
+    fw_mtile(img, d0, rows, total);
+    fw_store(total, rows, lane, bias, y, (size_t)b, w_unscale, a_unscale);
+  }
+}
+
 #if FWS_STAGED_IN
 // The same persistent loop fed by staged records (x: B records of FWS_REC_BYTES): the
 // producer's first thread copies record b into slot i % 2 (mbarrier i % 2), the consumers wait
@@ -166,8 +185,6 @@ fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
   } else {  // the consumer warpgroups: rung 44's loop and store
     set_max_regs_inc<FWS_CONSUMER_REGS>();
     const unsigned long long d0 = fw_b0(wsm);
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
-    const int g = lane >> 2, t = lane & 3;
     int i = 0;
     for (int b = blockIdx.x; b < batch; b += gridDim.x, ++i) {
       const int slot = i & 1;
@@ -175,12 +192,7 @@ fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
       const unsigned char* rec_s = wsm_p + FW_B_BYTES + slot * FWS_REC_BYTES;
       const fw_t* img = reinterpret_cast<const fw_t*>(rec_s);
       const float a_unscale = fw_pow2(-*reinterpret_cast<const int*>(rec_s + FWS_SLOT_BYTES));
-      for (int mt = wg; mt < FW_NG; mt += FW_WGS) {
-        const FwRows rows = fw_rows(4 * mt + warp, g, t);
-        FwTile total;
-        fw_mtile(img, d0, rows, total);
-        fw_store(total, rows, lane, bias, y, (size_t)b, w_unscale, a_unscale);
-      }
+      fws_consume(img, d0, bias, y, b, i, w_unscale, a_unscale);
       if (b + 2 * (int)gridDim.x < batch) bar_arrive(kBarEmpty + slot, FWS_THREADS);
     }
   }
@@ -236,20 +248,13 @@ fcp_wgmma_ws(const fw_in_t* __restrict__ x, const uint4* __restrict__ wpack,
   } else {  // the consumer warpgroups: rung 44's loop and store
     set_max_regs_inc<FWS_CONSUMER_REGS>();
     const unsigned long long d0 = fw_b0(wsm);
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
-    const int g = lane >> 2, t = lane & 3;
     int i = 0;
     for (int b = blockIdx.x; b < batch; b += gridDim.x, ++i) {
       const int slot = i & 1;
       bar_sync(kBarFull + slot, FWS_THREADS);
       const fw_t* img = slots + slot * slot_elems;
       const float a_unscale = fw_pow2(-exps[slot]);
-      for (int mt = wg; mt < FW_NG; mt += FW_WGS) {
-        const FwRows rows = fw_rows(4 * mt + warp, g, t);
-        FwTile total;
-        fw_mtile(img, d0, rows, total);
-        fw_store(total, rows, lane, bias, y, (size_t)b, w_unscale, a_unscale);
-      }
+      fws_consume(img, d0, bias, y, b, i, w_unscale, a_unscale);
       // The producer waits for this slot only where it has an image i + 2 to stage in it.
       if (b + 2 * (int)gridDim.x < batch) bar_arrive(kBarEmpty + slot, FWS_THREADS);
     }
