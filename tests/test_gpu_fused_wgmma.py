@@ -174,8 +174,8 @@ def test_tails_are_packed_where_they_save_a_tenth() -> None:
 
 
 def test_warp_specialized_plan_and_refusals() -> None:
-    """Rung 46: rung 44's loop defines with two consumer warpgroups, one block of three
-    warpgroups an SM, two staged images and the raw one in shared memory; it refuses rung 44's
+    """Rung 46: rung 44's loop defines with two consumer warpgroups (three fed staged records),
+    one block an SM, two staged images and the raw one in shared memory; it refuses rung 44's
     block-shape parameters and layers whose buffers do not fit."""
     for shape, _ in wide_blocks():
         for precision in PRECISIONS:
@@ -189,8 +189,18 @@ def test_warp_specialized_plan_and_refusals() -> None:
             assert fused_wgmma.default_rung(shape, precision) == \
                 fused_wgmma.DEFAULT_RUNG[precision]
     shape = EECS498_CONV2
+    # fed staged records: three consumers at the loop defines that fit 128 registers
+    staged = fused_wgmma.ws_plan(shape, "3xfp16", {}, fused_wgmma.STAGED)
+    assert staged.threads == 512 and staged.defines["FW_WGS"] == 3
+    assert {k: staged.defines[k] for k in ("FW_RING", "FW_SUM")} == {"FW_RING": 4, "FW_SUM": 6}
+    two = fused_wgmma.ws_plan(shape, "3xfp16", {"consumers": 2}, fused_wgmma.STAGED)
+    assert two.threads == 384 and two.defines["FW_RING"] == fused_wgmma.DEFAULT_RING["3xfp16"]
+    with pytest.raises(InputError, match="consumers must be one of"):
+        fused_wgmma.ws_plan(shape, "fp16", {"consumers": 4})
     with pytest.raises(InputError, match="unknown parameter"):
         fused_wgmma.ws_plan(shape, "fp16", {"wgs": 2})
+    with pytest.raises(InputError, match="unknown parameter"):
+        fused_wgmma.wgmma_plan(shape, "fp16", {"consumers": 3})
     big = ConvShape(1, 16, 30, 30, 32, 5)
     assert fused_wgmma.supports(big, 2, "3xfp16")
     assert "shared memory" in fused_wgmma.ws_why_not(big, 2, "3xfp16")
@@ -207,7 +217,8 @@ def test_rung_parameter_and_registry_entries() -> None:
         assert ws.rung == 46 and ws.kernel_file == fused_wgmma.WS_KERNEL_FILE
         assert set(ws.space) == set(fused_wgmma.WS_SPACE)
         assert get_impl(f"fused-conv-pool2-wgmma-{suffix}").rung == 44
-        assert ws.compile_variants() and all(v["FW_WGS"] == 2 for v in ws.compile_variants())
+        assert ws.compile_variants() and all(
+            v["FW_WGS"] == (3 if v.get("FWS_STAGED_IN") else 2) for v in ws.compile_variants())
     with pytest.raises(InputError, match="rung must be one of"):
         fused_wgmma.prepare(EECS498_CONV2, np.zeros((24, 12, 7, 7), np.float32),
                             np.zeros(24, np.float32), {"rung": 45}, "fp16")
@@ -384,9 +395,10 @@ def test_warp_specialized_kernel_emulated_on_cpu(case: int, tmp_path: Path,
         y44 = emulate(tmp_path / "44", shape, precision, in_dtype, x, w, b, params, 1)
         assert np.array_equal(y, y44)
     if precision == "3xfp16" and in_dtype == "float32":  # fed the same values as records
-        (tmp_path / "staged").mkdir()
+        (tmp_path / "staged").mkdir()  # (with as many consumers: the same loop defines)
+        consumers = params.get("consumers", fused_wgmma.WS_CONSUMERS)
         ys = emulate(tmp_path / "staged", shape, precision, fused_wgmma.STAGED, x, w, b,
-                     params, grid, rung=46)
+                     {**params, "consumers": consumers}, grid, rung=46)
         assert np.array_equal(ys, y)
 
 

@@ -66,6 +66,11 @@ _SUFFIX = {"fp16": "tc", "3xfp16": "3xfp16"}
 WS_KERNEL_FILE = "46_fused_conv_pool_wgmma_ws.cu"
 WS_KERNEL = "fcp_wgmma_ws"
 WS_CONSUMERS = 2  # FW_WGS of rung 46: the warpgroups that compute (one more stages)
+# Fed staged records, the producer only copies them, so its issue share goes to a third
+# consumer: while one stores its m-tile, two still issue wgmmas. H200, eecs498's conv2 (ncu,
+# docs/raw.md "Three consumers"): 690 -> 661 us; where the producer stages floats it lost
+# (mxnet's exact conv2 777 -> 788, eecs498's fp16 325 -> 342).
+WS_STAGED_CONSUMERS = 3
 WS_TAIL_BYTES = 32  # FWS_TAIL_BYTES: the mbarrier, two exponents, the producer's maxima
 WS_SPACE: dict[str, list[int]] = {
     **{key: SPACE[key] for key in ("pitch", "ring", "lead", "sum", "tails")},
@@ -247,8 +252,8 @@ def wgmma_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | Non
 def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None = None,
             in_dtype: Any = "float32") -> WgmmaPlan:
     """Rung 46's defines and launch geometry: rung 44's loop defines (WS_SPACE may fix pitch,
-    ring, lead, sum, tails) with `consumers` computing warpgroups (WS_CONSUMERS), one block
-    an SM."""
+    ring, lead, sum, tails) with `consumers` computing warpgroups (WS_CONSUMERS, fed staged
+    records WS_STAGED_CONSUMERS), one block an SM."""
     reason = ws_why_not(shape, POOL, precision)
     if reason is not None:
         raise InputError(f"fcp_wgmma_ws does not take {shape} with pool {POOL}: {reason}")
@@ -261,7 +266,7 @@ def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None =
     if in_name not in fused_wide.IN_DTYPES:
         raise InputError(f"fcp_wgmma_ws: input dtype must be one of {fused_wide.IN_DTYPES} or "
                          f"{STAGED!r}, got {in_name}")
-    consumers = int(params.get("consumers") or WS_CONSUMERS)
+    consumers = int(params.get("consumers") or (WS_STAGED_CONSUMERS if staged else WS_CONSUMERS))
     if consumers == 3:  # what fits 128 registers a thread (WS_SPACE), unless params say
         params = {**WS_THREE_CONSUMERS, **params}
     defines = _plan_defines(shape, precision, {k: v for k, v in params.items()
