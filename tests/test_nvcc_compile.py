@@ -25,8 +25,9 @@ Job = tuple[str, tuple[str, ...]]  # (kernel file, -D flags)
 # Modules whose kernels live in more files than their registry entry's kernel_file, or that
 # are not registry entries at all.
 EXTRA_COMPILE_MODULES = ("convolab.gpu.fused_ffma", "convolab.gpu.fused_mma",
-                         "convolab.gpu.fused_cl", "convolab.gpu.lenet_head",
-                         "convolab.gpu.dense_head", "convolab.gpu.trainer")
+                         "convolab.gpu.fused_pair", "convolab.gpu.fused_cl",
+                         "convolab.gpu.lenet_head", "convolab.gpu.dense_head",
+                         "convolab.gpu.trainer")
 
 
 def gpu_jobs() -> dict[str, list[Job]]:

@@ -489,11 +489,9 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
     if w.shape != shape.w_shape or b.shape != (shape.M,):
         raise InputError(f"rung 29: weight {w.shape} and bias {b.shape} do not fit {shape} "
                          f"(want {shape.w_shape} and ({shape.M},))")
-    if staged is not None:  # the bound of rung 45's scale for the next block: W1, B1 after b
+    if staged is not None:
         plan = _staged_plan(plan, shape, staged)
-        b = np.concatenate([b, [np.abs(w.astype(np.float64)).sum(axis=(1, 2, 3)).max(),
-                                np.abs(b.astype(np.float64)).max()]]).astype(np.float32)
-        b[-2:] = np.nextafter(b[-2:], np.float32(np.inf))  # rounded up: still a bound
+        b = staged_bias(w, b)
     cp = require_cupy()
     kernel = get_kernel(plan.kernel_file, plan.kernel, plan.defines)
     if plan.smem:
@@ -516,6 +514,16 @@ def prepare(shape: ConvShape, pool: int, weight: Any, bias: Any,
         return _checked_run(kernel, plan, args, tail, shape, pool, raw_hw, "uint16",
                             (staged["FR_STG_REC"] // 2,))
     return _checked_run(kernel, plan, args, tail, shape, pool, raw_hw, out_dtype)
+
+
+def staged_bias(w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The bias as rung 45 reads it when it writes staged records: the biases, then the bound of
+    the next block's scale, W1 = the largest sum of |w| over a filter and B1 = the largest |b|
+    (rounded up: still a bound)."""
+    out = np.concatenate([b, [np.abs(w.astype(np.float64)).sum(axis=(1, 2, 3)).max(),
+                              np.abs(b.astype(np.float64)).max()]]).astype(np.float32)
+    out[-2:] = np.nextafter(out[-2:], np.float32(np.inf))
+    return out
 
 
 # The staged records' stores are a lane's 4 consecutive channels of one pixel where a row-pair

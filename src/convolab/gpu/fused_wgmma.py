@@ -341,7 +341,8 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
     from convolab.gpu.device import occupancy, sm_count
 
     params = dict(kernel_params)
-    params.pop("staged", None)  # FusedLeNet's choice of the handoff from conv1, not a kernel's
+    for key in ("staged", "merge"):  # FusedLeNet's choices of the handoff from conv1
+        params.pop(key, None)
     rung = _chosen_rung(shape, precision, params)
     params.pop("rung", None)
     if rung not in RUNGS:
@@ -399,7 +400,7 @@ def network_takes(shape: ConvShape, pool: int, precision: str,
     """Whether FusedLeNet runs this block on rung 44 or 46 (`prepare` picks which; kernel
     parameters other than theirs name rung 28's, which then keeps the block)."""
     return (NETWORK and precision in PRECISIONS
-            and set(kernel_params) <= {*SPACE, *WS_SPACE, "rung", "staged"}
+            and set(kernel_params) <= {*SPACE, *WS_SPACE, "rung", "staged", "merge"}
             and supports(shape, pool, precision))
 
 
@@ -408,7 +409,7 @@ def staged_takes(shape: ConvShape, pool: int, precision: str,
     """Whether FusedLeNet feeds this block staged records from the block before (rung 45
     writing rung 46's staged form, exact mode's 3xfp16): where rung 46 runs it (`prepare`'s
     choice) and `staged` is not -1."""
-    params = {k: v for k, v in kernel_params.items() if k != "staged"}
+    params = {k: v for k, v in kernel_params.items() if k not in ("staged", "merge")}
     if precision != "3xfp16" or int(kernel_params.get("staged") or 0) < 0 \
             or not network_takes(shape, pool, precision, params):
         return False

@@ -321,12 +321,17 @@ class FusedLeNet:
         where it cannot, a cast follows it."""
         cp = self._cp
         blocks = conv_blocks(self.model, batch)
+        merged = self._merged_pair(blocks, raw_hw)
+        if merged is not None:  # kernel 47 runs the first two blocks, writing the second's maps
+            blocks = blocks[1:]
         later = [self._float_run(i, block) for i, block in enumerate(blocks) if i > 0]
         reads = [_in_dtype(run) for run in later] + ["float32"]  # the head reads fp32
         runs: list[Callable] = []
         buffers: list[Any] = [None]
-        pair = self._staged_pair(blocks, raw_hw)
-        if pair is not None:
+        pair = None if merged is not None else self._staged_pair(blocks, raw_hw)
+        if merged is not None:
+            first = merged
+        elif pair is not None:
             first, later[0] = pair
             reads[0] = _in_dtype(later[0])
         else:
@@ -380,6 +385,37 @@ class FusedLeNet:
         return fused_first.prepare(block.shape, block.pool, p[f"{block.name}.weight"],
                                    p[f"{block.name}.bias"], kp, raw_hw, out_dtype, precision,
                                    staged)
+
+    def _merged_pair(self, blocks: list[ConvBlock],
+                     raw_hw: tuple[int, int] | None) -> Callable | None:
+        """The first two blocks as one kernel (47: rung 45's conv1 and rung 46's conv2 on one
+        SM, the staged records kept in shared memory), from float input, where the staged pair
+        would run them, the first block has no kernel parameters, the second none but
+        fused_pair.KEYS, `merge` and `staged`, and its `merge` is 1 (0: fused_pair.NETWORK,
+        -1: never); else None."""
+        from convolab.gpu import fused_first, fused_pair, fused_wgmma, fused_wide
+
+        if self.channels_last or raw_hw is not None or len(blocks) < 2:
+            return None
+        first, second = blocks[0], blocks[1]
+        kp1 = self._kernel_params.get(first.name, {})
+        kp2 = self._kernel_params.get(second.name, {})
+        merge = int(kp2.get("merge") or 0)
+        own = {k: v for k, v in kp2.items() if k in fused_pair.KEYS}
+        if merge < 0 or (merge == 0 and not fused_pair.NETWORK) or kp1 \
+                or set(kp2) - {*fused_pair.KEYS, "merge", "staged"}:
+            return None
+        precision = NETWORK_MODES[self.mode]
+        wide = fused_wide.network_precision(second.shape, second.pool, precision)
+        if (wide != "3xfp16" or fused_first.NETWORK_PRECISION[precision] != "3xfp16"
+                or not fused_wgmma.staged_takes(second.shape, second.pool, wide, kp2)
+                or fused_pair.pair_why_not(first.shape, second.shape, first.pool, second.pool,
+                                           own) is not None):
+            return None
+        p = self.params
+        return fused_pair.prepare_pair(first.shape, p[f"{first.name}.weight"],
+                                       p[f"{first.name}.bias"], second.shape,
+                                       p[f"{second.name}.weight"], p[f"{second.name}.bias"], own)
 
     def _staged_pair(self, blocks: list[ConvBlock],
                      raw_hw: tuple[int, int] | None) -> tuple[Callable, Callable] | None:

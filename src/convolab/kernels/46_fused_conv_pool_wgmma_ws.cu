@@ -130,24 +130,6 @@ __device__ __forceinline__ int fws_stage(fw_t* img, const fw_in_t* raw, float* r
   return e;
 }
 
-// A consumer's share of image b, its i-th (slot img): rung 44's loop and store over its
-// warpgroup's m-tiles.
-__device__ __forceinline__ void fws_consume(const fw_t* img, unsigned long long d0,
-                                            const float* __restrict__ bias, float* __restrict__ y,
-                                            int b, int i, float w_unscale, float a_unscale) {
-  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
-  const int g = lane >> 2, t = lane & 3;
-  // The m-tiles go round the warpgroups across images (tile i FW_NG + mt to warpgroup
-  // (i FW_NG + mt) % FW_WGS), so that FW_NG need not divide among them.
-  const int first = FW_NG % FW_WGS == 0 ? wg : ((wg - i * FW_NG) % FW_WGS + FW_WGS) % FW_WGS;
-  for (int mt = first; mt < FW_NG; mt += FW_WGS) {
-    const FwRows rows = fw_rows(4 * mt + warp, g, t);
-    FwTile total;
-    fw_mtile(img, d0, rows, total);
-    fw_store(total, rows, lane, bias, y, (size_t)b, w_unscale, a_unscale);
-  }
-}
-
 #if FWS_STAGED_IN
 // The same persistent loop fed by staged records (x: B records of FWS_REC_BYTES): the
 // producer's first thread copies record b into slot i % 2 (mbarrier i % 2), the consumers wait

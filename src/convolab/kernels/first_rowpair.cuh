@@ -94,6 +94,13 @@ __device__ __forceinline__ unsigned fr_half2(float a, float b) {
 // 2^e as a float (|e| <= 126).
 __device__ __forceinline__ float fr_pow2(int e) { return __int_as_float((127 + e) << 23); }
 
+// Who stages: FR_THREADS threads, this one FR_STAGE_TID among them, their barrier
+// FR_STAGE_SYNC() (the whole block in 29c and 45; kernel 47 gives its conv1 warpgroups theirs).
+#ifndef FR_STAGE_TID
+#define FR_STAGE_TID threadIdx.x
+#define FR_STAGE_SYNC() __syncthreads()
+#endif
+
 // The block's tile as fp16 pixel pairs (tile[part][row][col]: part 0 hi, 1 lo), zero outside
 // the image; returns the input's scale exponent (0 without the split).
 template <typename Input>
@@ -103,7 +110,7 @@ __device__ __forceinline__ int fr_stage(Input input, unsigned* tile, size_t b, i
   float mx = 0.f;
 #pragma unroll
   for (int u = 0; u < FR_PER; ++u) {
-    const int i = threadIdx.x + u * FR_THREADS;
+    const int i = FR_STAGE_TID + u * FR_THREADS;
     const int row = i / (FR_RS / 2), p2 = i - row * (FR_RS / 2);
     v[u] = make_float2(0.f, 0.f);
     if (i < FR_PAIRS) v[u] = input(b, iy0 + row, 2 * p2);
@@ -113,8 +120,8 @@ __device__ __forceinline__ int fr_stage(Input input, unsigned* tile, size_t b, i
   float s = 1.f;
 #if FR_SPLIT
   for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-  __syncthreads();
+  if ((FR_STAGE_TID & 31) == 0) red[FR_STAGE_TID >> 5] = mx;
+  FR_STAGE_SYNC();
   mx = red[0];
 #pragma unroll
   for (int w = 1; w < FR_WARPS; ++w) mx = fmaxf(mx, red[w]);
@@ -125,7 +132,7 @@ __device__ __forceinline__ int fr_stage(Input input, unsigned* tile, size_t b, i
 #endif
 #pragma unroll
   for (int u = 0; u < FR_PER; ++u) {
-    const int i = threadIdx.x + u * FR_THREADS;
+    const int i = FR_STAGE_TID + u * FR_THREADS;
     if (i >= FR_PAIRS) break;
     const float a = v[u].x * s, c = v[u].y * s;
     tile[i] = fr_half2(a, c);

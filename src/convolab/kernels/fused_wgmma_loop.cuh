@@ -1,8 +1,9 @@
 // Rung 44's MMA loop, shared with its warp-specialized form (rung 46): a precision's
 // accumulator sets and steps (3xfp16's three products summed from zero over FW_SUM k-chunks,
 // fp16's paired tiles), and fw_mtile, which runs one m-tile of a staged image with A loaded
-// FW_LEAD shifts ahead into a ring of FW_RING slots. 44's header comment says why each piece
-// is as it is. Included after fused_wgmma.cuh.
+// FW_LEAD shifts ahead into a ring of FW_RING slots; fws_consume, a consumer warpgroup's
+// m-tiles of an image in the warp-specialized kernels (46, 47). 44's header comment says why
+// each piece is as it is. Included after fused_wgmma.cuh.
 #pragma once
 
 #if FW_EXACT
@@ -150,4 +151,22 @@ __device__ __forceinline__ void fw_mtile(const fw_t* img, unsigned long long d0,
       total[1][n][r] = c.pair[FW_NT + n][r] + c.edge[1][n][r];
     }
 #endif
+}
+
+// A consumer warpgroup's share of image b, its block's i-th (staged in img), in rungs 46 and
+// 47: the loop above and the store over the warpgroup's m-tiles.
+__device__ __forceinline__ void fws_consume(const fw_t* img, unsigned long long d0,
+                                            const float* __restrict__ bias, float* __restrict__ y,
+                                            int b, int i, float w_unscale, float a_unscale) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
+  const int g = lane >> 2, t = lane & 3;
+  // The m-tiles go round the warpgroups across images (tile i FW_NG + mt to warpgroup
+  // (i FW_NG + mt) % FW_WGS), so that FW_NG need not divide among them.
+  const int first = FW_NG % FW_WGS == 0 ? wg : ((wg - i * FW_NG) % FW_WGS + FW_WGS) % FW_WGS;
+  for (int mt = first; mt < FW_NG; mt += FW_WGS) {
+    const FwRows rows = fw_rows(4 * mt + warp, g, t);
+    FwTile total;
+    fw_mtile(img, d0, rows, total);
+    fw_store(total, rows, lane, bias, y, (size_t)b, w_unscale, a_unscale);
+  }
 }

@@ -1,0 +1,124 @@
+"""Kernel 47 (gpu/fused_pair.py): the exact forward's first two blocks in one kernel.
+
+CPU: which zoo pairs it takes and why not, its plan against rungs 45 and 46's, its parameter
+checks. GPU: its output equals rung 45 writing records then rung 46 reading them with the same
+conv2 loop (bit for bit) and the fp64 layers (fp32's tolerance), for random weights and batch
+sizes that reuse both slots; FusedLeNet with `c3.merge = 1` equals its staged pair bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from convolab.check import rel_l2
+from convolab.conv_cpu import reference_conv_relu_pool
+from convolab.errors import InputError
+from convolab.gpu import fused_first, fused_pair, fused_wgmma
+from convolab.gpu.implicit_gemm import SMEM_LIMIT
+from convolab.models import conv_blocks
+from convolab.precision import TOLERANCE
+
+C1, C3 = (block.shape for block in conv_blocks("eecs498", 1))
+
+
+def test_takes_eecs498_and_says_why_not_elsewhere() -> None:
+    assert fused_pair.pair_why_not(C1, C3) is None
+    mx1, mx3 = (block.shape for block in conv_blocks("ece408-mxnet", 1))
+    assert "staged records" in fused_pair.pair_why_not(mx1, mx3)  # K = 5: fp32 maps
+    assert "pooled output" in fused_pair.pair_why_not(C1, dataclasses.replace(C3, C=8))
+    assert "pool" in fused_pair.pair_why_not(C1, C3, pool2=1)
+    assert list(fused_pair.compile_jobs()) == ["fused-pair eecs498 (fpair_wgmma_ws)"]
+
+
+def test_plan_is_rung_45s_conv1_and_rung_46s_conv2() -> None:
+    plan = fused_pair.pair_plan(C1, C3)
+    c1 = fused_first.first_plan(C1, 2, {}, None, "float32", "3xfp16").defines
+    c2 = fused_wgmma.ws_plan(C3, "3xfp16", {"consumers": 2, **fused_pair.LOOP},
+                             fused_wgmma.STAGED).defines
+    assert plan.defines["FR_WARPS"] == c1["FR_WARPS"] == fused_pair.FIRST_WARPS
+    assert all(plan.defines[k] == c1[k] for k in ("FF_K", "FF_H", "FF_W", "FR_M"))
+    assert all(plan.defines[k] == v for k, v in c2.items() if k != "FWS_STAGED_IN")
+    assert plan.threads == 128 * fused_pair.CONSUMERS + 32 * fused_pair.FIRST_WARPS == 384
+    static = fused_first.rp_smem_bytes(C1, c1["FR_TPH"], True)
+    record = fused_wgmma.staged_record(c2)["FR_STG_REC"]
+    assert plan.smem > 2 * record and plan.smem + static <= SMEM_LIMIT
+    assert fused_pair.pair_plan(C1, C3, {"ring": 5, "sum": 2}).defines["FW_RING"] == 5
+    with pytest.raises(InputError, match="unknown parameter"):
+        fused_pair.pair_plan(C1, C3, {"consumers": 3})
+
+
+# ---- GPU ----------------------------------------------------------------------------------
+
+
+def problem(rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+    x = rng.random((n, 1, C1.H, C1.W), dtype=np.float32)
+    w1 = (rng.standard_normal(C1.w_shape) * 0.2).astype(np.float32)
+    b1 = (rng.standard_normal(C1.M) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal(C3.w_shape) * 0.05).astype(np.float32)
+    b2 = (rng.standard_normal(C3.M) * 0.1).astype(np.float32)
+    return x, w1, b1, w2, b2
+
+
+@pytest.mark.gpu
+def test_equals_the_staged_pair_bit_for_bit_and_fp64(rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    for n in (1, 7, int(rng.integers(133, 700))):
+        x, w1, b1, w2, b2 = problem(rng, n)
+        print(n)
+        s1, s3 = dataclasses.replace(C1, B=n), dataclasses.replace(C3, B=n)
+        pair = fused_pair.prepare_pair(s1, w1, b1, s3, w2, b2)
+        y = cp.full((n, *pair.out_tail), cp.nan, cp.float32)  # poisoned: every value written
+        pair(cp.asarray(x), y)
+        conv2 = fused_wgmma.prepare(s3, cp.asarray(w2), cp.asarray(b2),
+                                    {"consumers": 2, **fused_pair.LOOP}, "3xfp16",
+                                    fused_wgmma.STAGED)
+        conv1 = fused_first.prepare(s1, 2, w1, b1, {}, None, "float32", "3xfp16", conv2.staged)
+        records = cp.zeros((n, *conv1.out_tail), cp.uint16)
+        conv1(cp.asarray(x), records)
+        want = cp.full_like(y, cp.nan)
+        conv2(records, want)
+        got = y.get()
+        assert np.isfinite(got).all()
+        assert np.array_equal(got, want.get())
+        k = min(n, 16)
+        maps = reference_conv_relu_pool(x[:k].astype(np.float64), w1, b1, pool=2)
+        ref = reference_conv_relu_pool(maps, w2, b2, pool=2)
+        assert rel_l2(got[:k], ref) <= TOLERANCE["fp32"]
+
+
+@pytest.mark.gpu
+def test_network_merge_equals_the_staged_pair(rng: np.random.Generator) -> None:
+    import cupy as cp
+    from test_gpu_network_raw import zoo_params
+
+    from convolab.gpu.network import FusedLeNet
+
+    params = zoo_params("eecs498", int(rng.integers(1 << 30)))
+    n = int(rng.integers(150, 500))
+    print(n)
+    x = cp.asarray(rng.random((n, 1, C1.H, C1.W), dtype=np.float32))
+    merged = FusedLeNet(params, mode="exact", model="eecs498", kernel_params={"c3": {"merge": 1}})
+    staged = FusedLeNet(params, mode="exact", model="eecs498",
+                        kernel_params={"c3": {"merge": -1}})
+    runs, _ = merged._plan(n)
+    assert getattr(runs[0], "plan", None) is not None and runs[0].plan.threads == 384
+    assert np.array_equal(merged(x).get(), staged(x).get())
+
+
+@pytest.mark.gpu
+def test_run_checks_its_arrays(rng: np.random.Generator) -> None:
+    import cupy as cp
+
+    x, w1, b1, w2, b2 = problem(rng, 3)
+    run = fused_pair.prepare_pair(C1, w1, b1, C3, w2, b2)
+    y = cp.empty((3, *run.out_tail), cp.float32)
+    with pytest.raises(InputError, match="input must be"):
+        run(cp.asarray(x, cp.float16), y)
+    with pytest.raises(InputError, match="out must be"):
+        run(cp.asarray(x), y[:2])
+    with pytest.raises(InputError, match="do not fit"):
+        fused_pair.prepare_pair(C1, w1[:, :, :5], b1, C3, w2, b2)
