@@ -99,3 +99,23 @@ def test_kernel_file_compiles_standalone(
 ) -> None:
     error = compile_results[(filename, ())]
     assert error is None, error
+
+
+def test_every_wgmma_kernel_is_built_for_sm_90a() -> None:
+    """A file whose headers bring the warpgroup MMA must be in compile.ARCH_SPECIFIC: built for
+    plain sm_90, its wgmma paths are a trap at run time (kernel 47 first ran so)."""
+    import re
+
+    from convolab.gpu.compile import ARCH_SPECIFIC
+
+    def includes(name: str, seen: set[str]) -> set[str]:
+        for dep in re.findall(r'#include "([^"]+)"', (KERNEL_DIR / name).read_text()):
+            if dep not in seen:
+                seen.add(dep)
+                includes(dep, seen)
+        return seen
+
+    wgmma = {path.name for path in KERNEL_DIR.glob("*.cu")
+             if "wgmma_core.cuh" in includes(path.name, set())}
+    assert "47_fused_first_pair_wgmma_ws.cu" in wgmma
+    assert wgmma == set(ARCH_SPECIFIC)
