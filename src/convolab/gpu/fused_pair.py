@@ -34,6 +34,9 @@ LOOP = {"ring": 4, "sum": 6}
 KEYS = ("ring", "lead", "sum", "pitch", "tails")  # conv2's parameters this kernel takes
 # FusedLeNet runs a model's first two blocks on this kernel unasked (exact mode, float input,
 # where it takes them; the second block's kernel parameter merge = 1 / -1 asks / refuses).
+# Off: eecs498's pair took 1,151 us here against 344 + 660 apart (H200, docs/raw.md "Kernel
+# 47": one conv1 warpgroup is latency-bound, and 512 threads leave 128 registers, where
+# ptxas serializes the wgmmas).
 NETWORK = False
 
 
