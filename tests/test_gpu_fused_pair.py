@@ -48,6 +48,11 @@ def test_plan_is_rung_45s_conv1_and_rung_46s_conv2() -> None:
     assert fused_pair.pair_plan(C1, C3, {"ring": 5, "sum": 2}).defines["FW_RING"] == 5
     with pytest.raises(InputError, match="unknown parameter"):
         fused_pair.pair_plan(C1, C3, {"consumers": 3})
+    two = fused_pair.pair_plan(C1, C3, {"first_wgs": 2})
+    assert two.threads == 512 and two.defines["FR_WARPS"] == 8
+    assert two.defines["FW_RING"] == 3 and two.defines["FW_TAILS"] == 0
+    with pytest.raises(InputError, match="first_wgs"):
+        fused_pair.pair_plan(C1, C3, {"first_wgs": 3})
 
 
 # ---- GPU ----------------------------------------------------------------------------------
@@ -63,19 +68,22 @@ def problem(rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
 
 
 @pytest.mark.gpu
-def test_equals_the_staged_pair_bit_for_bit_and_fp64(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("first_wgs", [1, 2])
+def test_equals_the_staged_pair_bit_for_bit_and_fp64(first_wgs: int,
+                                                     rng: np.random.Generator) -> None:
     import cupy as cp
 
+    loop = fused_pair.LOOP if first_wgs == 1 else fused_pair.LOOP2
     for n in (1, 7, int(rng.integers(133, 700))):
         x, w1, b1, w2, b2 = problem(rng, n)
         print(n)
         s1, s3 = dataclasses.replace(C1, B=n), dataclasses.replace(C3, B=n)
-        pair = fused_pair.prepare_pair(s1, w1, b1, s3, w2, b2)
+        pair = fused_pair.prepare_pair(s1, w1, b1, s3, w2, b2, {"first_wgs": first_wgs})
+        assert pair.plan.threads == 128 * (2 + first_wgs)
         y = cp.full((n, *pair.out_tail), cp.nan, cp.float32)  # poisoned: every value written
         pair(cp.asarray(x), y)
-        conv2 = fused_wgmma.prepare(s3, cp.asarray(w2), cp.asarray(b2),
-                                    {"consumers": 2, **fused_pair.LOOP}, "3xfp16",
-                                    fused_wgmma.STAGED)
+        conv2 = fused_wgmma.prepare(s3, cp.asarray(w2), cp.asarray(b2), {"consumers": 2, **loop},
+                                    "3xfp16", fused_wgmma.STAGED)
         conv1 = fused_first.prepare(s1, 2, w1, b1, {}, None, "float32", "3xfp16", conv2.staged)
         records = cp.zeros((n, *conv1.out_tail), cp.uint16)
         conv1(cp.asarray(x), records)

@@ -31,7 +31,11 @@ CONSUMERS = 2  # conv2's warpgroups; one conv1 warpgroup beside them: 384 thread
 FIRST_WARPS = 4  # (two conv1 warpgroups at 512 threads: 128 registers, ptxas serializes wgmmas)
 # conv2's loop defines beside conv1 in one function: at ring 5 with sums of 2 ptxas spills
 LOOP = {"ring": 4, "sum": 6}
-KEYS = ("ring", "lead", "sum", "pitch", "tails")  # conv2's parameters this kernel takes
+KEYS = ("ring", "lead", "sum", "pitch", "tails",  # conv2's parameters this kernel takes
+        "first_wgs")  # conv1 warpgroups (1 or 2: 512 threads, 128 registers, see LOOP2)
+# With two conv1 warpgroups ptxas keeps the wgmmas unserialized only with conv2's loop at ring
+# 3, lead 1, one sum, unpacked tails (8 bytes of spills)
+LOOP2 = {"ring": 3, "lead": 1, "sum": 6, "tails": -1}
 # FusedLeNet runs a model's first two blocks on this kernel unasked (exact mode, float input,
 # where it takes them; the second block's kernel parameter merge = 1 / -1 asks / refuses).
 # Off: eecs498's pair took 1,151 us here against 344 + 660 apart (H200, docs/raw.md "Kernel
@@ -64,7 +68,8 @@ def pair_why_not(first: ConvShape, second: ConvShape, pool1: int = POOL, pool2: 
     if wgmma_ruled_out():
         return "this GPU cannot run sm_90a code (wgmma)"
     plan = pair_plan(first, second, params)
-    static = fused_first.rp_smem_bytes(first, pooled_hw(first, POOL)[0], True)
+    static = (fused_first.rp_smem_bytes(first, pooled_hw(first, POOL)[0], True)
+              + 4 * plan.defines["FR_WARPS"])  # (rp_smem_bytes counts red for 4 warps)
     if plan.smem + static > SMEM_LIMIT:
         return f"it needs {plan.smem + static} bytes of shared memory (> {SMEM_LIMIT})"
     return None
@@ -80,15 +85,19 @@ def pair_plan(first: ConvShape, second: ConvShape,
         raise InputError(f"kernel 47: unknown parameter(s) {unknown} (known: {list(KEYS)})")
     c1 = fused_first.first_plan(first, POOL, {"tc": fused_first.TC_WGMMA}, None, "float32",
                                 "3xfp16").defines
-    c2 = fused_wgmma.ws_plan(second, "3xfp16", {**LOOP, **params, "consumers": CONSUMERS},
+    first_wgs = int(params.pop("first_wgs", 0) or FIRST_WARPS // 4)
+    if first_wgs not in (1, 2):
+        raise InputError(f"kernel 47: first_wgs must be 1 or 2, got {first_wgs}")
+    loop = LOOP if first_wgs == 1 else LOOP2
+    c2 = fused_wgmma.ws_plan(second, "3xfp16", {**loop, **params, "consumers": CONSUMERS},
                              fused_wgmma.STAGED).defines
     defines = {k: c1[k] for k in ("FF_K", "FF_H", "FF_W", "FR_M")}
     defines |= {k: v for k, v in c2.items() if k != "FWS_STAGED_IN"}
-    defines["FR_WARPS"] = FIRST_WARPS
+    defines["FR_WARPS"] = 4 * first_wgs
     slot = fused_wgmma.staged_record(c2)["FR_STG_REC"] - fused_wgmma.RECORD_TAIL
     smem = (fused_wgmma.ALIGN + fused_wgmma.weight_bytes(second, "3xfp16", bool(c2["FW_TAILS"]))
             + 2 * slot + fused_first.wg_b_bytes(first, True) + 16)
-    return PairPlan(defines, smem, 128 * CONSUMERS + 32 * FIRST_WARPS)
+    return PairPlan(defines, smem, 128 * (CONSUMERS + first_wgs))
 
 
 def prepare_pair(first: ConvShape, w1: Any, b1: Any, second: ConvShape, w2: Any, b2: Any,

@@ -408,7 +408,9 @@ class FusedLeNet:
         precision = NETWORK_MODES[self.mode]
         wide = fused_wide.network_precision(second.shape, second.pool, precision)
         if (wide != "3xfp16" or fused_first.NETWORK_PRECISION[precision] != "3xfp16"
-                or not fused_wgmma.staged_takes(second.shape, second.pool, wide, kp2)
+                or not fused_wgmma.staged_takes(second.shape, second.pool, wide,
+                                                {k: v for k, v in kp2.items()
+                                                 if k != "first_wgs"})
                 or fused_pair.pair_why_not(first.shape, second.shape, first.pool, second.pool,
                                            own) is not None):
             return None
