@@ -27,15 +27,13 @@ from convolab.shapes import ConvShape
 KERNEL_FILE = "47_fused_first_pair_wgmma_ws.cu"
 KERNEL = "fpair_wgmma_ws"
 POOL = 2
-CONSUMERS = 2  # conv2's warpgroups; one conv1 warpgroup beside them: 384 threads, 168 registers
-FIRST_WARPS = 4  # (two conv1 warpgroups at 512 threads: 128 registers, ptxas serializes wgmmas)
-# conv2's loop defines beside conv1 in one function: at ring 5 with sums of 2 ptxas spills
+CONSUMERS = 2  # conv2's warpgroups
+FIRST_WARPS = 4  # conv1's warps (the kernel's FR_WARPS): one warpgroup, or two (first_wgs)
+# conv2's loop defines in the registers setmaxnreg leaves the consumers beside two conv1
+# warpgroups (144 a thread; rung 46 with three consumers has 152 and the same loop)
 LOOP = {"ring": 4, "sum": 6}
 KEYS = ("ring", "lead", "sum", "pitch", "tails",  # conv2's parameters this kernel takes
-        "first_wgs")  # conv1 warpgroups (1 or 2: 512 threads, 128 registers, see LOOP2)
-# With two conv1 warpgroups ptxas keeps the wgmmas unserialized only with conv2's loop at ring
-# 3, lead 1, one sum, unpacked tails (8 bytes of spills)
-LOOP2 = {"ring": 3, "lead": 1, "sum": 6, "tails": -1}
+        "first_wgs")  # conv1 warpgroups (1 or 2)
 # FusedLeNet runs a model's first two blocks on this kernel unasked (exact mode, float input,
 # where it takes them; the second block's kernel parameter merge = 1 / -1 asks / refuses).
 # Off: eecs498's pair took 1,151 us here against 344 + 660 apart (H200, docs/raw.md "Kernel
@@ -88,8 +86,7 @@ def pair_plan(first: ConvShape, second: ConvShape,
     first_wgs = int(params.pop("first_wgs", 0) or FIRST_WARPS // 4)
     if first_wgs not in (1, 2):
         raise InputError(f"kernel 47: first_wgs must be 1 or 2, got {first_wgs}")
-    loop = LOOP if first_wgs == 1 else LOOP2
-    c2 = fused_wgmma.ws_plan(second, "3xfp16", {**loop, **params, "consumers": CONSUMERS},
+    c2 = fused_wgmma.ws_plan(second, "3xfp16", {**LOOP, **params, "consumers": CONSUMERS},
                              fused_wgmma.STAGED).defines
     defines = {k: c1[k] for k in ("FF_K", "FF_H", "FF_W", "FR_M")}
     defines |= {k: v for k, v in c2.items() if k != "FWS_STAGED_IN"}

@@ -9,9 +9,10 @@
 // them. Together on one SM, conv1's issue overlaps conv2's tensor time, and the records stay
 // in shared memory.
 //   * Roles: FW_WGS consumer warpgroups (threads 0 ..), FR_WARPS / 4 conv1 warpgroups after
-//     them. Two and one: 384 threads, 168 registers a thread for both roles (ptxas allocates
-//     the function as a whole), where rung 46's loop fits at ring 4 with one sum; at 512
-//     threads (128 registers) ptxas serializes the wgmmas.
+//     them. One conv1 warpgroup: 384 threads, 168 registers for every role (ptxas allocates
+//     the launch bound's count), where rung 46's loop fits at ring 4 with one sum. Two: 512
+//     threads, setmaxnreg gives conv1 112 and the consumers 144 (at an even 128 ptxas
+//     serializes the consumers' wgmmas).
 //   * Per image, the conv1 warpgroups stage it into their tile (fr_stage, on their own named
 //     barrier), wait for the slot to be EMPTY, run rung 45's m-tile groups storing each
 //     group's windows into the slot (fr_store_staged, whose pointer is now shared memory), set
@@ -83,6 +84,11 @@ enum { kBarFirst = 1, kBarFull = 2, kBarEmpty = 4 };  // kBarFull + slot, kBarEm
 static_assert(FR_M == FW_C && FF_HP == FW_H && FF_WP == FW_W,
               "kernel 47: conv1's pooled maps are conv2's input");
 #define FP_THREADS (FW_THREADS + FR_THREADS)
+// 0: no setmaxnreg (one conv1 warpgroup: 168 registers for every role, which both fit)
+#ifndef FP_FIRST_REGS
+#define FP_FIRST_REGS ((FR_WARPS + FW_WARPS) > 12 ? 112 : 0)  // at 104 conv1 spills 40 bytes
+#endif
+#define FP_CONSUMER_REGS ((65536 - FR_THREADS * FP_FIRST_REGS) / FW_THREADS / 8 * 8)
 #define FP_SLOT_BYTES (FW_PARTS * FW_IMG1_BYTES)
 // [align][conv2's weights][slot 0][slot 1][conv1's B tiles][exponents 2 x 4, padding]
 #define FP_SMEM_BYTES (FW_ALIGN + FW_B_BYTES + 2 * FP_SLOT_BYTES + FR_B_BYTES + 16)
@@ -115,6 +121,9 @@ fpair_wgmma_ws(const float* __restrict__ x, const uint4* __restrict__ btiles,
   constexpr int kSlotElems = FP_SLOT_BYTES / FW_ESIZE;
 
   if (threadIdx.x >= FW_THREADS) {  // conv1: rung 45's groups into the slot
+#if FP_FIRST_REGS
+    set_max_regs_dec<FP_FIRST_REGS>();
+#endif
     const int ft = threadIdx.x - FW_THREADS, wq = (ft >> 5) & 3, fwg = ft >> 7;
     const unsigned long long d1 = wg_desc_interleaved(wsm + (unsigned)(b1 - wsm_p), 128, 256);
     float bm[FR_NT];
@@ -146,6 +155,9 @@ fpair_wgmma_ws(const float* __restrict__ x, const uint4* __restrict__ btiles,
       bar_arrive(kBarFull + slot, FP_THREADS);
     }
   } else {  // conv2: rung 46's consumers
+#if FP_FIRST_REGS
+    set_max_regs_inc<FP_CONSUMER_REGS>();
+#endif
     const unsigned long long d0 = fw_b0(wsm);
     int i = 0;
     for (int b = blockIdx.x; b < batch; b += gridDim.x, ++i) {
