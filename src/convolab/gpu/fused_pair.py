@@ -160,6 +160,7 @@ def compile_jobs() -> dict[str, list[tuple[str, dict[str, int]]]]:
         first, second = blocks[0], blocks[1]
         if pair_why_not(first.shape, second.shape, first.pool, second.pool) is None:
             jobs[f"fused-pair {model} ({KERNEL})"] = [
-                (KERNEL_FILE, pair_plan(first.shape, second.shape).defines)]
+                (KERNEL_FILE, pair_plan(first.shape, second.shape, {"first_wgs": n}).defines)
+                for n in (1, 2)]
     return jobs
 
