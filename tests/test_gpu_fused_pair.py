@@ -38,10 +38,12 @@ def test_plan_is_rung_45s_conv1_and_rung_46s_conv2() -> None:
     c1 = fused_first.first_plan(C1, 2, {}, None, "float32", "3xfp16").defines
     c2 = fused_wgmma.ws_plan(C3, "3xfp16", {"consumers": 2, **fused_pair.LOOP},
                              fused_wgmma.STAGED).defines
-    assert plan.defines["FR_WARPS"] == c1["FR_WARPS"] == fused_pair.FIRST_WARPS
+    assert plan.defines["FR_WARPS"] == fused_pair.FIRST_WARPS == 8  # rung 45 alone: 4
     assert all(plan.defines[k] == c1[k] for k in ("FF_K", "FF_H", "FF_W", "FR_M"))
     assert all(plan.defines[k] == v for k, v in c2.items() if k != "FWS_STAGED_IN")
-    assert plan.threads == 128 * fused_pair.CONSUMERS + 32 * fused_pair.FIRST_WARPS == 384
+    assert plan.threads == 128 * fused_pair.CONSUMERS + 32 * fused_pair.FIRST_WARPS == 512
+    one = fused_pair.pair_plan(C1, C3, {"first_wgs": 1})
+    assert one.threads == 384 and one.defines["FR_WARPS"] == c1["FR_WARPS"] == 4
     static = fused_first.rp_smem_bytes(C1, c1["FR_TPH"], True)
     record = fused_wgmma.staged_record(c2)["FR_STG_REC"]
     assert plan.smem > 2 * record and plan.smem + static <= SMEM_LIMIT

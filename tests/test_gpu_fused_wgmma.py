@@ -534,9 +534,9 @@ def test_warp_specialized_parameters_keep_the_result(params: dict[str, int],
 @pytest.mark.parametrize("model", ["eecs498", "ece408-mxnet"])
 def test_staged_handoff_matches_fp64_and_the_float_handoff(model: str,
                                                           rng: np.random.Generator) -> None:
-    """The exact forward with conv1 (rung 45) writing rung 46's staged records equals the fp64
-    forward and the forward through fp32 maps (`c3.staged = -1`) to fp32's tolerance; the
-    plans show which handoff each took."""
+    """The exact forward with conv1 (rung 45) writing rung 46's staged records (`c3.merge = -1`:
+    not kernel 47) equals the fp64 forward and the forward through fp32 maps (`c3.staged =
+    -1`) to fp32's tolerance; the plans show which handoff each took."""
     import cupy as cp
     from test_gpu_network_raw import zoo_params
 
@@ -548,7 +548,7 @@ def test_staged_handoff_matches_fp64_and_the_float_handoff(model: str,
     n = int(rng.integers(150, 400)) | 1
     size = spec(model).input_size
     x = rng.random((n, 1, size, size), dtype=np.float32)
-    staged = FusedLeNet(params, mode="exact", model=model)
+    staged = FusedLeNet(params, mode="exact", model=model, kernel_params={"c3": {"merge": -1}})
     plain = FusedLeNet(params, mode="exact", model=model, kernel_params={"c3": {"staged": -1}})
     a, p = staged(cp.asarray(x)).get(), plain(cp.asarray(x)).get()
     # taken from conv1's K = 7 (eecs498); mxnet's K = 5 keeps fp32 maps (fused_first.STAGED_MIN_K)

@@ -246,6 +246,7 @@ def test_plan_chains_the_blocks(model: str, mode: str, raw_first: str | None,
     monkeypatch.setattr(net, "_float_run", lambda i, block: ("float", i))
     monkeypatch.setattr(net, "_first_run", lambda block, hw, out_dtype: None)
     monkeypatch.setattr(net, "_staged_pair", lambda blocks, hw: None)
+    monkeypatch.setattr(net, "_merged_pair", lambda blocks, hw: None)
     monkeypatch.setattr(net, "_raw_first_block",
                         lambda block, hw: ("raw", 0) if raw_first == "fused" else None)
     blocks = conv_blocks(model, 5)
@@ -322,6 +323,7 @@ def test_plan_buffer_dtype_follows_the_next_run(model: str, raw: bool, next_read
         ("float", i), in_dtype=next_reads if i == 1 else None))
     monkeypatch.setattr(net, "_raw_first_block", lambda block, hw: pytest.fail("not asked"))
     monkeypatch.setattr(net, "_staged_pair", lambda blocks, hw: None)
+    monkeypatch.setattr(net, "_merged_pair", lambda blocks, hw: None)
     blocks = conv_blocks(model, 7)
     runs, buffers = net._new_plan(7, RAW_HW if raw else None)
     assert asked == [next_reads]
@@ -474,6 +476,7 @@ def test_plan_hands_staged_records_to_the_next_run(raw: bool,
     first.out_tail = (1234,)  # type: ignore[attr-defined]
     second = _FakeRun(("staged", 1), in_dtype="staged")
     monkeypatch.setattr(net, "_staged_pair", lambda blocks, hw: (first, second))
+    monkeypatch.setattr(net, "_merged_pair", lambda blocks, hw: None)
     monkeypatch.setattr(net, "_float_run", lambda i, block: _FakeRun(("float", i)))
     monkeypatch.setattr(net, "_first_run", lambda *a: pytest.fail("not asked"))
     blocks = conv_blocks("eecs498", 7)
@@ -521,3 +524,52 @@ def test_staged_pair_where_both_kernels_take_it(model: str, mode: str, kp: dict,
         assert [r.tag for r in pair] == [("first", 0), ("second", 1)]
         assert asked == {"second": ("3xfp16", fused_wgmma.STAGED),
                          "first": ("3xfp16", {"layout": 1})}
+
+
+@pytest.mark.parametrize("model", ["eecs498", "ece408-mxnet"])
+@pytest.mark.parametrize("mode", ["exact", "fp16"])
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("kp", [{}, {"c3": {"merge": -1}}, {"c3": {"staged": -1}},
+                                {"c1": {"minb": 2}}, {"c3": {"consumers": 3}},
+                                {"c3": {"merge": 1, "first_wgs": 1}}])
+def test_merged_pair_where_kernel_47_takes_it(model: str, mode: str, raw: bool, kp: dict,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_merged_pair` gives kernel 47 for the first two blocks in exact mode from float input
+    where the staged pair would run them (eecs498), unless `c3.merge` is -1, `c3.staged` is -1,
+    or either block names parameters kernel 47 does not take; its own (first_wgs) reach it.
+    The plan then has one run and one buffer for both blocks."""
+    from types import SimpleNamespace
+
+    from convolab.gpu import fused_pair
+    from convolab.models import conv_blocks
+
+    net = _fake_net(model, mode)
+    net._kernel_params = kp
+    net._cp = SimpleNamespace(empty=np.empty, zeros=np.zeros, uint16=np.uint16,
+                              float16=np.float16, float32=np.float32)
+    asked: dict[str, object] = {}
+
+    def prepare_pair(s1, w1, b1, s2, w2, b2, params):  # noqa: ANN001, ANN202
+        asked.update(shapes=(s1, s2), params=params)
+        return _FakeRun(("pair", 0))
+
+    monkeypatch.setattr(fused_pair, "prepare_pair", prepare_pair)
+    monkeypatch.setattr(net, "_float_run", lambda i, block: _FakeRun(("float", i)))
+    blocks = conv_blocks(model, 7)
+    got = net._merged_pair(blocks, RAW_HW if raw else None)
+    takes = model == "eecs498" and mode == "exact" and not raw and kp in (
+        {}, {"c3": {"merge": 1, "first_wgs": 1}})
+    assert (got is not None) == takes, asked
+    if not takes:
+        return
+    assert asked["shapes"] == (blocks[0].shape, blocks[1].shape)
+    assert asked["params"] == {k: v for k, v in kp.get("c3", {}).items() if k != "merge"}
+    monkeypatch.setattr(net, "_merged_pair", lambda b, hw: got)
+    monkeypatch.setattr(net, "_staged_pair", lambda b, hw: pytest.fail("not asked"))
+    monkeypatch.setattr(net, "_first_run", lambda *a: pytest.fail("not asked"))
+    runs, buffers = net._new_plan(7, None)
+    assert [r.tag for r in runs] == [("pair", 0)] + [("float", i)
+                                                     for i in range(1, len(blocks) - 1)]
+    second = blocks[1].shape
+    assert buffers[1].shape == (7, second.M, second.H_out // 2, second.W_out // 2)
+    assert len(buffers) == len(blocks)

@@ -28,18 +28,19 @@ KERNEL_FILE = "47_fused_first_pair_wgmma_ws.cu"
 KERNEL = "fpair_wgmma_ws"
 POOL = 2
 CONSUMERS = 2  # conv2's warpgroups
-FIRST_WARPS = 4  # conv1's warps (the kernel's FR_WARPS): one warpgroup, or two (first_wgs)
+# conv1's warps (the kernel's FR_WARPS): two warpgroups; with one (first_wgs = 1) conv1 is
+# latency-bound, 1,151 us for the pair against 974 with two (H200, docs/raw.md "Kernel 47")
+FIRST_WARPS = 8
 # conv2's loop defines in the registers setmaxnreg leaves the consumers beside two conv1
 # warpgroups (144 a thread; rung 46 with three consumers has 152 and the same loop)
 LOOP = {"ring": 4, "sum": 6}
 KEYS = ("ring", "lead", "sum", "pitch", "tails",  # conv2's parameters this kernel takes
         "first_wgs")  # conv1 warpgroups (1 or 2)
 # FusedLeNet runs a model's first two blocks on this kernel unasked (exact mode, float input,
-# where it takes them; the second block's kernel parameter merge = 1 / -1 asks / refuses).
-# Off: eecs498's pair took 1,151 us here against 344 + 660 apart (H200, docs/raw.md "Kernel
-# 47": one conv1 warpgroup is latency-bound, and 512 threads leave 128 registers, where
-# ptxas serializes the wgmmas).
-NETWORK = False
+# where it takes them; the second block's kernel parameter merge = 1 / -1 asks / refuses):
+# eecs498's pair 974 us against 344 + 657 apart, the forward 1.016 against 1.035 ms (H200,
+# docs/raw.md "Kernel 47").
+NETWORK = True
 
 
 @dataclass(frozen=True)
