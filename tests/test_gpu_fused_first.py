@@ -438,12 +438,13 @@ def test_default_threads_leave_fewest_idle(rng: np.random.Generator) -> None:
 
 # ---- CPU: 29c's and 45's source under g++, mma.sync and wgmma emulated -------------------------
 
-EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
+# What the row-pair kernels need beyond MMA_SHIM (kernel 47's emulator takes it too): their
+# block-scope __shared__ arrays as statics (one block runs at a time), float2, half2 packing,
+# the resize's correctly rounded operations.
+ROWPAIR_SHIM = r"""
 #undef __shared__
 #define __shared__ static
 #include <memory>
-alignas(128) unsigned char emu_smem[64 * 1024];  // the dynamic shared memory
-#define FR_DYN_SMEM emu_smem
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 struct __half2 { __half x, y; };
@@ -455,6 +456,10 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float fminf(float a, float b) { return std::fmin(a, b); }
 inline float fabsf(float a) { return std::fabs(a); }
 using std::max;
+"""
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + ROWPAIR_SHIM + r"""
+alignas(128) unsigned char emu_smem[64 * 1024];  // the dynamic shared memory
+#define FR_DYN_SMEM emu_smem
 """ + WGMMA_SHIM + r"""
 #include "kernel.inc"
 #ifdef FR_B_BYTES  // rung 45: its packed B tiles

@@ -1,17 +1,30 @@
 """Kernel 47 (gpu/fused_pair.py): the exact forward's first two blocks in one kernel.
 
 CPU: which zoo pairs it takes and why not, its plan against rungs 45 and 46's, its parameter
-checks. GPU: its output equals rung 45 writing records then rung 46 reading them with the same
-conv2 loop (bit for bit) and the fp64 layers (fp32's tolerance), for random weights and batch
-sizes that reuse both slots; FusedLeNet with `c3.merge = 1` equals its staged pair bit for bit.
+checks, its source under g++ against the fp64 layers. GPU: its output equals rung 45 writing
+records then rung 46 reading them with the same conv2 loop (bit for bit) and the fp64 layers
+(fp32's tolerance), for random weights and batch sizes that reuse both slots; FusedLeNet with
+`c3.merge = 1` equals its staged pair bit for bit.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emulator import (
+    BLOCK_SHIM,
+    CUDA_SHIM,
+    MMA_SHIM,
+    WGMMA_SHIM,
+    inline_headers,
+    run_fused_emulator,
+)
+from test_gpu_fused_first import ROWPAIR_SHIM
+from test_gpu_fused_wgmma import WS_SHIM
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import reference_conv_relu_pool
@@ -20,6 +33,7 @@ from convolab.gpu import fused_first, fused_pair, fused_wgmma
 from convolab.gpu.implicit_gemm import SMEM_LIMIT
 from convolab.models import conv_blocks
 from convolab.precision import TOLERANCE
+from convolab.shapes import ConvShape
 
 C1, C3 = (block.shape for block in conv_blocks("eecs498", 1))
 
@@ -55,6 +69,91 @@ def test_plan_is_rung_45s_conv1_and_rung_46s_conv2() -> None:
     assert {k: two.defines[k] for k in ("FW_RING", "FW_SUM")} == {"FW_RING": 4, "FW_SUM": 6}
     with pytest.raises(InputError, match="first_wgs"):
         fused_pair.pair_plan(C1, C3, {"first_wgs": 3})
+
+
+# ---- CPU: the kernel under g++, both roles' wgmmas and barriers emulated --------------------
+
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + ROWPAIR_SHIM + r"""
+alignas(1024) unsigned char emu_smem[232448];
+#define fw_smem emu_smem
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+""" + WGMMA_SHIM + WS_SHIM + r"""
+#include "kernel.inc"
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int batch = atoi(argv[2]), grid = atoi(argv[3]), w_e = atoi(argv[4]);
+  const float w_unscale = (float)atof(argv[5]);
+  const size_t ny = (size_t)batch * FW_M * FW_HP * FW_WP;
+  auto* x = read<float>(dir, "x.bin", (size_t)batch * FF_H * FF_W);
+  auto* tiles = read<uint4>(dir, "t.bin", FR_B_BYTES / 16);
+  auto* bias1 = read<float>(dir, "b1.bin", FR_M + 2);
+  auto* wpack = read<uint4>(dir, "w.bin", FW_B_BYTES / 16);
+  auto* bias = read<float>(dir, "b.bin", FW_M);
+  auto* y = read<float>(dir, "y.bin", ny + 64);
+  printf("%d\n", FP_SMEM_BYTES);
+  gridDim.x = grid;
+  for (int blk = 0; blk < grid; ++blk) {
+    std::memset(emu_smem, 0xFF, sizeof emu_smem);  // NaN: what is read unwritten shows
+    std::vector<std::unique_ptr<std::barrier<>>> bars;
+    for (int g = 0; g < FP_THREADS / 128; ++g) {  // every warpgroup's (both roles' wgmmas)
+      bars.emplace_back(new std::barrier<>(128));
+      wg_bar[g] = bars.back().get();
+    }
+    for (int id = 1; id < 6; ++id) {  // conv1's own, then FULL and EMPTY of both slots
+      bars.emplace_back(new std::barrier<>(id == 1 ? FR_THREADS : FP_THREADS));
+      named_bar[id] = bars.back().get();
+    }
+    run_block(blk, FP_THREADS, [=] {
+      fpair_wgmma_ws(x, tiles, bias1, w_e, wpack, bias, y, batch, w_unscale);
+    });
+  }
+  char path[1024]; snprintf(path, sizeof path, "%s/y_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(y, 4, ny + 64, f); fclose(f);
+}
+"""
+
+EMULATED = [  # (conv1, conv2 K and M, params, grid): blocks of 1-3 images, both slots reused
+    (ConvShape(3, 1, 20, 20, 12, 7), 3, 24, {}, 1),
+    (ConvShape(4, 1, 24, 24, 12, 7), 5, 24, {"first_wgs": 1}, 2),
+    (ConvShape(3, 1, 22, 22, 8, 6), 3, 16, {"first_wgs": 2, "tails": -1}, 1),
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("case", range(len(EMULATED)))
+def test_kernel_emulated_on_cpu(case: int, tmp_path: Path, rng: np.random.Generator) -> None:
+    """The kernel's source under g++ (every thread a std::thread, named barriers and wgmmas
+    emulated): conv2's pooled maps of conv1's equal the fp64 layers to fp32's tolerance, and
+    nothing is written past them."""
+    from convolab.gpu import fused_wide
+    from convolab.gpu.compile import KERNEL_DIR, define_flags
+
+    first, k2, m2, params, grid = EMULATED[case]
+    hp, wp = (first.H - first.K + 1) // 2, (first.W - first.K + 1) // 2
+    second = ConvShape(first.B, first.M, hp, wp, m2, k2)
+    assert fused_pair.pair_why_not(first, second) is None
+    plan = fused_pair.pair_plan(first, second, params)
+    x = rng.random((first.B, 1, first.H, first.W), dtype=np.float32)
+    w1 = (rng.standard_normal(first.w_shape) * 0.2).astype(np.float32)
+    b1 = (rng.standard_normal(first.M) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal(second.w_shape) * 0.1).astype(np.float32)
+    b2 = (rng.standard_normal(m2) * 0.1).astype(np.float32)
+    tiles, w_e = fused_first.rowpair_wgmma_tiles(w1, True)
+    source = inline_headers((KERNEL_DIR / fused_pair.KERNEL_FILE).read_text(), KERNEL_DIR,
+                            keep=("common.cuh", "wgmma_core.cuh", "wgmma_rs.cuh",
+                                  "mbarrier.cuh", "warp_roles.cuh"))
+    source = source.replace("extern __shared__ __align__(16) unsigned char fw_smem[];", "")
+    out = (first.B, m2, second.H_out // 2, second.W_out // 2)
+    files = {"x.bin": x, "t.bin": tiles, "b1.bin": fused_first.staged_bias(w1, b1),
+             "w.bin": fused_wgmma.wgmma_blocks(w2, "3xfp16", bool(plan.defines["FW_TAILS"])),
+             "b.bin": b2}
+    w_unscale = 2.0 ** -fused_wide.weight_exponent(w2)
+    y, smem = run_fused_emulator(tmp_path, EMU, source, define_flags(plan.defines), files, out,
+                                 [str(first.B), str(grid), str(w_e), repr(w_unscale)])
+    assert smem == plan.smem
+    maps = reference_conv_relu_pool(x.astype(np.float64), w1, b1, pool=2)
+    ref = reference_conv_relu_pool(maps, w2, b2, pool=2)
+    assert rel_l2(y, ref) <= TOLERANCE["fp32"], rel_l2(y, ref)
 
 
 # ---- GPU ----------------------------------------------------------------------------------
