@@ -3,16 +3,15 @@
 // maps, as conv2's staged form, straight into the slot that rung 46's consumer warpgroups
 // compute conv2 from (their loop, fws_consume, unchanged).
 //
-// Why. Apart, conv1 (rung 45) is bound by its instruction issue and runs its tensor pipe at
-// half rate, conv2 (rung 46 fed records) by its wgmmas; one after the other each leaves the
-// SM's other resource half idle, and 40 KB of records an image go to HBM and back between
-// them. Together on one SM, conv1's issue overlaps conv2's tensor time, and the records stay
-// in shared memory.
+// Why. Apart, conv1 (rung 45) leaves its tensor pipe half idle and conv2 (rung 46 fed
+// records) its issue slots; and 40 KB of records an image go to HBM and back between them.
+// Together on one SM each fills some of the other's idle time (eecs498: 974 us against 344 +
+// 657 apart on the H200, docs/raw.md "Kernel 47"), and the records stay in shared memory.
 //   * Roles: FW_WGS consumer warpgroups (threads 0 ..), FR_WARPS / 4 conv1 warpgroups after
-//     them. One conv1 warpgroup: 384 threads, 168 registers for every role (ptxas allocates
-//     the launch bound's count), where rung 46's loop fits at ring 4 with one sum. Two: 512
-//     threads, setmaxnreg gives conv1 112 and the consumers 144 (at an even 128 ptxas
-//     serializes the consumers' wgmmas).
+//     them. Two conv1 warpgroups (one alone is latency-bound: 1,151 us): 512 threads, and
+//     setmaxnreg gives conv1 112 registers and the consumers 144, where rung 46's loop fits at
+//     ring 4 with one sum (at an even 128 ptxas serializes the consumers' wgmmas). One: 384
+//     threads, 168 registers for every role.
 //   * Per image, the conv1 warpgroups stage it into their tile (fr_stage, on their own named
 //     barrier), wait for the slot to be EMPTY, run rung 45's m-tile groups storing each
 //     group's windows into the slot (fr_store_staged, whose pointer is now shared memory), set
@@ -60,7 +59,7 @@
 static_assert(FW_PREC == 3, "kernel 47: the exact forward's pair (3xfp16)");
 
 #ifndef FR_WARPS
-#define FR_WARPS 4  // conv1 warpgroups x 4
+#define FR_WARPS 8  // conv1 warpgroups x 4
 #endif
 #ifndef FF_K  // eecs498's conv1
 #define FF_K 7
