@@ -338,6 +338,7 @@ def test_plan_feeds_rung_28_its_input_dtype(model: str, mode: str,
     monkeypatch.setattr(fused_wgmma, "prepare", prepare_wgmma)
     monkeypatch.setattr(net, "_first_run", first_run)
     monkeypatch.setattr(net, "_staged_pair", lambda blocks, hw: None)
+    monkeypatch.setattr(net, "_merged_pair", lambda blocks, hw: None)
     blocks = conv_blocks(model, 3)
     _, buffers = net._new_plan(3, None)
     want = "float16" if mode == "fp16" else "float32"
