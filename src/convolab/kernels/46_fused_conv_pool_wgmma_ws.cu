@@ -14,8 +14,8 @@
 //     EMPTY (the consumers arrive after the image's last m-tile, the producer waits before it
 //     stages into the slot again).
 //   * setmaxnreg moves registers from the producer to the consumers (the MMA loop keeps its
-//     ring of A quads in registers). ptxas allocates for the launch bound (168 a thread with
-//     two consumer warpgroups, 128 with three, FW_WGS = 3: a smaller ring then).
+//     ring of A quads in registers): 224 a consumer thread with two consumer warpgroups, 152
+//     with three (FW_WGS = 3, where the loop fits at ring 4 with one sum).
 // Same MMAs in the same order as rung 44, same scale exponents: the outputs are bit-identical.
 // FWS_STAGED_IN 1: the input is already in the staged form (records of both parts and the
 // image's scale exponent, as rung 45 writes them with FR_STG), so the producer only copies a
