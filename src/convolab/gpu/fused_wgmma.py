@@ -74,8 +74,8 @@ WS_STAGED_CONSUMERS = 3
 WS_TAIL_BYTES = 32  # FWS_TAIL_BYTES: the mbarrier, two exponents, the producer's maxima
 WS_SPACE: dict[str, list[int]] = {
     **{key: SPACE[key] for key in ("pitch", "ring", "lead", "sum", "tails")},
-    # computing warpgroups (0: WS_CONSUMERS); three get 128 registers a thread, in which
-    # 3xfp16's loop fits at ring 4 with one sum over every chunk (ptxas spills at ring 5)
+    # computing warpgroups (0: WS_CONSUMERS); three get 152 registers a thread (setmaxnreg),
+    # in which 3xfp16's loop fits at ring 4 with one sum over every chunk (ring 5 spills)
     "consumers": [2, 3],
 }
 WS_THREE_CONSUMERS = {"ring": 4, "sum": 6}
