@@ -103,7 +103,7 @@ def test_kernel_file_compiles_standalone(
 
 def test_every_wgmma_kernel_is_built_for_sm_90a() -> None:
     """A file whose headers bring the warpgroup MMA must be in compile.ARCH_SPECIFIC: built for
-    plain sm_90, its wgmma paths are a trap at run time (kernel 47 first ran so)."""
+    plain sm_90, its wgmma paths are a trap at run time."""
     import re
 
     from convolab.gpu.compile import ARCH_SPECIFIC

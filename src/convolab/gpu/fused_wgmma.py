@@ -80,6 +80,9 @@ WS_SPACE: dict[str, list[int]] = {
 }
 WS_THREE_CONSUMERS = {"ring": 4, "sum": 6}
 STAGED = "staged"  # prepare's in_dtype for rung 46 fed staged records (FWS_STAGED_IN)
+# The second block's parameters that choose its handoff from conv1 (FusedLeNet's): staged
+# records or fp32 maps, and kernel 47 (gpu/fused_pair.py) or the pair apart
+PAIR_KEYS = ("staged", "merge", "first_wgs")
 RECORD_TAIL = 16  # a record's bytes after its two parts: the image's scale exponent
 RUNGS = (44, 46)
 # The rung FusedLeNet and `prepare` run where both take a layer, per precision (rung: 0).
@@ -267,7 +270,7 @@ def ws_plan(shape: ConvShape, precision: str, params: Mapping[str, Any] | None =
         raise InputError(f"fcp_wgmma_ws: input dtype must be one of {fused_wide.IN_DTYPES} or "
                          f"{STAGED!r}, got {in_name}")
     consumers = int(params.get("consumers") or (WS_STAGED_CONSUMERS if staged else WS_CONSUMERS))
-    if consumers == 3:  # what fits 128 registers a thread (WS_SPACE), unless params say
+    if consumers == 3:  # what fits 152 registers a thread (WS_SPACE), unless params say
         params = {**WS_THREE_CONSUMERS, **params}
     defines = _plan_defines(shape, precision, {k: v for k, v in params.items()
                                                if k != "consumers"}, in_name)
@@ -341,7 +344,7 @@ def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str
     from convolab.gpu.device import occupancy, sm_count
 
     params = dict(kernel_params)
-    for key in ("staged", "merge"):  # FusedLeNet's choices of the handoff from conv1
+    for key in PAIR_KEYS:  # FusedLeNet's choices of the handoff from conv1, not a kernel's
         params.pop(key, None)
     rung = _chosen_rung(shape, precision, params)
     params.pop("rung", None)
@@ -400,7 +403,7 @@ def network_takes(shape: ConvShape, pool: int, precision: str,
     """Whether FusedLeNet runs this block on rung 44 or 46 (`prepare` picks which; kernel
     parameters other than theirs name rung 28's, which then keeps the block)."""
     return (NETWORK and precision in PRECISIONS
-            and set(kernel_params) <= {*SPACE, *WS_SPACE, "rung", "staged", "merge"}
+            and set(kernel_params) <= {*SPACE, *WS_SPACE, "rung", *PAIR_KEYS}
             and supports(shape, pool, precision))
 
 
@@ -409,7 +412,7 @@ def staged_takes(shape: ConvShape, pool: int, precision: str,
     """Whether FusedLeNet feeds this block staged records from the block before (rung 45
     writing rung 46's staged form, exact mode's 3xfp16): where rung 46 runs it (`prepare`'s
     choice) and `staged` is not -1."""
-    params = {k: v for k, v in kernel_params.items() if k not in ("staged", "merge")}
+    params = {k: v for k, v in kernel_params.items() if k not in PAIR_KEYS}
     if precision != "3xfp16" or int(kernel_params.get("staged") or 0) < 0 \
             or not network_takes(shape, pool, precision, params):
         return False

@@ -403,14 +403,12 @@ class FusedLeNet:
         merge = int(kp2.get("merge") or 0)
         own = {k: v for k, v in kp2.items() if k in fused_pair.KEYS}
         if merge < 0 or (merge == 0 and not fused_pair.NETWORK) or kp1 \
-                or set(kp2) - {*fused_pair.KEYS, "merge", "staged"}:
+                or set(kp2) - {*fused_pair.KEYS, *fused_wgmma.PAIR_KEYS}:
             return None
         precision = NETWORK_MODES[self.mode]
         wide = fused_wide.network_precision(second.shape, second.pool, precision)
         if (wide != "3xfp16" or fused_first.NETWORK_PRECISION[precision] != "3xfp16"
-                or not fused_wgmma.staged_takes(second.shape, second.pool, wide,
-                                                {k: v for k, v in kp2.items()
-                                                 if k != "first_wgs"})
+                or not fused_wgmma.staged_takes(second.shape, second.pool, wide, kp2)
                 or fused_pair.pair_why_not(first.shape, second.shape, first.pool, second.pool,
                                            own) is not None):
             return None
