@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from convolab.errors import InputError
-from convolab.gpu import fused_first, fused_wgmma
+from convolab.gpu import fused_first, fused_wgmma, fused_wide
 from convolab.gpu.fused_ffma import pooled_hw
 from convolab.gpu.implicit_gemm import SMEM_LIMIT
 from convolab.registry import Run
@@ -103,7 +103,6 @@ def prepare_pair(first: ConvShape, w1: Any, b1: Any, second: ConvShape, w2: Any,
     """run(x, y): x float32 (n, 1, H, W) images, y float32 (n, M2, Hp2, Wp2) = conv2's pooled
     maps of conv1's pooled maps, in exact mode (3xfp16 on both)."""
     from convolab.backend import require_cupy, to_numpy
-    from convolab.gpu import fused_wide
     from convolab.gpu.compile import get_kernel
     from convolab.gpu.device import sm_count
 
@@ -126,6 +125,7 @@ def prepare_pair(first: ConvShape, w1: Any, b1: Any, second: ConvShape, w2: Any,
     kernel = get_kernel(KERNEL_FILE, KERNEL, plan.defines)
     kernel.max_dynamic_shared_size_bytes = plan.smem
     kernel.preferred_shared_memory_carveout = 100
+    sms = sm_count()  # (a device query: once here, not in every forward)
     in_tail = (1, first.H, first.W)
     out_tail = (second.M, *pooled_hw(second, POOL))
 
@@ -138,7 +138,7 @@ def prepare_pair(first: ConvShape, w1: Any, b1: Any, second: ConvShape, w2: Any,
             raise InputError(f"kernel 47: out must be float32 {(n, *out_tail)}, got {y.dtype} "
                              f"{tuple(y.shape)}")
         if n:
-            grid = (min(n, sm_count()),)
+            grid = (min(n, sms),)
             kernel(grid, (plan.threads,), (x, *args1, packed, bias2, y, np.int32(n), w_unscale),
                    shared_mem=plan.smem)
 
