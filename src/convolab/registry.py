@@ -38,6 +38,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.implicit_gemm_wgmma",
     "convolab.gpu.gemv",
     "convolab.gpu.gemv_mma",
+    "convolab.gpu.gemv_cluster",
     "convolab.gpu.auto",
 )
 
