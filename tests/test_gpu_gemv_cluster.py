@@ -199,3 +199,20 @@ def test_bound_launch_is_cupys_call(rng: np.random.Generator) -> None:
     with pytest.raises(TypeError, match="argument 2"):
         BoundLaunch(kernel, (8,), (128,), (None, None, 1.5, np.int32(n), np.int64(3)),
                     per_call=(0, 1))
+
+
+def test_auto_takes_kernel_48_on_small_layers_only() -> None:
+    from convolab.gpu import auto
+
+    for batch in (1, 13, 64):
+        fc7 = ConvShape(batch, 4096, 1, 1, 1024, 1)
+        for mode in ("fp16", "tf32"):
+            choice = auto.default_choice(fc7, auto.eligible_impls(fc7, mode), mode)
+            assert choice.impl == f"gemv-cluster-{mode}", (batch, mode, choice)
+            assert choice.params == gemv_cluster.AUTO_PARAMS[mode]
+        exact = auto.default_choice(fc7, auto.eligible_impls(fc7, "fp32"), "fp32")
+        assert not exact.impl.startswith("gemv-cluster")  # no fp32-accurate mode
+        fc6 = ConvShape(batch, 25088, 1, 1, 4096, 1)
+        for mode in ("fp16", "tf32"):
+            choice = auto.default_choice(fc6, auto.eligible_impls(fc6, mode), mode)
+            assert not choice.impl.startswith("gemv-cluster"), (batch, mode, choice)

@@ -9,6 +9,9 @@ enough for the mode, or whose parameters the rung no longer knows, is not truste
 heuristic below is used instead.
 
 Heuristic with no cache entry (`default_choice`), a model of the shape:
+  * a small linear layer (under gemv_mma.BIG_LAYER weights: fc7, not fc6) in FP16 or TF32 at
+    B <= 64: kernel 48, one launch whose k slices are a thread-block cluster
+    (`gemv_cluster.auto_choice`, docs/vgg.md "Kernel 48");
   * a linear layer where kernel 42 (the tensor-core GEMV: weights streamed as the MMA's A, the
     batch as n) measured fastest: TF32 from B = 8 (up to 64 on fc6-sized layers, 16 on
     smaller), FP16 up to B = 32, with 64-row tiles on small layers from B = 12, and kernel
@@ -46,7 +49,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from convolab.gpu import gemv, gemv_mma, implicit_gemm, tune
+from convolab.gpu import gemv, gemv_cluster, gemv_mma, implicit_gemm, tune
 from convolab.gpu import implicit_gemm_wgmma as wg
 from convolab.gpu.device import gpu_name
 from convolab.precision import TOLERANCE
@@ -81,6 +84,9 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     """The no-cache heuristic (see the module docstring); only names in `eligible`."""
     n_out = shape.B * shape.M * shape.H_out * shape.W_out
     wishes: list[Choice] = []
+    cluster = gemv_cluster.auto_choice(shape, mode)
+    if cluster is not None:
+        wishes.append(Choice(*cluster))
     tensor_core_gemv = gemv_mma.auto_choice(shape, mode)
     if tensor_core_gemv is not None:
         wishes.append(Choice(*tensor_core_gemv))

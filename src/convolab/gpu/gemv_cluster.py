@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from convolab.backend import require_cupy
+from convolab.backend import cupy_or_none, require_cupy
 from convolab.gpu import gemv_mma
 from convolab.gpu.compile import get_kernel
 from convolab.precision import TOLERANCE
@@ -50,9 +50,33 @@ def piece_k(mode: str) -> int:
     return 8 if mode == "tf32" else 16
 
 
+def clusters_ruled_out() -> bool:
+    """True where the current GPU has no thread-block clusters (compute capability below 9.0);
+    with no GPU, `supports` answers for the shape alone, as every other rung's does."""
+    cp = cupy_or_none()
+    return cp is not None and int(cp.cuda.Device().compute_capability) < 90
+
+
 def supports(shape: ConvShape) -> bool:
-    """A linear layer (1x1 images, 1x1 kernel), B <= 64, C a multiple of 8."""
-    return gemv_mma.supports(shape)
+    """A linear layer (1x1 images, 1x1 kernel), B <= 64, C a multiple of 8, on a GPU with
+    clusters."""
+    return gemv_mma.supports(shape) and not clusters_ruled_out()
+
+
+# Where `auto` runs kernel 48 without a cache entry: the classifier layers under
+# gemv_mma.BIG_LAYER weights (fc7, not fc6) in FP16 and TF32 at every batch it takes, with these
+# parameters (docs/vgg.md, "Kernel 48": fc7 on an H200 at B = 1-64, against kernel 42, the
+# split-K GEMMs and cuBLAS in the same runs). On fc6 the weight stream, not latency, is the
+# bound, and kernels 42 / 43 keep it.
+AUTO_PARAMS: dict[str, dict[str, int]] = {"fp16": {}, "tf32": {"CP": 8, "STAGES": 3}}
+
+
+def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
+    """The implementation `auto` runs for this layer in this mode and its parameters (only the
+    ones that differ from the defaults), or None where kernel 48 is not its choice."""
+    if mode not in AUTO_PARAMS or not supports(shape) or shape.M * shape.C >= gemv_mma.BIG_LAYER:
+        return None
+    return f"gemv-cluster-{mode}", dict(AUTO_PARAMS[mode])
 
 
 @dataclass(frozen=True)
@@ -216,5 +240,5 @@ for _mode in MODES:
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["auto_split", "launch_plan", "operand_row", "pack_weights", "piece_k", "smem_bytes",
-           "supports", "x_row"]
+__all__ = ["auto_choice", "auto_split", "clusters_ruled_out", "launch_plan", "operand_row",
+           "pack_weights", "piece_k", "smem_bytes", "supports", "x_row"]
