@@ -23,6 +23,7 @@ from convolab.conv_cpu import conv_reference
 from convolab.gpu import gemv_cluster, gemv_mma
 from convolab.gpu.implicit_gemm_wgmma import tf32_round
 from convolab.precision import TOLERANCE
+from convolab.registry import get_impl
 from convolab.shapes import ConvShape, ceil_div
 
 MODES = list(gemv_cluster.MODES)
@@ -209,7 +210,8 @@ def test_auto_takes_kernel_48_on_small_layers_only() -> None:
         for mode in ("fp16", "tf32"):
             choice = auto.default_choice(fc7, auto.eligible_impls(fc7, mode), mode)
             assert choice.impl == f"gemv-cluster-{mode}", (batch, mode, choice)
-            assert choice.params == gemv_cluster.AUTO_PARAMS[mode]
+            assert choice.params == gemv_cluster.auto_params(mode, batch)
+            assert get_impl(choice.impl).params_for(choice.params)  # known parameters
         exact = auto.default_choice(fc7, auto.eligible_impls(fc7, "fp32"), "fp32")
         assert not exact.impl.startswith("gemv-cluster")  # no fp32-accurate mode
         fc6 = ConvShape(batch, 25088, 1, 1, 4096, 1)

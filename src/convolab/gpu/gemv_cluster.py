@@ -67,16 +67,25 @@ def supports(shape: ConvShape) -> bool:
 # gemv_mma.BIG_LAYER weights (fc7, not fc6) in FP16 and TF32 at every batch it takes, with these
 # parameters (docs/vgg.md, "Kernel 48": fc7 on an H200 at B = 1-64, against kernel 42, the
 # split-K GEMMs and cuBLAS in the same runs). On fc6 the weight stream, not latency, is the
-# bound, and kernels 42 / 43 keep it.
-AUTO_PARAMS: dict[str, dict[str, int]] = {"fp16": {}, "tf32": {"CP": 8, "STAGES": 3}}
+# bound, and kernels 42 / 43 keep it. TF32 takes chunks of 8 k8 pieces in a 3-deep ring up to
+# AUTO_LONG_CHUNKS_BATCH columns (fc7 B = 1-32: 15.6-21.6 us against 18.6-23.2 at the defaults)
+# and the defaults above (B = 64: 39 us against ~26-28).
+AUTO_MODES = ("fp16", "tf32")
+AUTO_LONG_CHUNKS: dict[str, int] = {"CP": 8, "STAGES": 3}
+AUTO_LONG_CHUNKS_BATCH = 32
+
+
+def auto_params(mode: str, batch: int) -> dict[str, int]:
+    """The parameters `auto` gives kernel 48 (only those that differ from the defaults)."""
+    return dict(AUTO_LONG_CHUNKS) if mode == "tf32" and batch <= AUTO_LONG_CHUNKS_BATCH else {}
 
 
 def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
-    """The implementation `auto` runs for this layer in this mode and its parameters (only the
-    ones that differ from the defaults), or None where kernel 48 is not its choice."""
-    if mode not in AUTO_PARAMS or not supports(shape) or shape.M * shape.C >= gemv_mma.BIG_LAYER:
+    """The implementation `auto` runs for this layer in this mode and its parameters, or None
+    where kernel 48 is not its choice."""
+    if mode not in AUTO_MODES or not supports(shape) or shape.M * shape.C >= gemv_mma.BIG_LAYER:
         return None
-    return f"gemv-cluster-{mode}", dict(AUTO_PARAMS[mode])
+    return f"gemv-cluster-{mode}", auto_params(mode, shape.B)
 
 
 @dataclass(frozen=True)
@@ -240,5 +249,5 @@ for _mode in MODES:
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["auto_choice", "auto_split", "clusters_ruled_out", "launch_plan", "operand_row",
-           "pack_weights", "piece_k", "smem_bytes", "supports", "x_row"]
+__all__ = ["auto_choice", "auto_params", "auto_split", "clusters_ruled_out", "launch_plan",
+           "operand_row", "pack_weights", "piece_k", "smem_bytes", "supports", "x_row"]
