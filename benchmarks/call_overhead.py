@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 
-def _host_us(fn: Callable[[], Any], reps: int) -> float:
+def host_us(fn: Callable[[], Any], reps: int) -> float:
     """Median host time of fn in a loop (fn enqueues no device work, or little)."""
     samples = []
     for _ in range(reps):
@@ -31,7 +31,7 @@ def _host_us(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(samples) * 1e6
 
 
-def _call_us(cp: Any, fn: Callable[[], Any], reps: int) -> tuple[float, float]:
+def call_us(cp: Any, fn: Callable[[], Any], reps: int) -> tuple[float, float]:
     """(host, device) medians in us of fn, timed as `timing.time_gpu` times it."""
     host, device = [], []
     start, stop = cp.cuda.Event(), cp.cuda.Event()
@@ -69,8 +69,8 @@ def main() -> None:
         net = FusedLeNet(params, mode=v.mode, kernel_params=v.kernel_params_dict(), model=model)
         x = cp.asarray(resize_bilinear(raw, spec(model).input_size))
         probs = cp.empty((args.batch, net.classes), cp.float32)
-        call = _call_us(cp, lambda net=net, x=x: net(x), args.reps)
-        into = _call_us(cp, lambda net=net, x=x, p=probs: net.forward_into(x, p), args.reps)
+        call = call_us(cp, lambda net=net, x=x: net(x), args.reps)
+        into = call_us(cp, lambda net=net, x=x, p=probs: net.forward_into(x, p), args.reps)
         key = (args.batch, 0, None)
         graph = next(g for g in net._graphs[key].values() if g is not None)
         stream = cp.cuda.get_current_stream()
@@ -83,7 +83,7 @@ def main() -> None:
             "current stream": cp.cuda.get_current_stream,
             "graph launch": lambda g=graph, s=stream: g.launch(s),
         }
-        parts = {name: _host_us(fn, args.reps) for name, fn in steps.items()}
+        parts = {name: host_us(fn, args.reps) for name, fn in steps.items()}
         stream.synchronize()
         print(f"{job} B={args.batch}: net(x) host {call[0]:.1f} us, device {call[1]:.1f} us; "
               f"forward_into host {into[0]:.1f} us, device {into[1]:.1f} us", flush=True)

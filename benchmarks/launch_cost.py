@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from call_overhead import host_us
 
 SOURCE = r"""
 extern "C" __global__ void empty2(const float* x, float* y) {
@@ -31,15 +30,6 @@ extern "C" __global__ void empty12(const float* x, const float* w, const float* 
   if (threadIdx.x == 1024) y[0] = x[0] + w[a0] + b[a1] + p[a2] + t[a3] + a4 + a5;
 }
 """
-
-
-def _host(fn: Callable[[], Any], reps: int) -> float:
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e6
 
 
 def _queued(cp: Any, fn: Callable[[], Any], reps: int) -> float:
@@ -112,7 +102,7 @@ def main() -> None:
         for _ in range(20):
             fn()
         cp.cuda.Device().synchronize()
-        print(f"{name:<40} {_host(fn, reps):8.2f} {_queued(cp, fn, reps):10.2f}", flush=True)
+        print(f"{name:<40} {host_us(fn, reps):8.2f} {_queued(cp, fn, reps):10.2f}", flush=True)
         cp.cuda.Device().synchronize()
 
 

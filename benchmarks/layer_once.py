@@ -18,12 +18,11 @@ time of R calls enqueued back to back (divided by R: device time once the host r
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from call_overhead import call_us
 
 
 def _cublas(name: str, shape: Any, x: Any, w: Any) -> Callable[[], Any]:
@@ -41,23 +40,14 @@ def _cublas(name: str, shape: Any, x: Any, w: Any) -> Callable[[], Any]:
 
 
 def _timed(cp: Any, fn: Callable[[], Any], reps: int) -> tuple[float, float, float]:
+    host, event = call_us(cp, fn, reps)
     start, stop = cp.cuda.Event(), cp.cuda.Event()
-    event, host = [], []
-    for _ in range(reps):
-        start.record()
-        t0 = time.perf_counter()
-        fn()
-        host.append(time.perf_counter() - t0)
-        stop.record()
-        stop.synchronize()
-        event.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
     start.record()
     for _ in range(reps):
         fn()
     stop.record()
     stop.synchronize()
-    queued = cp.cuda.get_elapsed_time(start, stop) * 1e-3 / reps
-    return statistics.median(event) * 1e6, statistics.median(host) * 1e6, queued * 1e6
+    return event, host, cp.cuda.get_elapsed_time(start, stop) * 1e3 / reps
 
 
 def main() -> None:

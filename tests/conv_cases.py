@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convolab.check import poison
+from convolab.check import poison, rel_l2
 from convolab.conv_cpu import conv_reference
 from convolab.registry import get_impl
 from convolab.shapes import ConvShape
+
+# VGG16's classifier layers (seed 003) at batch 1: fc6 25088 -> 4096, fc7 4096 -> 1024.
+FC6, FC7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
 
 
 @dataclass
@@ -43,3 +46,12 @@ def outputs_of_two_runs(name: str, case: Case, params: dict | None = None) -> li
         run(x, y)
         outs.append(y)
     return outs
+
+
+def check_classifier_layers(name: str, batch: int, rng: np.random.Generator,
+                            tolerance: float) -> None:
+    """fc6 and fc7 at this batch, fresh random data, against the fp64 reference."""
+    for base in (FC6, FC7):
+        case = make_case(rng, base.with_batch(batch))
+        outs = outputs_of_two_runs(name, case)
+        assert rel_l2(outs[0], case.ref) <= tolerance, (name, base, batch)

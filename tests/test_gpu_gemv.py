@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import Case, make_case, outputs_of_two_runs
+from conv_cases import FC6, FC7, Case, make_case, outputs_of_two_runs
 from cuda_emulator import CUDA_SHIM
 
 from convolab.check import rel_l2
@@ -39,7 +39,6 @@ from convolab.shapes import ConvShape, ceil_div
 NAMES = [f"gemv-{m}" for m in gemv.MODES]
 GXX = shutil.which("g++")
 N_SHAPES = 6
-FC6, FC7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
 
 
 def random_shape(rng: np.random.Generator) -> ConvShape:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conv_cases import make_case, outputs_of_two_runs
+from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
@@ -28,7 +28,6 @@ from convolab.shapes import ConvShape, ceil_div
 
 MODES = list(gemv_cluster.MODES)
 NAMES = [f"gemv-cluster-{m}" for m in MODES]
-FC6, FC7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
 
 
 def random_shape(rng: np.random.Generator) -> ConvShape:
@@ -162,11 +161,7 @@ def test_every_cluster_size_gives_the_layer(split: int, rng: np.random.Generator
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("batch", [1, 13, 64])
 def test_vgg_classifier_layers(name: str, batch: int, rng: np.random.Generator) -> None:
-    mode = name.split("-")[-1]
-    for base in (FC6, FC7):
-        case = make_case(rng, ConvShape(batch, base.C, 1, 1, base.M, 1))
-        outs = outputs_of_two_runs(name, case)
-        assert rel_l2(outs[0], case.ref) <= TOLERANCE[mode], (base, batch)
+    check_classifier_layers(name, batch, rng, TOLERANCE[name.split("-")[-1]])
 
 
 @pytest.mark.gpu

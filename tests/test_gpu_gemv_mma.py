@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import make_case, outputs_of_two_runs
+from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
 from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM
 
 from convolab.check import rel_l2
@@ -36,7 +36,6 @@ from convolab.shapes import ConvShape, ceil_div
 MODES = list(gemv_mma.MODES)
 NAMES = [f"gemv-{kind}-{m}" for kind in ("mma", "bulk") for m in MODES]
 GXX = shutil.which("g++")
-FC6, FC7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
 
 
 def random_shape(rng: np.random.Generator) -> ConvShape:
@@ -384,11 +383,7 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("batch", [1, 13, 64])
 def test_vgg_classifier_layers(name: str, batch: int, rng: np.random.Generator) -> None:
-    mode = name.split("-")[-1]
-    for base in (FC6, FC7):
-        case = make_case(rng, ConvShape(batch, base.C, 1, 1, base.M, 1))
-        outs = outputs_of_two_runs(name, case)
-        assert rel_l2(outs[0], case.ref) <= TOLERANCE[mode], (base, batch)
+    check_classifier_layers(name, batch, rng, TOLERANCE[name.split("-")[-1]])
 
 
 @pytest.mark.gpu
