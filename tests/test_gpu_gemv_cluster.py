@@ -5,7 +5,11 @@ slices one thread-block cluster summed through distributed shared memory; and th
 CPU tests: the launch plan's slices cover k in whole chunks with at most 8 (a portable cluster),
 one wave where the shape allows; the shared memory holds the ring and the tile of sums; the
 packed TF32 weights are the TF32 rounding of kernel 42's fp32 fragments; bad parameters are
-refused by name. GPU tests: every mode against the fp64 reference on fresh random shapes (B 1-64,
+refused by name; and the kernel source run on the CPU by the emulator (a cluster's blocks as
+std::threads at once, each with its own shared memory; mma.sync from its fragment layouts) in
+every mode and code path, with slices of more chunks than the ring holds, empty slices, and the
+clusters in a random order, twice. GPU tests: every mode against the fp64 reference on fresh
+random shapes (B 1-64,
 C and M off the tile multiples), outputs poisoned, at the defaults and at random points of the
 space including each SPLIT, two runs bit-identical (the cluster adds in rank order); fc6 / fc7 at
 B = 1, 13, 64; TF32 at fp32 accuracy against its rounded operands; BoundLaunch against CuPy's
@@ -13,6 +17,10 @@ own call of the same kernel, and its refusal of an argument it cannot bind.
 """
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,3 +221,171 @@ def test_auto_takes_kernel_48_on_small_layers_only() -> None:
         for mode in ("fp16", "tf32"):
             choice = auto.default_choice(fc6, auto.eligible_impls(fc6, mode), mode)
             assert not choice.impl.startswith("gemv-cluster"), (batch, mode, choice)
+
+
+# ------------------------------------------------------------------------------- CPU emulator
+
+# A cluster's blocks run at once, each with its own shared memory, block barrier and warps;
+# cluster.cuh's loads read the other blocks' memory and its barrier spans them all. cp.async is
+# a copy done at once (a slot refilled while a warp still read it would show), the rest of
+# common.cuh's PTX comes from MMA_SHIM.
+CLUSTER_SHIM = r"""
+#include <memory>
+#include <numeric>
+#include <random>
+struct WarpRegs { unsigned a[32][4], b[32][2]; float v[32]; };
+thread_local std::barrier<>* block_bar;
+thread_local std::barrier<>** warp_bars;
+thread_local WarpRegs* tl_warp_regs;
+thread_local unsigned char* tl_smem;
+std::barrier<>* cluster_bar;
+unsigned char* cluster_smem[8];
+inline void __syncthreads() { block_bar->arrive_and_wait(); }
+inline void warp_sync() { warp_bars[threadIdx.x / 32]->arrive_and_wait(); }
+#define warp_regs tl_warp_regs
+"""
+
+EMU_MAIN = r"""
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct float2 { float x, y; };
+struct __half2 { _Float16 x, y; };
+inline __half2 __floats2half2_rn(float a, float b) { return {(_Float16)a, (_Float16)b}; }
+template <typename T> inline unsigned ld_u32(const T* p) {
+  unsigned u;
+  std::memcpy(&u, p, 4);
+  return u;
+}
+template <int N> inline void cp_async_wait() {}
+inline void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
+}
+inline unsigned cluster_address(const void* p, unsigned rank) {
+  return (rank << 24) | (unsigned)(static_cast<const unsigned char*>(p) - tl_smem);
+}
+inline float4 cluster_load4(unsigned addr) {
+  float4 v;
+  std::memcpy(&v, cluster_smem[addr >> 24] + (addr & 0xFFFFFFu), 16);
+  return v;
+}
+inline void cluster_sync() { cluster_bar->arrive_and_wait(); }
+#define __cluster_dims__(...)
+template <class T> static T* read(const char* dir, const char* name, size_t n) {
+  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
+  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE* f = fopen(path, "rb");
+  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
+  fclose(f);
+  return p;
+}
+#include "kernel.inc"
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]), m_tiles = atoi(argv[5]);
+  const int pieces = atoi(argv[6]), slice_pieces = atoi(argv[7]), tiles = atoi(argv[8]);
+  const int split = atoi(argv[9]), threads = atoi(argv[10]), smem_bytes = atoi(argv[11]);
+  const size_t w_bytes = atol(argv[12]);
+  std::mt19937 order_rng(atoi(argv[13]));
+  float* x = read<float>(dir, "x.bin", (size_t)B * K);
+  const uint4* w = reinterpret_cast<const uint4*>(read<unsigned char>(dir, "w.bin", w_bytes));
+  float* bias = read<float>(dir, "b.bin", M);
+  const size_t ny = (size_t)B * M + 64;
+  float* y = read<float>(dir, "y.bin", ny);
+  gridDim.x = split;
+  gridDim.y = tiles;
+  std::vector<int> order(tiles);
+  std::iota(order.begin(), order.end(), 0);
+  for (int launch = 0; launch < 2; ++launch) {
+    std::fill(y, y + ny, NAN);
+    std::shuffle(order.begin(), order.end(), order_rng);  // clusters run in any order
+    for (const int tile : order) {
+      std::barrier<> cb(split * threads);
+      cluster_bar = &cb;
+      std::vector<std::vector<unsigned char>> mem(split);
+      std::vector<std::unique_ptr<std::barrier<>>> bars;
+      std::vector<std::vector<std::barrier<>*>> warps(split);
+      std::vector<std::vector<WarpRegs>> regs(split, std::vector<WarpRegs>(threads / 32));
+      for (int r = 0; r < split; ++r) {
+        mem[r].assign(smem_bytes, 0xFF);  // NaN: reads of what was never written show
+        cluster_smem[r] = mem[r].data();
+        bars.emplace_back(new std::barrier<>(threads));
+        for (int i = 0; i < threads / 32; ++i) {
+          bars.emplace_back(new std::barrier<>(32));
+          warps[r].push_back(bars.back().get());
+        }
+      }
+      std::vector<std::thread> ts;
+      for (int r = 0; r < split; ++r) {
+        std::barrier<>* bb = bars[r * (threads / 32 + 1)].get();
+        for (int t = 0; t < threads; ++t)
+          ts.emplace_back([&, r, t, bb] {
+            threadIdx.x = t;
+            blockIdx.x = r;
+            blockIdx.y = tile;
+            block_bar = bb;
+            warp_bars = warps[r].data();
+            tl_warp_regs = regs[r].data();
+            tl_smem = mem[r].data();
+            gemv_cluster(x, w, bias, y, B, M, K, m_tiles, pieces, slice_pieces);
+          });
+      }
+      for (auto& t : ts) t.join();
+    }
+    char path[1024]; snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
+    FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
+  }
+}
+"""
+
+EMULATED = [  # (mode, shape, params): B and M off the tiles, C off the chunks, slices of
+    # several chunks (more than the ring's stages), every code path once
+    ("fp16", ConvShape(5, 200, 1, 1, 70, 1), {"CP": 2, "SPLIT": 4, "STAGES": 2}),
+    ("bf16", ConvShape(11, 264, 1, 1, 40, 1), {"CP": 2, "SPLIT": 2, "STAGES": 3, "NSPLIT": 2,
+                                               "XONCE": 0}),
+    ("tf32", ConvShape(17, 392, 1, 1, 37, 1), {"CP": 2, "SPLIT": 8, "STAGES": 2}),
+    ("tf32", ConvShape(3, 96, 1, 1, 20, 1), {"CP": 2, "SPLIT": 1, "STAGES": 3, "XONCE": 0}),
+    ("fp16", ConvShape(9, 64, 1, 1, 24, 1), {"CP": 2, "SPLIT": 4}),  # two slices empty
+]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("mode,shape,params", EMULATED)
+def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
+                                tmp_path: Path, rng: np.random.Generator) -> None:
+    from cuda_emulator import CUDA_SHIM, MMA_SHIM
+
+    from convolab.gpu.compile import KERNEL_DIR, define_flags
+
+    params = {**gemv_cluster.DEFAULTS, **params}
+    plan = gemv_cluster.launch_plan(shape, mode, params, sms=132)
+    source = (KERNEL_DIR / gemv_cluster.KERNEL_FILE).read_text()
+    for include in ('#include "common.cuh"', '#include "cluster.cuh"', "#include <cuda_bf16.h>"):
+        source = source.replace(include, "")
+    source = source.replace("extern __shared__ __align__(16) unsigned char smem[];",
+                            "unsigned char* smem = tl_smem;")
+    assert "asm" not in source and "extern __shared__" not in source
+    (tmp_path / "kernel.inc").write_text(source)
+    (tmp_path / "emu.cpp").write_text(CUDA_SHIM + CLUSTER_SHIM + MMA_SHIM + EMU_MAIN)
+    exe = tmp_path / "emu"
+    build = subprocess.run(["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-w",
+                            *define_flags(plan.defines), "-o", str(exe),
+                            str(tmp_path / "emu.cpp")], capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    case = make_case(rng, shape)
+    packed = np.ascontiguousarray(gemv_cluster.pack_weights(case.w.reshape(shape.M, -1), mode))
+    packed.tofile(tmp_path / "w.bin")
+    for name, a in (("x", case.x), ("b", case.b), ("y", np.full(shape.B * shape.M + 64, np.nan))):
+        np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
+    args = (shape.B, shape.M, shape.C, plan.m_tiles, plan.pieces, plan.slice_pieces, plan.tiles,
+            plan.split, plan.threads, plan.smem, packed.nbytes, int(rng.integers(2**31)))
+    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
+    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
+    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
+    got = ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+    assert rel_l2(got, case.ref) <= TOLERANCE[mode], rel_l2(got, case.ref)
+    if mode == "tf32":  # the products of the TF32 operands, summed in fp64 by the emulator
+        ref = conv_reference(tf32_round(case.x), tf32_round(case.w), case.b)
+        assert rel_l2(got, ref) <= TOLERANCE["fp32"], rel_l2(got, ref)

@@ -238,6 +238,7 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
         cp = require_cupy()
         from convolab.gpu.device import occupancy, sm_count
+        from convolab.gpu.launch import BoundLaunch
 
         if not supports(shape):
             raise ValueError(f"gemv-{mode} does not support shape {shape}")
@@ -255,11 +256,12 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         tickets = cp.zeros(plan.tiles, dtype=cp.int32)
         args = tuple(np.int32(v) for v in (shape.B, shape.M, shape.C, plan.k_slice,
                                            plan.groups))
-        threads = (32 * WARPS,)
+        launch = BoundLaunch(kernel, plan.grid, (32 * WARPS,),
+                             (None, w_op, b_d, None, partial, tickets, *args), per_call=(0, 3),
+                             shared_mem=plan.smem)
 
         def run(x: Any, y: Any) -> None:
-            kernel(plan.grid, threads, (x, w_op, b_d, y, partial, tickets, *args),
-                   shared_mem=plan.smem)
+            launch(x, y)
 
         return run
 

@@ -351,6 +351,7 @@ def _prepare(mode: str, bulk: bool) -> Callable[[ConvShape, Any, Any, Mapping[st
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
         cp = require_cupy()
         from convolab.gpu.device import sm_count
+        from convolab.gpu.launch import BoundLaunch
 
         if not supports(shape):
             raise ValueError(f"{name} does not support shape {shape}")
@@ -381,12 +382,12 @@ def _prepare(mode: str, bulk: bool) -> Callable[[ConvShape, Any, Any, Mapping[st
         partial = cp.empty((plan.slices if plan.slices > 1 else 0, shape.B, shape.M),
                            dtype=cp.float32)
         tickets = cp.zeros(plan.tiles, dtype=cp.int32)
-        args = tuple(np.int32(v) for v in sizes)
-        threads = (plan.threads,)
+        launch = BoundLaunch(kernel, plan.grid, (plan.threads,),
+                             (None, w_op, b_d, None, partial, tickets,
+                              *(np.int32(v) for v in sizes)), per_call=(0, 3), shared_mem=smem)
 
         def run(x: Any, y: Any) -> None:
-            kernel(plan.grid, threads, (x, w_op, b_d, y, partial, tickets, *args),
-                   shared_mem=smem)
+            launch(x, y)
 
         return run
 

@@ -29,6 +29,7 @@
 // tile of sums. K a multiple of 4.
 
 #include "common.cuh"
+#include "cluster.cuh"
 #include <cuda_bf16.h>
 
 #ifndef TC_MODE
@@ -83,14 +84,6 @@ static_assert(TC_OROW % 8 == 4 && TC_OROW >= (TC_MODE == 2 ? TC_KC : TC_KC / 2),
               "the operand row must hold a chunk and spread a B fragment over the banks");
 static_assert(TC_NT % TC_NSPLIT == 0, "the n-tiles must split evenly across an m-tile's warps");
 static_assert(TC_SPLIT >= 1 && TC_SPLIT <= 8, "a portable cluster holds at most 8 blocks");
-
-// 16 bytes global -> shared, zero-filled where !valid (src is then not read).
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
-  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
 
 // One chunk (pieces p .. p + TC_CP of the slice, k from 'k') into a ring slot. Tiles past the
 // last one (M not a multiple of the block's rows) re-read the last; their sums are dropped.
@@ -182,31 +175,6 @@ __device__ __forceinline__ void chunk_mma_converted(float (&acc)[TC_NTW][4], con
 #endif
     }
   }
-}
-
-// Distributed shared memory: this block's shared address as seen in block 'rank' of the
-// cluster, a float4 loaded from there, and the cluster-wide barrier (release / acquire, so
-// the sums stored before it are what the other blocks read after it).
-__device__ __forceinline__ unsigned cluster_address(const void* p, unsigned rank) {
-  unsigned out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-               : "=r"(out)
-               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))), "r"(rank));
-  return out;
-}
-
-__device__ __forceinline__ float4 cluster_load4(unsigned addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 extern "C" __global__ void __launch_bounds__(TC_THREADS)

@@ -1,0 +1,29 @@
+// Thread-block clusters (sm_90): a block's shared memory as seen from another block of its
+// cluster, loads from there, and the cluster-wide barrier. Kernel 48 adds its k slices' sums
+// with them.
+#pragma once
+
+// Distributed shared memory: this block's shared address as seen in block 'rank' of the
+// cluster, a float4 loaded from there, and the cluster-wide barrier (release / acquire, so
+// the sums stored before it are what the other blocks read after it).
+__device__ __forceinline__ unsigned cluster_address(const void* p, unsigned rank) {
+  unsigned out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(out)
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))), "r"(rank));
+  return out;
+}
+
+__device__ __forceinline__ float4 cluster_load4(unsigned addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
