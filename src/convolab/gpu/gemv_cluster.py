@@ -1,4 +1,4 @@
-"""Kernel 48: a classifier layer at batch 8-64 in one launch, its k slices one thread-block
+"""Kernel 48: a classifier layer at batch 1-64 in one launch, its k slices one thread-block
 cluster whose partial sums meet in distributed shared memory
 (kernels/48_gemv_tensor_core_cluster.cu: `gemv-cluster-fp16`, `-bf16`, `-tf32`).
 

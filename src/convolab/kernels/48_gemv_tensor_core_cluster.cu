@@ -1,4 +1,4 @@
-// Kernel 48: a classifier layer at batch 8-64 in one launch whose k slices are the blocks of
+// Kernel 48: a classifier layer at batch 1-64 in one launch whose k slices are the blocks of
 // one thread-block cluster, their partial sums added through distributed shared memory.
 //
 // What it changes against kernel 42: there a row tile's k slices write fp32 partials to global
@@ -14,19 +14,17 @@
 // - weights and x come by cp.async into a ring of TC_STAGES chunks (TC_STAGES - 1 in flight),
 //   so a block has ~80 KB on the way instead of one chunk.
 //
-// - the batch columns are split across TC_NSPLIT warps of the same m-tile: at B = 64 one warp
-//   an m-tile is one warp a scheduler, and its chain of shared-memory loads, conversions and
-//   MMAs is latency-bound; more, shorter chains hide each other.
-//
 // W is packed in fragment order (gpu/gemv_cluster.py): for each 16-row m-tile and each k piece,
 // 32 lanes x 16 bytes, a lane's 16 bytes its A registers (fp16 / bf16: one k16 step; TF32: one
 // k8 step of 4 fp32 values already rounded to TF32). x (fp32, B x K row-major) is converted to
-// the operand type as the B fragments are read.
+// the operand type once a chunk into a buffer every warp reads (TC_XONCE), or as each warp reads
+// its B fragments. Both, and splitting an m-tile's batch columns across TC_NSPLIT warps, are
+// tunables: none of them moved the kernel's time at B = 64, whose bound is still open.
 //
 // A block: TC_WARPS m-tiles x TC_NSPLIT column groups, a warp each; all 8 TC_NT batch columns;
 // one k slice of slice_pieces pieces. Launch: grid (TC_SPLIT, ceil(m_tiles / TC_WARPS)),
-// 32 TC_WARPS TC_NSPLIT threads, dynamic shared memory TC_STAGES x (stage bytes), at least the
-// tile of sums. K a multiple of 4.
+// 32 TC_WARPS TC_NSPLIT threads, dynamic shared memory TC_STAGES x (stage bytes) plus the
+// converted chunk, at least the tile of sums. K a multiple of 4.
 
 #include "common.cuh"
 #include "cluster.cuh"
