@@ -584,6 +584,28 @@ data.download(Path(sys.argv[1]), base_url=sys.argv[2], split="test")
 """
 
 
+_TERM_AT_CREATION_SCRIPT = """
+import os, signal, sys, tempfile
+from pathlib import Path
+from convolab import data
+real_mkstemp = tempfile.mkstemp
+def mkstemp(*args, **kwargs):  # SIGTERM the instant the part exists, before its name is known
+    made = real_mkstemp(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return made
+tempfile.mkstemp = mkstemp
+data.download(Path(sys.argv[1]), base_url=sys.argv[2], split="test")
+"""
+
+
+def test_sigterm_as_the_part_is_created_leaves_no_part(mirror: Mirror, isolated: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(data.__file__).parents[1])}
+    child = subprocess.run([sys.executable, "-c", _TERM_AT_CREATION_SCRIPT, str(isolated),
+                            mirror.url], env=env, capture_output=True, timeout=60)
+    assert child.returncode == -signal.SIGTERM, child.stderr.decode()[-2000:]
+    assert isolated.is_dir() and part_files(isolated) == []
+
+
 def test_sigterm_mid_download_leaves_no_part_and_next_run_cleans_stale_parts(
     mirror: Mirror, isolated: Path, tmp_path: Path
 ) -> None:

@@ -388,6 +388,17 @@ def _terminate_cleanly() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT held pending in this thread for the block; delivered when it ends."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def remove_stale_parts(cache: Path) -> list[Path]:
     """Delete the .part files of downloads that no process is running any more (killed runs):
     a live download holds an flock on its part file. Returns the files removed."""
@@ -458,10 +469,14 @@ def _fetch(url: str, name: str, out: Any, deadline: float, limit_s: float) -> No
 def _download_one(name: str, cache: Path, base_url: str, deadline: float, limit_s: float) -> None:
     url = base_url.rstrip("/") + "/" + name
     destination = cache / name
-    # Hidden name + .part suffix: never mistaken for a finished file by _missing().
-    fd, temp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=cache)
-    temp_path = Path(temp_name)
+    temp_path: Path | None = None
     try:
+        # Hidden name + .part suffix: never mistaken for a finished file by _missing(). Created
+        # with SIGTERM and Ctrl-C held back, so that neither can land between the file's
+        # creation and this function knowing its name (it would stay in the cache).
+        with _signals_held():
+            fd, temp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=cache)
+            temp_path = Path(temp_name)
         fcntl.flock(fd, fcntl.LOCK_EX)  # marks the part as live for remove_stale_parts
         with os.fdopen(fd, "wb") as out:
             try:
@@ -478,7 +493,8 @@ def _download_one(name: str, cache: Path, base_url: str, deadline: float, limit_
         os.replace(temp_path, destination)
     except BaseException:
         # Also on Ctrl-C and SIGTERM: a half-written file must never stay in the cache.
-        temp_path.unlink(missing_ok=True)
+        if temp_path is not None:
+            temp_path.unlink(missing_ok=True)
         raise
 
 
