@@ -43,6 +43,19 @@ inline float fmaf(float a, float b, float c) { return std::fma(a, b, c); }
 inline float expf(float a) { return std::exp(a); }
 """
 
+# A test's input files (after CUDA_SHIM).
+READ_SHIM = r"""
+// A test's input file, 16-byte aligned like cudaMalloc's memory.
+template <class T> static T* read(const char* dir, const char* name, size_t n) {
+  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
+  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE* f = fopen(path, "rb");
+  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
+  fclose(f);
+  return p;
+}
+"""
+
 # Block-level sync for kernels that also sync warps (the mma emulations' warp_sync), and one
 # block's launch: `threads` std::threads with blockIdx.x = blk, each running body().
 BLOCK_SHIM = r"""
@@ -64,16 +77,7 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
   warp_sync();
   return r;
 }
-// A test's input file, 16-byte aligned like cudaMalloc's memory.
-template <class T> static T* read(const char* dir, const char* name, size_t n) {
-  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
-  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE* f = fopen(path, "rb");
-  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
-  fclose(f);
-  return p;
-}
-template <class F> void run_block(int blk, int threads, F body) {
+""" + READ_SHIM + r"""template <class F> void run_block(int blk, int threads, F body) {
   std::barrier<> bb(threads);
   block_bar = &bb;
   std::vector<std::unique_ptr<std::barrier<>>> wb;

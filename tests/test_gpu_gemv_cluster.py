@@ -269,14 +269,6 @@ inline float4 cluster_load4(unsigned addr) {
 }
 inline void cluster_sync() { cluster_bar->arrive_and_wait(); }
 #define __cluster_dims__(...)
-template <class T> static T* read(const char* dir, const char* name, size_t n) {
-  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
-  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE* f = fopen(path, "rb");
-  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
-  fclose(f);
-  return p;
-}
 #include "kernel.inc"
 int main(int argc, char** argv) {
   const char* dir = argv[1];
@@ -351,7 +343,7 @@ EMULATED = [  # (mode, shape, params): B and M off the tiles, C off the chunks, 
 @pytest.mark.parametrize("mode,shape,params", EMULATED)
 def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
                                 tmp_path: Path, rng: np.random.Generator) -> None:
-    from cuda_emulator import CUDA_SHIM, MMA_SHIM
+    from cuda_emulator import CUDA_SHIM, MMA_SHIM, READ_SHIM
 
     from convolab.gpu.compile import KERNEL_DIR, define_flags
 
@@ -364,7 +356,7 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
                             "unsigned char* smem = tl_smem;")
     assert "asm" not in source and "extern __shared__" not in source
     (tmp_path / "kernel.inc").write_text(source)
-    (tmp_path / "emu.cpp").write_text(CUDA_SHIM + CLUSTER_SHIM + MMA_SHIM + EMU_MAIN)
+    (tmp_path / "emu.cpp").write_text(CUDA_SHIM + READ_SHIM + CLUSTER_SHIM + MMA_SHIM + EMU_MAIN)
     exe = tmp_path / "emu"
     build = subprocess.run(["g++", "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-w",
                             *define_flags(plan.defines), "-o", str(exe),
