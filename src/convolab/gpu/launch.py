@@ -12,6 +12,7 @@ launches on the current stream. The classifier-layer kernels (41, 42, 43, 48) la
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,9 @@ class BoundLaunch:
         self._params = (ctypes.c_void_p * len(self._slots))(
             *[ctypes.cast(ctypes.pointer(s), ctypes.c_void_p) for s in self._slots])
         self._address = ctypes.addressof(self._params)
+        # The slots are shared: one caller at a time sets them and launches (the driver copies
+        # the parameters at the launch, so the next caller may rewrite them right after).
+        self._lock = threading.Lock()
 
     @staticmethod
     def _slot(index: int, arg: Any, per_call: Sequence[int]) -> Any:
@@ -57,12 +61,13 @@ class BoundLaunch:
                         f"arrays or NumPy scalars of {sorted(t.__name__ for t in _SCALARS)}")
 
     def __call__(self, *arrays: Any) -> None:
-        for slot, a in zip(self._per_call, arrays, strict=True):
-            slot.value = a.data.ptr
         gx, gy, gz = self._grid
         bx, by, bz = self._block
-        self._launch(self._function, gx, gy, gz, bx, by, bz, self._shared_mem,
-                     self._stream().ptr, self._address, 0)
+        with self._lock:
+            for slot, a in zip(self._per_call, arrays, strict=True):
+                slot.value = a.data.ptr
+            self._launch(self._function, gx, gy, gz, bx, by, bz, self._shared_mem,
+                         self._stream().ptr, self._address, 0)
 
 
 __all__ = ["BoundLaunch"]
