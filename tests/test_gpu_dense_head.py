@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_emulator import CUDA_SHIM
+from cuda_emulator import CUDA_SHIM, READ_SHIM
 
 from convolab.gpu import dense_head as dh
 from convolab.gpu.compile import KERNEL_DIR, define_flags
@@ -262,19 +262,11 @@ def test_kernel_rejects_bad_defines(defines: dict[str, int], message: str) -> No
 
 # ---- the kernel source on the CPU -----------------------------------------------------------
 
-EMU = CUDA_SHIM + r"""
+EMU = CUDA_SHIM + READ_SHIM + r"""
 std::barrier<>* block_bar;
 inline void __syncthreads() { block_bar->arrive_and_wait(); }
 alignas(16) float dh_smem[227 * 1024 / 4];
 #include "kernel.inc"
-template <class T> static T* read(const char* dir, const char* name, size_t n) {
-  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
-  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE* f = fopen(path, "rb");
-  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
-  fclose(f);
-  return p;
-}
 static size_t count(const char* dir, const char* name, size_t size) {
   char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE* f = fopen(path, "rb");
