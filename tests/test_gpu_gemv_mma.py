@@ -185,8 +185,9 @@ def test_chunks_are_the_fragment_pieces_block_by_block(rng: np.random.Generator)
 
 
 def test_bad_parameters_name_the_problem() -> None:
-    with pytest.raises(ValueError, match="MT, CP and WARPS"):
-        gemv_mma.mma_defines("fp16", 8, {"MT": 3, "CP": 4, "WARPS": 8})
+    for key, bad in (("MT", 3), ("MINB", 4)):
+        with pytest.raises(ValueError, match="MT, CP, WARPS and MINB"):
+            gemv_mma.mma_defines("fp16", 8, {**gemv_mma.DEFAULTS, key: bad})
     with pytest.raises(ValueError, match="unknown mode"):
         gemv_mma.mma_defines("fp8", 8, gemv_mma.DEFAULTS)
     with pytest.raises(ValueError, match="batch 65"):

@@ -34,15 +34,17 @@ MAX_BATCH = 8 * N_TILES[-1]
 CHANNEL_ALIGN = gemv.CHANNEL_ALIGN  # x read in float4s: kernel 41's layers, no others
 MAX_SLICES = 64
 SMEM_LIMIT = gemv.SMEM_LIMIT
+SMEM_SM = 228 * 1024  # shared memory an SM (compute capability 9.0)
 DEFAULT_SMS = gemv.DEFAULT_SMS
 REDUCE_WEIGHT = 0.1  # `launch_plan`: a byte of the split-k sum against a byte of the stream
 
 # Tunable, all compile-time but SPLIT (0: chosen from the shape, `launch_plan`): MT m-tiles of
 # 16 rows a warp, CP k pieces a chunk (the weights a lane has in flight: MT x CP 16-byte loads),
-# WARPS a block.
+# WARPS a block, MINB the blocks an SM the registers must leave room for (the launch bound's
+# second argument: left to itself ptxas gives these kernels 170-250 registers, one block an SM).
 SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2, 4), "CP": (2, 4, 8), "WARPS": (4, 8),
-                                     "SPLIT": (0, 4, 8, 16, 32, 64)}
-DEFAULTS: dict[str, int] = {"MT": 2, "CP": 4, "WARPS": 8, "SPLIT": 0}
+                                     "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2, 3)}
+DEFAULTS: dict[str, int] = {"MT": 2, "CP": 4, "WARPS": 8, "SPLIT": 0, "MINB": 1}
 # Kernel 43 adds STAGES, the chunks of weights in its shared-memory ring.
 BULK_KERNEL_FILE = "43_gemv_tensor_core_bulk.cu"
 BULK_SPACE: dict[str, tuple[int, ...]] = {**SPACE, "STAGES": (2, 3, 4)}
@@ -78,12 +80,14 @@ def mma_defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
     """The -D set of one configuration; ValueError names what is wrong with it."""
     if mode not in MODES:
         raise ValueError(f"gemv-mma: unknown mode {mode!r}; known: {', '.join(MODES)}")
-    mt, cp_, warps = (int(params[k]) for k in ("MT", "CP", "WARPS"))
-    if mt not in SPACE["MT"] or cp_ not in SPACE["CP"] or warps not in SPACE["WARPS"]:
-        raise ValueError(f"gemv-mma: MT, CP and WARPS must be in {SPACE['MT']}, {SPACE['CP']} "
-                         f"and {SPACE['WARPS']}, got {mt}, {cp_}, {warps}")
+    keys = ("MT", "CP", "WARPS", "MINB")
+    mt, cp_, warps, minb = (int(params[k]) for k in keys)
+    if any(int(params[k]) not in SPACE[k] for k in keys):
+        raise ValueError(f"gemv-mma: MT, CP, WARPS and MINB must be in "
+                         f"{', '.join(str(SPACE[k]) for k in keys)}, got {mt}, {cp_}, {warps}, "
+                         f"{minb}")
     return {"TM_MODE": MODES[mode], "TM_NT": n_tiles(B), "TM_MT": mt, "TM_CP": cp_,
-            "TM_WARPS": warps}
+            "TM_WARPS": warps, "TM_MINB": minb}
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,12 @@ def bulk_smem(mode: str, defines: Mapping[str, int]) -> int:
             + staged_x_bytes(mode, defines))
 
 
+def bulk_resident(defines: Mapping[str, int], smem: int) -> int:
+    """Kernel 43's blocks an SM: MINB, or fewer where their rings do not fit its shared memory
+    (SMEM_SM, less 1 KB the hardware reserves a block)."""
+    return max(1, min(defines["TM_MINB"], SMEM_SM // (smem + 1024)))
+
+
 def piece_bytes(mode: str) -> int:
     """Bytes a warp streams for one piece of one m-tile: 32 lanes x 16 bytes (TF32: plus one
     word of nibbles a lane)."""
@@ -142,13 +152,15 @@ def piece_bytes(mode: str) -> int:
 
 
 def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
-                sms: int = DEFAULT_SMS) -> LaunchPlan:
+                sms: int = DEFAULT_SMS, resident: int | None = None) -> LaunchPlan:
     """Row tiles and k slices. Automatic SPLIT (0): the slice count with the least modelled
-    time, in bytes the busiest SM moves: (blocks an SM, rounded up) x (chunks a block) x (a
-    chunk's weight bytes), plus the slice sum at the end, which one block a row tile does
-    alone: slices x its rows x B fp32 partials, weighted REDUCE_WEIGHT (an SM alone reads L2
-    several times faster than its share of the weight stream)."""
+    time, in bytes the busiest SM slot moves: (waves of `sms` x `resident` blocks, rounded up)
+    x (chunks a block) x (a chunk's weight bytes), plus the slice sum at the end, which one
+    block a row tile does alone: slices x its rows x B fp32 partials, weighted REDUCE_WEIGHT
+    (an SM alone reads L2 several times faster than its share of the weight stream).
+    `resident`: the blocks an SM holds at once, MINB unless the caller knows fewer fit."""
     d = mma_defines(mode, shape.B, params)
+    slots = sms * (d["TM_MINB"] if resident is None else resident)
     m_tiles, pieces = ceil_div(shape.M, 16), ceil_div(shape.C, piece_k(mode))
     tiles = ceil_div(m_tiles, d["TM_MT"] * d["TM_WARPS"])
     chunks = ceil_div(pieces, d["TM_CP"])
@@ -160,7 +172,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
     def cost(slices: int) -> tuple[float, int]:
         per_slice = ceil_div(chunks, slices)
         real = ceil_div(chunks, per_slice)
-        stream = ceil_div(tiles * real, sms) * per_slice * chunk_bytes
+        stream = ceil_div(tiles * real, slots) * per_slice * chunk_bytes
         reduce = real * tile_rows * shape.B * 4 * REDUCE_WEIGHT if real > 1 else 0.0
         return stream + reduce, real
 
@@ -358,8 +370,8 @@ def _prepare(mode: str, bulk: bool) -> Callable[[ConvShape, Any, Any, Mapping[st
         if w.shape[0] != shape.M or w.size != shape.M * shape.C:
             raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
                              f"(want {shape.w_shape})")
-        plan = launch_plan(shape, mode, params, sm_count())
         w2 = cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C)
+        resident = None
         if bulk:
             defines = bulk_defines(mode, shape.B, params)
             smem = bulk_smem(mode, defines)
@@ -367,6 +379,9 @@ def _prepare(mode: str, bulk: bool) -> Callable[[ConvShape, Any, Any, Mapping[st
                 raise ValueError(f"{name}: {defines['TB_STAGES']} stages of "
                                  f"{chunk_bytes(mode, defines)} bytes and x need {smem} B of "
                                  f"shared memory, over {SMEM_LIMIT}: fewer STAGES or a smaller CP")
+            resident = bulk_resident(defines, smem)
+        plan = launch_plan(shape, mode, params, sm_count(), resident)
+        if bulk:
             kernel = get_kernel(BULK_KERNEL_FILE, "gemv_bulk", defines)
             w_op = pack_chunks(w2, mode, defines)
             cp_ = defines["TM_CP"]
@@ -415,6 +430,6 @@ for _mode in MODES:
         defaults=BULK_DEFAULTS, compile_variants=bulk_compile_variants(_mode),
         tolerance=TOLERANCE[_mode]))
 
-__all__ = ["auto_choice", "bulk_defines", "bulk_smem", "chunk_bytes", "elem_bytes",
+__all__ = ["auto_choice", "bulk_defines", "bulk_resident", "bulk_smem", "chunk_bytes", "elem_bytes",
            "fragment_values", "launch_plan", "mma_defines", "n_tiles", "operand_values",
            "pack_chunks", "pack_weights", "piece_k", "staged_x_bytes", "supports"]

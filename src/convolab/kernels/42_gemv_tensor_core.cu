@@ -59,7 +59,7 @@ __device__ __forceinline__ void load_chunk(Piece (&wb)[TM_MT][TM_CP], const uint
   }
 }
 
-extern "C" __global__ void __launch_bounds__(TM_THREADS)
+extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_MINB)
 gemv_mma(const float* __restrict__ x, const void* __restrict__ w_packed,
          const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
          int* __restrict__ tickets, int B, int M, int K, int m_tiles, int pieces,

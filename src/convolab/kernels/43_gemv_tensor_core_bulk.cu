@@ -50,7 +50,7 @@ __device__ __forceinline__ void read_chunk(Piece (&wb)[TM_MT][TM_CP], const unsi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TM_THREADS)
+extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_MINB)
 gemv_bulk(const float* __restrict__ x, const unsigned char* __restrict__ w_packed,
           const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
           int* __restrict__ tickets, int B, int M, int K, int chunks_total, int slice_chunks) {

@@ -22,6 +22,9 @@
 #ifndef TM_WARPS
 #define TM_WARPS 8
 #endif
+#ifndef TM_MINB
+#define TM_MINB 1  // blocks an SM the launch bound keeps registers for
+#endif
 
 #define TM_THREADS (32 * TM_WARPS)
 #define TM_SUM_OUTS 4  // outputs a thread sums at once in the split-k reduction
