@@ -402,8 +402,9 @@ def test_screen_starts_from_the_shape_models_tiles() -> None:
 
 
 def test_auto_sends_classifier_layers_to_kernel_42_where_it_was_measured_fastest() -> None:
-    """fc6/fc7: TF32 from B = 8 (fc7 only up to 16; fc6 from 32 on kernel 43), FP16 up to 32,
-    exact never; fc7 with 64-row tiles from B = 12; elsewhere kernel 41 or the GEMMs."""
+    """fc6/fc7: TF32 from B = 8 (fc7 only up to 16; fc6 from 32 on kernel 43), FP16 up to 32
+    (fc6 up to 64, on kernel 43 at 64), exact never; fc6 with two blocks an SM up to B = 16, fc7
+    with 64-row tiles from B = 12; elsewhere kernel 41 or the GEMMs."""
     from convolab.bench.cases import VGG_SWEEP_BATCHES
     from convolab.gpu import gemv_mma
     from convolab.registry import get_impl
@@ -417,7 +418,8 @@ def test_auto_sends_classifier_layers_to_kernel_42_where_it_was_measured_fastest
         want = {"fp32": None,
                 "tf32": ("gemv-bulk-tf32" if not small and batch >= 32 else "gemv-mma-tf32")
                 if batch >= 8 and (batch <= 16 or not small) else None,
-                "fp16": "gemv-mma-fp16" if batch <= 32 else None}
+                "fp16": ("gemv-bulk-fp16" if batch == 64 else "gemv-mma-fp16")
+                if batch <= 32 or not small else None}
         for mode, takes in want.items():
             choice = auto.default_choice(shape, ALL | names, mode)
             if takes is None:
@@ -426,7 +428,9 @@ def test_auto_sends_classifier_layers_to_kernel_42_where_it_was_measured_fastest
                 continue
             assert choice.impl == takes, (shape, mode, choice)
             tiles = small and batch >= gemv_mma.SMALL_TILE_BATCH
-            assert choice.params == (gemv_mma.SMALL_TILES if tiles else {})
+            two_blocks = not small and batch <= 16
+            assert choice.params == (gemv_mma.SMALL_TILES if tiles else
+                                     gemv_mma.TWO_BLOCKS if two_blocks else {}), (shape, mode)
             get_impl(choice.impl).params_for(choice.params)
     # A conv layer never, whatever its batch.
     conv = ConvShape(8, 512, 14, 14, 512, 3)

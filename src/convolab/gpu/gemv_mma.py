@@ -37,6 +37,10 @@ SMEM_LIMIT = gemv.SMEM_LIMIT
 SMEM_SM = 228 * 1024  # shared memory an SM (compute capability 9.0)
 DEFAULT_SMS = gemv.DEFAULT_SMS
 REDUCE_WEIGHT = 0.1  # `launch_plan`: a byte of the split-k sum against a byte of the stream
+# `launch_plan`: what a wave of blocks costs beyond its chunks, in chunks: the first chunk's
+# loads with nothing to overlap, the sums' stores and the ticket. fc6 FP16 B = 8 with 2 blocks
+# an SM (H200): 16 slices, one wave of 25 chunks, 55.5 us; 33 slices, two waves of 12, 65.6.
+RAMP_CHUNKS = 3
 
 # Tunable, all compile-time but SPLIT (0: chosen from the shape, `launch_plan`): MT m-tiles of
 # 16 rows a warp, CP k pieces a chunk (the weights a lane has in flight: MT x CP 16-byte loads),
@@ -155,7 +159,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
                 sms: int = DEFAULT_SMS, resident: int | None = None) -> LaunchPlan:
     """Row tiles and k slices. Automatic SPLIT (0): the slice count with the least modelled
     time, in bytes the busiest SM slot moves: (waves of `sms` x `resident` blocks, rounded up)
-    x (chunks a block) x (a chunk's weight bytes), plus the slice sum at the end, which one
+    x (chunks a block + RAMP_CHUNKS) x (a chunk's weight bytes), plus the slice sum at the end, which one
     block a row tile does alone: slices x its rows x B fp32 partials, weighted REDUCE_WEIGHT
     (an SM alone reads L2 several times faster than its share of the weight stream).
     `resident`: the blocks an SM holds at once, MINB unless the caller knows fewer fit."""
@@ -172,7 +176,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
     def cost(slices: int) -> tuple[float, int]:
         per_slice = ceil_div(chunks, slices)
         real = ceil_div(chunks, per_slice)
-        stream = ceil_div(tiles * real, slots) * per_slice * chunk_bytes
+        stream = ceil_div(tiles * real, slots) * (per_slice + RAMP_CHUNKS) * chunk_bytes
         reduce = real * tile_rows * shape.B * 4 * REDUCE_WEIGHT if real > 1 else 0.0
         return stream + reduce, real
 
@@ -198,20 +202,27 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
 # 4): fc7 (M = 1024) has only 4 tiles of 256 rows, so k is split 8-16 ways and one block sums
 # a quarter-megabyte of partials (fc7 fp16 B = 32: 0.025 against 0.048 ms; TF32 B = 16: 0.021
 # against 0.033-0.040). B = 12 runs the same kernel as 16 (two batch tiles).
-AUTO_BATCHES: dict[str, tuple[int, int]] = {"tf32": (8, MAX_BATCH), "fp16": (1, 32)}
+# On an H200 (2026-11-28, docs/vgg.md "fc6's weight stream"): fc6 FP16 reads 205 MB, and a
+# block of kernel 42 waits for its chunk every chunk, so the stream needs two blocks an SM
+# (MINB 2: 110-116 registers, none spilled up to 16 columns; at 64 columns they spill): B = 1-8
+# 51-56 us against 66-71 with one block (cuBLAS 53). At B = 64 kernel 43 (1 block, a ring of 4
+# chunks) ran 90-92 us against the split-K GEMM's 94-104.
+AUTO_BATCHES: dict[str, tuple[int, int]] = {"tf32": (8, MAX_BATCH), "fp16": (1, MAX_BATCH)}
 SMALL_LAYER_MAX_BATCH = {"tf32": 16, "fp16": 32}
 BIG_LAYER = 1 << 24  # weights (M x C): fc6 has 102.8M, fc7 4.2M
 SMALL_TILE_BATCH = 12
 SMALL_TILES: dict[str, int] = {"MT": 1, "WARPS": 4}
-BULK_FROM_BATCH: dict[str, int] = {"tf32": 32}
+BULK_FROM_BATCH: dict[str, int] = {"tf32": 32, "fp16": 64}
+TWO_BLOCKS_MAX_BATCH = 16  # big layers: MINB 2 up to here
+TWO_BLOCKS: dict[str, int] = {"MINB": 2}
 
 
 def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
     """The implementation `auto` runs for this layer in this mode and its parameters (only the
     ones that differ from the defaults), or None where it keeps kernel 41 or the GEMMs.
-    Kernel 43 on layers of BIG_LAYER weights from BULK_FROM_BATCH in TF32 (fc6 B = 32: 0.120 ms
-    against kernel 42's 0.135, B = 64: 0.140 against 0.186; in fp16 and at B = 1-8 it was level
-    with kernel 42 or slower)."""
+    Kernel 43 on layers of BIG_LAYER weights from BULK_FROM_BATCH (TF32 fc6 B = 32: 0.120 ms
+    against kernel 42's 0.135, B = 64: 0.140 against 0.186; below, in fp16, it was level with
+    kernel 42 or slower); kernel 42 with TWO_BLOCKS on them up to TWO_BLOCKS_MAX_BATCH."""
     if mode not in AUTO_BATCHES or not supports(shape):
         return None
     low, high = AUTO_BATCHES[mode]
@@ -221,6 +232,8 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
     bulk_from = BULK_FROM_BATCH.get(mode, MAX_BATCH + 1)
     if big and bulk_from <= shape.B:
         return f"gemv-bulk-{mode}", {}
+    if big and shape.B <= TWO_BLOCKS_MAX_BATCH:
+        return f"gemv-mma-{mode}", dict(TWO_BLOCKS)
     small_tiles = not big and shape.B >= SMALL_TILE_BATCH
     return f"gemv-mma-{mode}", dict(SMALL_TILES) if small_tiles else {}
 
