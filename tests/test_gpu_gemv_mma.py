@@ -185,7 +185,7 @@ def test_chunks_are_the_fragment_pieces_block_by_block(rng: np.random.Generator)
 
 
 def test_bad_parameters_name_the_problem() -> None:
-    for key, bad in (("MT", 3), ("MINB", 4)):
+    for key, bad in (("MT", 3), ("MINB", 5)):
         with pytest.raises(ValueError, match="MT, CP, WARPS and MINB"):
             gemv_mma.mma_defines("fp16", 8, {**gemv_mma.DEFAULTS, key: bad})
     with pytest.raises(ValueError, match="unknown mode"):

@@ -47,7 +47,7 @@ RAMP_CHUNKS = 3
 # WARPS a block, MINB the blocks an SM the registers must leave room for (the launch bound's
 # second argument: left to itself ptxas gives these kernels 170-250 registers, one block an SM).
 SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2, 4), "CP": (2, 4, 8), "WARPS": (4, 8),
-                                     "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2, 3)}
+                                     "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2, 3, 4)}
 DEFAULTS: dict[str, int] = {"MT": 2, "CP": 4, "WARPS": 8, "SPLIT": 0, "MINB": 1}
 # Kernel 43 adds STAGES, the chunks of weights in its shared-memory ring.
 BULK_KERNEL_FILE = "43_gemv_tensor_core_bulk.cu"

@@ -27,7 +27,7 @@
 #endif
 
 #define TM_THREADS (32 * TM_WARPS)
-#define TM_SUM_OUTS 4  // outputs a thread sums at once in the split-k reduction
+#define TM_SUM_QUADS 1  // quads of outputs a thread sums at once in the split-k reduction
 #define TM_PK (TM_MODE == 3 ? 8 : 16)  // k a piece
 #define TM_KC (TM_CP * TM_PK)          // k a chunk
 #define TM_ROWS (8 * TM_NT)            // batch rows of x staged
@@ -226,40 +226,58 @@ __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
   if (!__syncthreads_or(last)) return;
   __threadfence();
   const int tile_rows = 16 * TM_MT * TM_WARPS, m0 = blockIdx.x * tile_rows;
+  const int quads = tile_rows / 4;  // a thread sums 4 rows of one column at once
   const size_t plane = (size_t)B * M;
-  // One block sums the whole tile, so its loads must overlap: TM_SUM_OUTS outputs x 8 slices
-  // in flight a thread (with 8 in flight, fc7 at B = 64 waits two L2 latencies for each of a
-  // thread's 64 outputs: ~80 us).
-  for (int base = threadIdx.x; base < tile_rows * B; base += TM_THREADS * TM_SUM_OUTS) {
-    const float* p[TM_SUM_OUTS];
-    float s[TM_SUM_OUTS];
-    bool live[TM_SUM_OUTS];
+  const bool aligned = M % 4 == 0;  // float4 loads; otherwise the 4 rows one by one
+  // One block sums the whole tile, so a thread's loads must overlap and be wide: TM_SUM_QUADS
+  // quads x 8 slices in flight (fc6 at B = 16, 16 slices: 4 rounds of L2 latency a thread
+  // instead of 8 with 4 scalar outputs).
+  for (int base = threadIdx.x; base < quads * B; base += TM_THREADS * TM_SUM_QUADS) {
+    const float* p[TM_SUM_QUADS];
+    float4 s[TM_SUM_QUADS];
+    int live[TM_SUM_QUADS];  // rows of the quad below M
 #pragma unroll
-    for (int o = 0; o < TM_SUM_OUTS; ++o) {
-      const int idx = base + o * TM_THREADS, n = idx / tile_rows, m = m0 + idx % tile_rows;
-      live[o] = idx < tile_rows * B && m < M;
+    for (int o = 0; o < TM_SUM_QUADS; ++o) {
+      const int idx = base + o * TM_THREADS, n = idx / quads, m = m0 + 4 * (idx % quads);
+      live[o] = idx < quads * B && m < M ? min(4, M - m) : 0;
       p[o] = partial + (size_t)n * M + m;
-      s[o] = 0.f;
+      s[o] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     for (int z = 0; z < (int)gridDim.y; z += 8) {  // added in slice order
-      float v[TM_SUM_OUTS][8];
+      float4 v[TM_SUM_QUADS][8];
 #pragma unroll
-      for (int o = 0; o < TM_SUM_OUTS; ++o)
+      for (int o = 0; o < TM_SUM_QUADS; ++o)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float* q = p[o] + (z + k) * plane;
+          const bool in = live[o] && z + k < (int)gridDim.y;
+          if (in && aligned) {
+            v[o][k] = __ldcg(reinterpret_cast<const float4*>(q));
+          } else {
+            v[o][k].x = in ? __ldcg(q) : 0.f;
+            v[o][k].y = in && live[o] > 1 ? __ldcg(q + 1) : 0.f;
+            v[o][k].z = in && live[o] > 2 ? __ldcg(q + 2) : 0.f;
+            v[o][k].w = in && live[o] > 3 ? __ldcg(q + 3) : 0.f;
+          }
+        }
+#pragma unroll
+      for (int o = 0; o < TM_SUM_QUADS; ++o)
 #pragma unroll
         for (int k = 0; k < 8; ++k)
-          v[o][k] = live[o] && z + k < (int)gridDim.y ? __ldcg(p[o] + (z + k) * plane) : 0.f;
-#pragma unroll
-      for (int o = 0; o < TM_SUM_OUTS; ++o)
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          if (z + k < (int)gridDim.y) s[o] += v[o][k];
+          if (z + k < (int)gridDim.y) {
+            s[o].x += v[o][k].x, s[o].y += v[o][k].y;
+            s[o].z += v[o][k].z, s[o].w += v[o][k].w;
+          }
     }
 #pragma unroll
-    for (int o = 0; o < TM_SUM_OUTS; ++o)
-      if (live[o]) {
-        const int idx = base + o * TM_THREADS, n = idx / tile_rows, m = m0 + idx % tile_rows;
-        y[(size_t)n * M + m] = s[o] + bias[m];
-      }
+    for (int o = 0; o < TM_SUM_QUADS; ++o) {
+      const int idx = base + o * TM_THREADS, n = idx / quads, m = m0 + 4 * (idx % quads);
+      float* out = y + (size_t)n * M + m;
+      const float sum[4] = {s[o].x, s[o].y, s[o].z, s[o].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (c < live[o]) out[c] = sum[c] + bias[m + c];
+    }
   }
   if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
 }
