@@ -403,8 +403,8 @@ def test_screen_starts_from_the_shape_models_tiles() -> None:
 
 def test_auto_sends_classifier_layers_to_kernel_42_where_it_was_measured_fastest() -> None:
     """fc6/fc7: TF32 from B = 8 (fc7 only up to 16; fc6 from 32 on kernel 43), FP16 up to 32
-    (fc6 up to 64, on kernel 43 at 64), exact never; fc6 with two blocks an SM up to B = 16, fc7
-    with 64-row tiles from B = 12; elsewhere kernel 41 or the GEMMs."""
+    (fc6 up to 64, on kernel 43 at 64), exact never; fc6 with its own tiles (two blocks an SM),
+    fc7 with 64-row tiles from B = 12; elsewhere kernel 41 or the GEMMs."""
     from convolab.bench.cases import VGG_SWEEP_BATCHES
     from convolab.gpu import gemv_mma
     from convolab.registry import get_impl
@@ -428,9 +428,11 @@ def test_auto_sends_classifier_layers_to_kernel_42_where_it_was_measured_fastest
                 continue
             assert choice.impl == takes, (shape, mode, choice)
             tiles = small and batch >= gemv_mma.SMALL_TILE_BATCH
-            two_blocks = not small and batch <= 16
-            assert choice.params == (gemv_mma.SMALL_TILES if tiles else
-                                     gemv_mma.TWO_BLOCKS if two_blocks else {}), (shape, mode)
+            big = [p for up_to, p in gemv_mma.BIG_LAYER_TILES.get(mode, ()) if batch <= up_to]
+            want_params = (gemv_mma.SMALL_TILES if tiles else {} if small or takes.startswith(
+                "gemv-bulk") else big[0])
+            assert choice.params == want_params, (shape, mode)
+            assert small or takes.startswith("gemv-bulk") or choice.params["MINB"] == 2
             get_impl(choice.impl).params_for(choice.params)
     # A conv layer never, whatever its batch.
     conv = ConvShape(8, 512, 14, 14, 512, 3)

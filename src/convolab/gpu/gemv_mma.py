@@ -203,26 +203,31 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
 # a quarter-megabyte of partials (fc7 fp16 B = 32: 0.025 against 0.048 ms; TF32 B = 16: 0.021
 # against 0.033-0.040). B = 12 runs the same kernel as 16 (two batch tiles).
 # On an H200 (2026-11-28, docs/vgg.md "fc6's weight stream"): fc6 FP16 reads 205 MB, and a
-# block of kernel 42 waits for its chunk every chunk, so the stream needs two blocks an SM
-# (MINB 2: 110-116 registers, none spilled up to 16 columns; at 64 columns they spill): B = 1-8
-# 51-56 us against 66-71 with one block (cuBLAS 53). At B = 64 kernel 43 (1 block, a ring of 4
-# chunks) ran 90-92 us against the split-K GEMM's 94-104.
+# block of kernel 42 waits for its chunk every chunk, so the stream needs more than one block
+# an SM (MINB; left alone ptxas takes 164-250 registers): device time at B = 8 / 16 / 32, us:
+# one block 71 / 68 / 74; MINB 2 52 / 55 / 67; 128-row tiles of 8-piece chunks (MT 1, CP 8,
+# MINB 2) 49 / 51 / 70; MT 1, MINB 2 57 / 59 / 64 (cuBLAS 52-54). At B = 64 those spill or
+# sum too long a tail; kernel 43 (one block, a ring of 4 chunks) 82-84 against the split-K
+# GEMM's 94-104. TF32 at B = 8-16: MINB 2 71-79 against 71-87 (cuBLAS TF32 108-110).
 AUTO_BATCHES: dict[str, tuple[int, int]] = {"tf32": (8, MAX_BATCH), "fp16": (1, MAX_BATCH)}
 SMALL_LAYER_MAX_BATCH = {"tf32": 16, "fp16": 32}
 BIG_LAYER = 1 << 24  # weights (M x C): fc6 has 102.8M, fc7 4.2M
 SMALL_TILE_BATCH = 12
 SMALL_TILES: dict[str, int] = {"MT": 1, "WARPS": 4}
 BULK_FROM_BATCH: dict[str, int] = {"tf32": 32, "fp16": 64}
-TWO_BLOCKS_MAX_BATCH = 16  # big layers: MINB 2 up to here
-TWO_BLOCKS: dict[str, int] = {"MINB": 2}
+# Big layers on kernel 42: (up to this batch, parameters), the first that holds B.
+BIG_LAYER_TILES: dict[str, tuple[tuple[int, dict[str, int]], ...]] = {
+    "fp16": ((16, {"MT": 1, "CP": 8, "MINB": 2}), (32, {"MT": 1, "MINB": 2})),
+    "tf32": ((16, {"MINB": 2}),),
+}
 
 
 def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
     """The implementation `auto` runs for this layer in this mode and its parameters (only the
     ones that differ from the defaults), or None where it keeps kernel 41 or the GEMMs.
     Kernel 43 on layers of BIG_LAYER weights from BULK_FROM_BATCH (TF32 fc6 B = 32: 0.120 ms
-    against kernel 42's 0.135, B = 64: 0.140 against 0.186; below, in fp16, it was level with
-    kernel 42 or slower); kernel 42 with TWO_BLOCKS on them up to TWO_BLOCKS_MAX_BATCH."""
+    against kernel 42's 0.135, B = 64: 0.140 against 0.186); kernel 42 below that with
+    BIG_LAYER_TILES on them, SMALL_TILES on small layers from SMALL_TILE_BATCH."""
     if mode not in AUTO_BATCHES or not supports(shape):
         return None
     low, high = AUTO_BATCHES[mode]
@@ -232,9 +237,12 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
     bulk_from = BULK_FROM_BATCH.get(mode, MAX_BATCH + 1)
     if big and bulk_from <= shape.B:
         return f"gemv-bulk-{mode}", {}
-    if big and shape.B <= TWO_BLOCKS_MAX_BATCH:
-        return f"gemv-mma-{mode}", dict(TWO_BLOCKS)
-    small_tiles = not big and shape.B >= SMALL_TILE_BATCH
+    if big:
+        for up_to, params in BIG_LAYER_TILES.get(mode, ()):
+            if shape.B <= up_to:
+                return f"gemv-mma-{mode}", dict(params)
+        return f"gemv-mma-{mode}", {}
+    small_tiles = shape.B >= SMALL_TILE_BATCH
     return f"gemv-mma-{mode}", dict(SMALL_TILES) if small_tiles else {}
 
 
