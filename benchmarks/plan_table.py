@@ -18,8 +18,10 @@ def main() -> None:
         ms = row.get("op_median_ms") or row.get("median_ms") or "nan"
         name = (row.get("impl") or row.get("name") or "")[:48]
         what = row.get("params") or row.get("variant") or ""
+        err = row.get("rel_l2") or ""
+        err = f"{float(err):.2e}" if err else "-"  # a slice of the text would drop the exponent
         print(f"{row['run']:16s} {name:48s} {what:30s} {float(ms):9.4f} "
-              f"rel_l2={row.get('rel_l2', '')[:9]:9s} {row.get('status', '')} "
+              f"rel_l2={err:9s} {row.get('status', '')} "
               f"x_eager={row.get('speedup_vs_torch_eager_fp32', '')[:5]} "
               f"x_fp16={row.get('speedup_vs_torch_best_fp16', '')[:5]} "
               f"b2b={row.get('back_to_back_ms', '')[:6]}")

@@ -159,8 +159,9 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
                 sms: int = DEFAULT_SMS, resident: int | None = None) -> LaunchPlan:
     """Row tiles and k slices. Automatic SPLIT (0): the slice count with the least modelled
     time, in bytes the busiest SM slot moves: (waves of `sms` x `resident` blocks, rounded up)
-    x (chunks a block + RAMP_CHUNKS) x (a chunk's weight bytes), plus the slice sum at the end, which one
-    block a row tile does alone: slices x its rows x B fp32 partials, weighted REDUCE_WEIGHT
+    x (chunks a block + RAMP_CHUNKS) x (a chunk's weight bytes), plus the slice sum at the end,
+    which one block a row tile does alone: slices x its rows x B fp32 partials, weighted
+    REDUCE_WEIGHT
     (an SM alone reads L2 several times faster than its share of the weight stream).
     `resident`: the blocks an SM holds at once, MINB unless the caller knows fewer fit."""
     d = mma_defines(mode, shape.B, params)
@@ -239,7 +240,7 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
         return f"gemv-bulk-{mode}", {}
     if big:
         for up_to, params in BIG_LAYER_TILES.get(mode, ()):
-            if shape.B <= up_to:
+            if up_to >= shape.B:
                 return f"gemv-mma-{mode}", dict(params)
         return f"gemv-mma-{mode}", {}
     small_tiles = shape.B >= SMALL_TILE_BATCH
