@@ -161,8 +161,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
     time, in bytes the busiest SM slot moves: (waves of `sms` x `resident` blocks, rounded up)
     x (chunks a block + RAMP_CHUNKS) x (a chunk's weight bytes), plus the slice sum at the end,
     which one block a row tile does alone: slices x its rows x B fp32 partials, weighted
-    REDUCE_WEIGHT
-    (an SM alone reads L2 several times faster than its share of the weight stream).
+    REDUCE_WEIGHT (an SM alone reads L2 several times faster than its share of the stream).
     `resident`: the blocks an SM holds at once, MINB unless the caller knows fewer fit."""
     d = mma_defines(mode, shape.B, params)
     slots = sms * (d["TM_MINB"] if resident is None else resident)
