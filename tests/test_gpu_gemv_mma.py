@@ -293,8 +293,10 @@ def emulated_source(filename: str) -> str:
 
 
 EMULATED = [  # (kernel, mode, shape, params): several slices, B and M off the tiles, a partial
-    # row tile; kernel 43 with more chunks a slice than ring stages
+    # row tile; kernel 43 with more chunks a slice than ring stages; MINB 2's narrower split-k sum
     (42, "fp16", ConvShape(5, 200, 1, 1, 70, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 4}),
+    (42, "fp16", ConvShape(13, 392, 1, 1, 45, 1),
+     {"MT": 1, "CP": 8, "WARPS": 4, "SPLIT": 2, "MINB": 2}),
     (42, "bf16", ConvShape(11, 136, 1, 1, 40, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 0}),
     (42, "tf32", ConvShape(3, 264, 1, 1, 37, 1), {"MT": 1, "CP": 2, "WARPS": 4, "SPLIT": 3}),
     (42, "tf32", ConvShape(17, 96, 1, 1, 20, 1), {"MT": 2, "CP": 2, "WARPS": 4, "SPLIT": 1}),
