@@ -26,6 +26,11 @@
 // reach 1e-4. Split k as kernel 41: fp32 partials, and the last block of a row tile to finish
 // (an atomic ticket) adds the slices in slice order plus the bias, then resets its ticket.
 //
+// A block waits for its chunk every chunk, so the stream needs several blocks an SM: TM_MINB
+// is the launch bound's block count (left alone ptxas takes 164-250 registers, one block an SM:
+// fc6 FP16 at 2.8 TB/s; two blocks 3.6-3.9, the read ceiling; docs/vgg.md "fc6's weight
+// stream").
+//
 // Launch: grid (ceil(M / (16 TM_MT TM_WARPS)), slices), 32 TM_WARPS threads, dynamic shared
 // memory TM_NT * 8 * TM_XROW * 4 bytes (twice that in 3xTF32: big and small planes); k_slice a multiple of TM_CP pieces, K a multiple
 // of 4 (float4 loads of x), the packed W padded to whole m-tiles and pieces. A prepared run
