@@ -28,7 +28,7 @@
 //
 // A block waits for its chunk every chunk, so the stream needs several blocks an SM: TM_MINB
 // is the launch bound's block count (left alone ptxas takes 164-250 registers, one block an SM:
-// fc6 FP16 at 2.8 TB/s; two blocks 3.6-3.9, the read ceiling; docs/vgg.md "fc6's weight
+// fc6 FP16 at 2.9-3.1 TB/s; two blocks 3.7-4.2, cuBLAS's rate; docs/vgg.md "fc6's weight
 // stream").
 //
 // Launch: grid (ceil(M / (16 TM_MT TM_WARPS)), slices), 32 TM_WARPS threads, dynamic shared
