@@ -1,7 +1,7 @@
 """How fast this GPU reads a buffer that does not fit in L2: the ceiling a weight stream (fc6 is
 205 MB in fp16) can reach, against which kernels 42 / 43 and cuBLAS's GEMV are judged.
 
-    python3 benchmarks/read_rate.py [--mb 205] [--reps 30]
+    PYTHONPATH=src python3 benchmarks/read_rate.py [--mb 205] [--reps 30]
 
 A read-only kernel (each thread XORs what it loads, so nothing is written but one word) at every
 point of: blocks an SM (1, 2, 4, 8; 256 threads), 16-byte loads in flight a thread (1, 2, 4, 8),
@@ -64,18 +64,10 @@ LOADS = {"ldg": 0, "l2_256": 1, "ldcs": 2}
 LAYOUTS = {"grid": 0, "block": 1}
 
 
-def _median_us(cp: Any, fn: Any, reps: int) -> float:
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(cp.cuda.get_elapsed_time(start, stop) * 1e3)
-    return statistics.median(samples)
+def _median_us(fn: Any, reps: int) -> float:
+    from convolab.timing import time_gpu
+
+    return statistics.median(time_gpu(fn, reps=reps, warmup=3)) * 1e3
 
 
 def main() -> None:
@@ -104,13 +96,13 @@ def main() -> None:
             def launch(kernel: Any = kernel, grid: tuple[int] = grid) -> None:
                 kernel(grid, (256,), (buf, cp.int64(n16), out))
 
-            us = _median_us(cp, launch, args.reps)
+            us = _median_us(launch, args.reps)
             rate = nbytes / us / 1e6
             best = max(best, (rate, f"{layout} {load} {per_sm}/SM {u}x16B"))
             print(f"{layout:<6} {load:<7} {per_sm:>9} {u:>6}x16B {us:8.1f} {rate:6.2f}",
                   flush=True)
     dst = cp.empty_like(buf)
-    us = _median_us(cp, lambda: dst.data.copy_from_device_async(buf.data, nbytes), args.reps)
+    us = _median_us(lambda: dst.data.copy_from_device_async(buf.data, nbytes), args.reps)
     print(f"best read: {best[0]:.2f} TB/s ({best[1]}); D2D copy {us:.1f} us = "
           f"{2 * nbytes / us / 1e6:.2f} TB/s read + write")
 
