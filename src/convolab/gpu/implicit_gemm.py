@@ -18,6 +18,7 @@ import numpy as np
 
 from convolab.backend import require_cupy
 from convolab.gpu.compile import get_kernel, pairwise_points
+from convolab.gpu.launch import BoundLaunch
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
@@ -341,21 +342,18 @@ def _layout_pass(shape: ConvShape, mode: str, defines: Mapping[str, int],
     cp_ = padded_channels(shape.C)
     buf = cp.empty((shape.B, shape.H, shape.W, cp_), dtype=_operand_dtype(mode))
     if shape.H == 1 and shape.W == 1:
-        cast = get_kernel(file, "cast_channels", defines)
         grid = (min(ceil_div(shape.B * cp_, REDUCE_BLOCK), 65535),)
         args = tuple(np.int32(v) for v in (shape.C, cp_, shape.B))
-
-        def cast_x(x: Any) -> Any:
-            cast(grid, (REDUCE_BLOCK,), (x, buf, *args))
-            return buf
-
-        return cast_x
-    kernel = get_kernel(file, "to_channels_last", defines)
-    grid = (ceil_div(shape.W, 32), ceil_div(cp_, 32), shape.B * shape.H)
-    args = tuple(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W))
+        launch = BoundLaunch(get_kernel(file, "cast_channels", defines), grid, (REDUCE_BLOCK,),
+                             (None, buf, *args), per_call=(0,))
+    else:
+        grid = (ceil_div(shape.W, 32), ceil_div(cp_, 32), shape.B * shape.H)
+        args = tuple(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W))
+        launch = BoundLaunch(get_kernel(file, "to_channels_last", defines), grid, (32, 8),
+                             (None, buf, *args), per_call=(0,))
 
     def convert(x: Any) -> Any:
-        kernel(grid, (32, 8), (x, buf, *args))
+        launch(x)
         return buf
 
     return convert
@@ -388,29 +386,34 @@ def _prepare(mode: str, split: bool) -> Callable[[ConvShape, Any, Any, Mapping[s
         convert = _layout_pass(shape, mode, defines, file)
         M, N, Kd = gemm_dims(shape)
         dims = problem_args(shape)
+        # Arguments bound once (launch.BoundLaunch): CuPy's call converts every argument of
+        # every launch, and up to three launch a call here.
         if not split:
-            kernel = _gemm_kernel(file, "igemm_conv", defines, smem)
-            grid = (ceil_div(N, bn), ceil_div(M, bm))
+            gemm = BoundLaunch(_gemm_kernel(file, "igemm_conv", defines, smem),
+                               (ceil_div(N, bn), ceil_div(M, bm)), (threads,),
+                               (None, w_op, b_d, None, *dims), per_call=(0, 3), shared_mem=smem)
 
             def run(x: Any, y: Any) -> None:
-                kernel(grid, (threads,), (convert(x), w_op, b_d, y, *dims), shared_mem=smem)
+                gemm(convert(x), y)
 
             return run
         from convolab.gpu.device import sm_count
 
         factor = int(params["SPLIT"]) or split_factor(shape, bm, bn, bk, sm_count())
         k_slice, slices = k_slices(Kd, factor, bk)
-        kernel = _gemm_kernel(file, "igemm_conv_splitk", defines, smem)
-        reduce = get_kernel(file, "splitk_reduce", defines)
         partial = cp.empty((slices, M, N), dtype=cp.float32)
-        grid = (ceil_div(N, bn), ceil_div(M, bm), slices)
-        r_grid = (min(ceil_div(M * N, REDUCE_BLOCK), 65535),)
+        gemm = BoundLaunch(_gemm_kernel(file, "igemm_conv_splitk", defines, smem),
+                           (ceil_div(N, bn), ceil_div(M, bm), slices), (threads,),
+                           (None, w_op, partial, *dims, np.int32(k_slice)), per_call=(0,),
+                           shared_mem=smem)
         r_args = tuple(np.int32(v) for v in (M, N, shape.H_out * shape.W_out, slices))
+        sum_slices = BoundLaunch(get_kernel(file, "splitk_reduce", defines),
+                                 (min(ceil_div(M * N, REDUCE_BLOCK), 65535),), (REDUCE_BLOCK,),
+                                 (partial, b_d, None, *r_args), per_call=(2,))
 
         def run_split(x: Any, y: Any) -> None:
-            kernel(grid, (threads,), (convert(x), w_op, partial, *dims, np.int32(k_slice)),
-                   shared_mem=smem)
-            reduce(r_grid, (REDUCE_BLOCK,), (partial, b_d, y, *r_args))
+            gemm(convert(x))
+            sum_slices(y)
 
         return run_split
 

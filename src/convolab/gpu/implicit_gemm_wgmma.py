@@ -41,6 +41,7 @@ import numpy as np
 from convolab.backend import cupy_or_none, require_cupy, xp_of
 from convolab.gpu import implicit_gemm as ig
 from convolab.gpu.compile import get_kernel, pairwise_points
+from convolab.gpu.launch import BoundLaunch
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
@@ -401,9 +402,10 @@ def layout_pass(shape: ConvShape, mode: str) -> Callable[[Any], Any]:
     kernel = get_kernel(FILE, "wg_channels_last", layout_defines(mode))
     grid = (ceil_div(shape.H * shape.W, LAYOUT_TILE), ceil_div(cp_, LAYOUT_TILE), shape.B)
     args = (*(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W)), np.int64(buf[0].size))
+    launch = BoundLaunch(kernel, grid, (LAYOUT_TILE, 8), (None, buf, *args), per_call=(0,))
 
     def convert(x: Any) -> Any:
-        kernel(grid, (LAYOUT_TILE, 8), (x, buf, *args))
+        launch(x)
         return buf
 
     return convert
@@ -466,12 +468,25 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
             r_grid = (min(ceil_div(slabs[0].size // per_thread, REDUCE_BLOCK), 65535),)
             r_args = tuple(np.int32(v) for v in (M, N, shape.H_out * shape.W_out, split))
 
-        def launch(x_op: Any, y: Any) -> None:
-            out = y if slabs is None else slabs
-            kernel(grid, (rung.threads,), (x_op, w_op, b_d, out, *dims, x_plane, *extra),
-                   shared_mem=smem)
-            if reduce is not None:
-                reduce(r_grid, (REDUCE_BLOCK,), (slabs, b_d, y, *r_args))
+        # Arguments bound once (launch.BoundLaunch): at conv5_x's small batches a call is tens
+        # of microseconds, and CuPy's call converts every argument of every launch.
+        if slabs is None:
+            gemm = BoundLaunch(kernel, grid, (rung.threads,),
+                               (None, w_op, b_d, None, *dims, x_plane, *extra), per_call=(0, 3),
+                               shared_mem=smem)
+
+            def launch(x_op: Any, y: Any) -> None:
+                gemm(x_op, y)
+        else:
+            gemm = BoundLaunch(kernel, grid, (rung.threads,),
+                               (None, w_op, b_d, slabs, *dims, x_plane, *extra), per_call=(0,),
+                               shared_mem=smem)
+            sum_slabs = BoundLaunch(reduce, r_grid, (REDUCE_BLOCK,), (slabs, b_d, None, *r_args),
+                                    per_call=(2,))
+
+            def launch(x_op: Any, y: Any) -> None:
+                gemm(x_op)
+                sum_slabs(y)
 
         if nhwc:
             x_want = operand_shape(mode, shape.B, shape.H, shape.W, shape.C)
