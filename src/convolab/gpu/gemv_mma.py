@@ -208,7 +208,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
 # one block 71 / 68 / 74; MINB 2 52 / 55 / 67; 128-row tiles of 8-piece chunks (MT 1, CP 8,
 # MINB 2) 49 / 51 / 70; MT 1, MINB 2 57 / 59 / 64 (cuBLAS 52-54). At B = 64 those spill or
 # sum too long a tail; kernel 43 (one block, a ring of 4 chunks) 82-84 against the split-K
-# GEMM's 94-104. TF32 at B = 8-16: MINB 2 71-79 against 71-87 (cuBLAS TF32 108-110).
+# GEMM's 94. TF32 at B = 8 / 16: MINB 2 79 / 71 against 87 / 71 (cuBLAS TF32 108-110).
 AUTO_BATCHES: dict[str, tuple[int, int]] = {"tf32": (8, MAX_BATCH), "fp16": (1, MAX_BATCH)}
 SMALL_LAYER_MAX_BATCH = {"tf32": 16, "fp16": 32}
 BIG_LAYER = 1 << 24  # weights (M x C): fc6 has 102.8M, fc7 4.2M
