@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from convolab.backend import require_cupy, xp_of
-from convolab.gpu import gemv
+from convolab.gpu import device, gemv
 from convolab.gpu.compile import get_kernel
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
@@ -34,7 +34,6 @@ MAX_BATCH = 8 * N_TILES[-1]
 CHANNEL_ALIGN = gemv.CHANNEL_ALIGN  # x read in float4s: kernel 41's layers, no others
 MAX_SLICES = 64
 SMEM_LIMIT = gemv.SMEM_LIMIT
-SMEM_SM = 228 * 1024  # shared memory an SM (compute capability 9.0)
 DEFAULT_SMS = gemv.DEFAULT_SMS
 REDUCE_WEIGHT = 0.1  # `launch_plan`: a byte of the split-k sum against a byte of the stream
 # `launch_plan`: what a wave of blocks costs beyond its chunks, in chunks: the first chunk's
@@ -144,9 +143,10 @@ def bulk_smem(mode: str, defines: Mapping[str, int]) -> int:
 
 
 def bulk_resident(defines: Mapping[str, int], smem: int) -> int:
-    """Kernel 43's blocks an SM: MINB, or fewer where their rings do not fit its shared memory
-    (SMEM_SM, less 1 KB the hardware reserves a block)."""
-    return max(1, min(defines["TM_MINB"], SMEM_SM // (smem + 1024)))
+    """Kernel 43's blocks an SM: MINB (its launch bound holds the registers to that), or fewer
+    where their rings do not fit the SM's shared memory (`device.resident_blocks`)."""
+    by_smem = device.resident_blocks(1, 32 * defines["TM_WARPS"], smem)
+    return max(1, min(defines["TM_MINB"], by_smem))
 
 
 def piece_bytes(mode: str) -> int:
