@@ -136,6 +136,23 @@ def test_launch_plan_covers_k_in_whole_chunks(mode: str, rng: np.random.Generato
         assert plan.smem == gemv_mma.staged_x_bytes(mode, plan.defines) <= gemv_mma.SMEM_LIMIT
 
 
+def test_plan_fills_one_wave_of_the_blocks_an_sm_holds() -> None:
+    """fc6 FP16 at B = 8: with MINB blocks an SM the planner takes one wave of sms x MINB slots
+    (a second wave pays another ramp: 33 slices in two waves ran 18 % slower than 16 in one);
+    kernel 43 holds fewer blocks than MINB where its rings outgrow the SM's shared memory."""
+    fc6 = ConvShape(8, 25088, 1, 1, 4096, 1)
+    for minb in (1, 2, 4):
+        for sms in (114, 132):
+            params = {**gemv_mma.DEFAULTS, "MINB": minb, "MT": 1 if minb == 4 else 2}
+            plan = gemv_mma.launch_plan(fc6, "fp16", params, sms=sms)
+            blocks = plan.tiles * plan.slices
+            assert sms * minb // 2 < blocks <= sms * minb, (minb, sms, plan.grid)
+    ring = {**gemv_mma.BULK_DEFAULTS, "MINB": 2}
+    for stages, fits in ((2, 2), (4, 1)):
+        d = gemv_mma.bulk_defines("fp16", 8, {**ring, "STAGES": stages})
+        assert gemv_mma.bulk_resident(d, gemv_mma.bulk_smem("fp16", d)) == fits
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_compiled_define_sets_cover_every_value(mode: str) -> None:
     """Each mode at the fewest and most batch tiles; the varied modes at every tile value."""
