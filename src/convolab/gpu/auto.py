@@ -29,9 +29,10 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
     (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64 against every tile
     configuration (docs/vgg.md); rung 40 instead where its 256-row tiles fill the SMs
     (`implicit_gemm_wgmma.pipelined_plan`, unsplit only). On Hopper, where the 128 x 128
-    tiles fill less than 0.6 of the SMs and N >= 1024 (conv5_x at B = 6..12), rung 39's own
+    tiles fill less than 0.6 of the SMs and N >= 512 (conv5_x at B = 3..12), rung 39's own
     split-K (`SPLIT`, `implicit_gemm.wgmma_tiles`) takes the shape instead of rung 27
-    (conv5_x B = 8 fp16 0.058 ms against rung 27's 0.060-0.080, docs/vgg.md);
+    (conv5_x B = 8 fp16 0.058 ms against rung 27's 0.060-0.080; B = 3 TF32 0.038 against
+    0.080, docs/vgg.md);
   * C >= 16 and a small output (B*M*Ho*Wo < 2^18 elements): `channel-atomic` — the output
     alone cannot fill the GPU, so the channel sum is spread over blocks;
   * C >= 16 otherwise: `channel-tree` — channel slices per block, reduced on chip;

@@ -71,8 +71,11 @@ WGMMA_NARROW: dict[str, dict[str, int]] = {
     "fp16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
     "bf16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
 }
+# 128 x 96 (4 x 33 = 132 tiles, one full wave, on conv5_x at B = 16; H200, docs/vgg.md): TF32
+# 0.096 ms, FP16 0.059 against 128 x 128's 0.112 and 0.066 (100 tiles, 32 SMs idle).
 _WG_16BIT = ({"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1},
-             {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1})
+             {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1},
+             {"BM": 128, "BN": 96, "STAGES": 4, "PIPE": 1})
 WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
     "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2}, {"BM": 128, "BN": 128, "STAGES": 3}),
     "tf32": ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1}, *_WG_16BIT),
@@ -84,17 +87,21 @@ WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
 # Split-K in the wgmma rungs (WG_KSLICED: block z multiplies k-slice z, a second kernel adds
 # the slices' fp32 slabs in order). The rule's factor is at most WG_MAX_SPLIT (the tuner's
 # space), keeps WG_SLICE_MIN k-tiles a slice (fewer leave the ring nothing to overlap) and
-# fills at most one wave: every wide tile of both rungs takes over half an SM's shared memory,
-# so one block an SM. auto's model splits only where the 128 x 128 tiles fill less than
+# fills at most one wave of one block an SM: a block beyond that shares an SM and finishes
+# last (conv5_x B = 4, 128 x 96 TF32: split 3, 108 blocks, 0.048 ms; split 4, 144 blocks,
+# 0.057; H200). auto's model splits only where the 128 x 128 tiles fill less than
 # WG_SPLIT_BELOW_WAVES of the SMs and N >= WGMMA_SPLIT_MIN_N (`wgmma_splits`: conv5_x at
-# B = 6..12 on 132 SMs); at B <= 4 (N <= 784) and on fc6/fc7 (N = B) rung 27's 16-64-column split-K
-# tiles measured best and keep those shapes. A split tile's cost is its unsplit wave cost /
-# split x WG_SPLIT_COST (the slabs' round trip and the reduction).
-WG_MAX_SPLIT = 4
+# B = 3..12 on 132 SMs). Below that (conv5_x at B <= 2) and on fc6/fc7 (N = B) rung 27's
+# 16-64-column split-K tiles keep the shape: at N = B = 32-64 rung 39 / 40 split 4-8 with
+# 64-column tiles ran fc6 FP16 at 0.125-0.19 ms against kernels 42-43's 0.073-0.086. A split
+# tile's cost is its unsplit wave cost / split x WG_SPLIT_COST (the slabs' round trip and the
+# reduction). Up to 6 slices: conv5_x B = 3 (20 tiles of 128 x 128) TF32 0.038 ms split 6
+# against 0.043 split 4 and rung 27's 0.080 (FP16 0.032 / 0.035 / 0.045; H200, docs/vgg.md).
+WG_MAX_SPLIT = 6
 WG_SLICE_MIN = 4
 WG_SPLIT_COST = 1.1
 WG_SPLIT_BELOW_WAVES = 0.6
-WGMMA_SPLIT_MIN_N = 1024
+WGMMA_SPLIT_MIN_N = 512
 WG_TILE_BYTES = 128  # a wgmma k-tile: 128 bytes of an operand row
 
 
@@ -121,8 +128,9 @@ def wgmma_split(shape: ConvShape, mode: str, tile: Mapping[str, int],
 
 def wgmma_splits(shape: ConvShape, sms: int = DEFAULT_SMS) -> bool:
     """Whether auto's model runs the wgmma rungs split on this shape (see WG_MAX_SPLIT): where
-    the 128 x 128 tiles fill less than WG_SPLIT_BELOW_WAVES of the SMs. On conv5_x (H100, NCHW,
-    docs/vgg.md): B = 8 (52 tiles) ran 0.051 ms fp16 at 128 x 192 split 3 against 0.068 whole;
+    the 128 x 128 tiles fill less than WG_SPLIT_BELOW_WAVES of the SMs. On conv5_x (NCHW,
+    docs/vgg.md): B = 3-4 (20-28 tiles; H200) TF32 0.038-0.044 ms split 4-6 against rung 27's
+    0.080; (H100) B = 8 (52 tiles) ran 0.051 ms fp16 at 128 x 192 split 3 against 0.068 whole;
     B = 12 (76 tiles) 128 x 192 split 2 tied fp16 (0.075) and won TF32 (0.096 against 0.119)
     and 3xTF32 (0.204 against 0.270); at B = 16 (100 tiles) every split lost (fp16 0.089
     against 0.072 whole)."""

@@ -97,8 +97,8 @@ COPY_ROWS = RUNG39.copy_rows
 # that measured them still run); the space is what the tuner searches and CI compiles.
 # SPLIT: k-slices (1 = off), every rung and mode; CI compiles its define set (WG_KSLICED, the
 # same for every factor) at the first wide tiles only (`_variants`).
-SPLITS = (1, 2, 3, 4)
-_SPACE = {"BM": (64, 128, 256), "BN": (128, 192), "STAGES": (2, 4), "PIPE": (0, 1),
+SPLITS = (1, 2, 3, 4, 6)
+_SPACE = {"BM": (64, 128, 256), "BN": (96, 128, 192), "STAGES": (2, 4), "PIPE": (0, 1),
           "SPLIT": SPLITS}
 _SPACE_3X = {"BM": (64, 128), "BN": (64, 128, 192), "STAGES": (2, 3, 4), "SPLIT": SPLITS}
 # Rung 40 (no 64-row tiles): 3 or 4 stages, the k-tile before kept in flight, A by cp.async
