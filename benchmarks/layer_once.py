@@ -9,6 +9,8 @@ Each implementation runs twice outside the profiled range (compiling, first allo
 once inside it, on random input and weights (seed 1), so ncu lists one launch per
 implementation in the order given. `cublas-tf32` / `cublas-fp16` (GEMM-shaped layers: 1x1
 images, K = 1) run torch.matmul on operands converted beforehand, as the bench's anchors do.
+Rungs 39-40 with `layout=nhwc` take their channels-last input converted beforehand, as the
+bench's contender form does.
 
 `--timed R` prints, per implementation, medians of R (microseconds): the event time the bench
 reports (start event, call, stop event), the host time of the call inside it, and the event
@@ -76,13 +78,19 @@ def main() -> None:
         else:
             spec = parse_impl(text)
             impl = get_impl(spec.name)
-            run = impl.prepare(shape, w, b, impl.params_for(dict(spec.params)))
+            params = impl.params_for(dict(spec.params))
+            run = impl.prepare(shape, w, b, params)
             pool = impl.pool or 1
-            y = cp.empty((shape.B, shape.M, shape.H_out // pool, shape.W_out // pool),
-                         cp.float32)
+            x_in, y = x, cp.empty((shape.B, shape.M, shape.H_out // pool, shape.W_out // pool),
+                                  cp.float32)
+            if params.get("layout") == "nhwc":  # rungs 39-40's channels-last operands
+                from convolab.gpu import implicit_gemm_wgmma as wg
 
-            def fn(run: Any = run, y: Any = y) -> None:
-                run(x, y)
+                mode = spec.name.rsplit("-", 1)[1]
+                x_in, y = wg.to_operand(x, mode), wg.output_buffer(shape, mode)
+
+            def fn(run: Any = run, x_in: Any = x_in, y: Any = y) -> None:
+                run(x_in, y)
         for _ in range(2):
             fn()
         cp.cuda.Device().synchronize()
