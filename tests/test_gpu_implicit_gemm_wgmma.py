@@ -711,3 +711,49 @@ def test_auto_takes_wgmma_on_hopper() -> None:
     choice = auto.default_choice(conv5_b8, auto.eligible_impls(conv5_b8, "fp16"), "fp16")
     if not wg.wgmma_ruled_out():  # rung 39 split-K (rung 27's where there is no wgmma)
         assert (choice.impl, choice.params["SPLIT"]) == ("igemm-wg-fp16", 0)
+
+
+def test_layout_tile_is_the_kernels_default() -> None:
+    """LAYOUT_TILE names the tile the kernel builds without -D (the layout pass's define set,
+    pinned above, carries none), and any other tile comes with its defines."""
+    from convolab.gpu.compile import KERNEL_DIR
+
+    text = (KERNEL_DIR / wg.FILE).read_text()
+    for name, value in zip(("WG_LAYOUT_C", "WG_LAYOUT_Q"), wg.LAYOUT_TILE, strict=True):
+        assert f"#define {name} {value}" in text
+    assert "WG_LAYOUT_C" not in wg.layout_defines("fp16")
+    assert wg.layout_defines("fp16", (64, 64)) == {**wg.layout_defines("fp16"),
+                                                   "WG_LAYOUT_C": 64, "WG_LAYOUT_Q": 64}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_layout_pass_writes_the_operand_at_every_tile(mode: str,
+                                                      rng: np.random.Generator) -> None:
+    """Each layout tile gives the exact operand (cast, tf32-rounded, or 3xTF32's two planes)
+    with zero pad channels: maps whose pixel count the lane's vector does not divide (15 x 15),
+    a partial last pixel tile, channels off the tile and piece multiples (C = 20, 37)."""
+    import cupy as cp
+
+    for c, h, tile in itertools.product((20, 37), (15, 16), wg_layout_tiles()):
+        x = rng.standard_normal((2, c, h, h)).astype(np.float32)
+        shape = ConvShape(2, c, h, h, 8, 1)
+        got = cp.asnumpy(wg.layout_pass(shape, mode, tile)(cp.asarray(x)))
+        want = np.zeros_like(got)
+        nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        if mode == "fp16":
+            want[0, ..., :c] = nhwc.astype(np.float16)
+        elif mode == "bf16":  # round to nearest even, as bits
+            u = nhwc.view(np.uint32)
+            want[0, ..., :c] = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        else:
+            big = wg.tf32_round(nhwc)
+            want[0, ..., :c] = big
+            if mode == "3xtf32":
+                want[1, ..., :c] = wg.tf32_round(nhwc - big)
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (mode, c, h, tile)
+
+
+def wg_layout_tiles() -> list[tuple[int, int]]:
+    """The default tile and one of each other lane width (1, 2 and 4 pixels a lane)."""
+    return [wg.LAYOUT_TILE, (32, 32), (64, 64)]

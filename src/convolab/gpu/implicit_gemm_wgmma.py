@@ -52,7 +52,7 @@ WG_N = (64, 96, 128, 192, 256)  # the wgmma N a warpgroup may run
 PLANE_LIMIT = 2**32  # the loader keeps pixel offsets within one operand plane in 32 bits
 ALIGN_SLACK = 1024  # the kernels align their ring to the swizzle's 1024-byte period
 EPILOGUE_PAD = 4  # fp32 padding of a row of the NHWC epilogue's staging tile ([n][BM + 4])
-LAYOUT_TILE = 32  # the layout pass transposes 32-channel x 32-pixel tiles, (32, 8) threads
+LAYOUT_TILE = (32, 128)  # the layout pass's (channels, pixels) a block: the kernel's defaults
 LAYOUTS = ("nchw", "nhwc")
 MAX_SLICES = 65535  # gridDim.z
 REDUCE_BLOCK = 256  # wg_splitk_reduce's threads
@@ -240,9 +240,13 @@ def slab_elements(shape: ConvShape, nhwc: bool) -> int:
     return N * (ig.padded_channels(M) if nhwc else M)
 
 
-def layout_defines(mode: str) -> dict[str, int]:
-    """The layout pass's -D set: the operand type alone (the tiles do not matter to it)."""
-    return {"IG_MODE": ig.MODES[mode], "PIPE": 0}
+def layout_defines(mode: str, tile: tuple[int, int] = LAYOUT_TILE) -> dict[str, int]:
+    """The layout pass's -D set: the operand type (the GEMM's tiles do not matter to it), and
+    its own tile where it is not the default."""
+    out = {"IG_MODE": ig.MODES[mode], "PIPE": 0}
+    if tile != LAYOUT_TILE:
+        out |= {"WG_LAYOUT_C": tile[0], "WG_LAYOUT_Q": tile[1]}
+    return out
 
 
 def define_sets(mode: str, rung: WgRung, every_tile: bool = True) -> list[dict[str, int]]:
@@ -393,16 +397,19 @@ def tensor_map(w_op: Any, box_rows: int) -> Any:
     return cp.asarray(np.frombuffer(ctypes.string_at(at, _MAP_BYTES), dtype=np.uint8))
 
 
-def layout_pass(shape: ConvShape, mode: str) -> Callable[[Any], Any]:
-    """x NCHW fp32 -> the kernels' (planes, B, H, W, Cp) operand buffer (reused each call)."""
+def layout_pass(shape: ConvShape, mode: str,
+                tile: tuple[int, int] = LAYOUT_TILE) -> Callable[[Any], Any]:
+    """x NCHW fp32 -> the kernels' (planes, B, H, W, Cp) operand buffer (reused each call);
+    `tile`: the (channels, pixels) a block moves (benchmarks/layout_rate.py compares them)."""
     cp = require_cupy()
     cp_ = ig.padded_channels(shape.C)
     buf = cp.empty(operand_shape(mode, shape.B, shape.H, shape.W, shape.C),
                    dtype=operand_dtype(mode))
-    kernel = get_kernel(FILE, "wg_channels_last", layout_defines(mode))
-    grid = (ceil_div(shape.H * shape.W, LAYOUT_TILE), ceil_div(cp_, LAYOUT_TILE), shape.B)
+    kernel = get_kernel(FILE, "wg_channels_last", layout_defines(mode, tile))
+    channels, pixels = tile
+    grid = (ceil_div(shape.H * shape.W, pixels), ceil_div(cp_, channels), shape.B)
     args = (*(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W)), np.int64(buf[0].size))
-    launch = BoundLaunch(kernel, grid, (LAYOUT_TILE, 8), (None, buf, *args), per_call=(0,))
+    launch = BoundLaunch(kernel, grid, (256,), (None, buf, *args), per_call=(0,))
 
     def convert(x: Any) -> Any:
         launch(x)

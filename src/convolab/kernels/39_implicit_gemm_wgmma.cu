@@ -90,34 +90,93 @@ igemm_wgmma(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
 
 // x NCHW fp32 -> channels-last (B, H, W, Cp) operands, channels C..Cp-1 zero: fp16/bf16 cast,
 // tf32 rounded, or for 3xTF32 the big part here and the small part x_plane elements further.
-// Per image this is a transpose of a C x (H*W) matrix: one block moves a 32-channel x
-// 32-pixel tile of it through shared memory, the pixels counted across rows (a tile of one
-// row's columns would leave half of every read and half the threads idle on 16-wide maps
-// such as conv5_x's).
-extern "C" __global__ void __launch_bounds__(256)
+// Per image this is a transpose of a C x (H*W) matrix: one block moves a WG_LAYOUT_C-channel x
+// WG_LAYOUT_Q-pixel tile of it through shared memory, the pixels counted across rows (a tile
+// of one row's columns would leave half of every read idle on 16-wide maps such as conv5_x's).
+// A warp reads one channel's pixels, WG_LAYOUT_Q / 32 a lane (one vector load where H*W
+// allows); each write is one 16-byte piece of a pixel's channels (8 fp16 or 4 fp32), so a
+// pixel's channels leave as whole sectors. 32 x 128 (H200, benchmarks/layout_rate.py): conv1_2
+// B=16 fp16 90 us (3.5 TB/s, the D2D copy's 4.0) against 123 for 32 x 32 tiles of one float a
+// lane and 2-byte stores; conv5_x B=32 13.7 against 16.5.
+#ifndef WG_LAYOUT_C
+#define WG_LAYOUT_C 32  // gpu/implicit_gemm_wgmma.py's LAYOUT_TILE, as built without -D
+#endif
+#ifndef WG_LAYOUT_Q
+#define WG_LAYOUT_Q 128
+#endif
+#define WG_LAYOUT_THREADS 256
+#define WG_LAYOUT_VEC (WG_LAYOUT_Q / 32)  // pixels a lane reads
+
+static_assert(WG_LAYOUT_VEC == 1 || WG_LAYOUT_VEC == 2 || WG_LAYOUT_VEC == 4,
+              "a lane reads 1, 2 or 4 pixels");
+static_assert(WG_LAYOUT_C % (16 / sizeof(ig_t)) == 0, "a tile holds whole 16-byte pieces");
+
+__device__ __forceinline__ void wg_store_piece(ig_t* dst, const float (&v)[16 / sizeof(ig_t)],
+                                               long long x_plane) {
+  constexpr int PER = 16 / sizeof(ig_t);
+  union {
+    uint4 raw;
+    ig_t e[PER];
+  } piece, rest;
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+#if IG_MODE == 3
+    piece.e[k] = tf32_round(v[k]);
+    rest.e[k] = tf32_round(v[k] - piece.e[k]);
+#elif IG_MODE == 0
+    piece.e[k] = tf32_round(v[k]);
+#else
+    piece.e[k] = ig_t(v[k]);
+#endif
+  }
+  *reinterpret_cast<uint4*>(dst) = piece.raw;
+#if IG_MODE == 3
+  *reinterpret_cast<uint4*>(dst + x_plane) = rest.raw;
+#else
+  (void)rest;
+  (void)x_plane;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(WG_LAYOUT_THREADS)
 wg_channels_last(const float* __restrict__ x, ig_t* __restrict__ out, int C, int Cp, int H,
                  int W, long long x_plane) {
-  __shared__ float tile[32][33];
+  constexpr int PER = 16 / sizeof(ig_t);     // channels a 16-byte piece holds
+  constexpr int PIECES = WG_LAYOUT_C / PER;  // pieces of one pixel in the tile
+  constexpr int V = WG_LAYOUT_VEC;
+  __shared__ float tile[WG_LAYOUT_C][WG_LAYOUT_Q + 1];  // +1: a pixel's channels in 32 banks
   const int hw = H * W;
-  const int q0 = blockIdx.x * 32, c0 = blockIdx.y * 32, b = blockIdx.z;
-  for (int i = threadIdx.y; i < 32; i += 8) {
-    const int c = c0 + i, q = q0 + threadIdx.x;
-    tile[i][threadIdx.x] = (c < C && q < hw) ? x[((size_t)b * C + c) * hw + q] : 0.0f;
+  const int q0 = blockIdx.x * WG_LAYOUT_Q, c0 = blockIdx.y * WG_LAYOUT_C, b = blockIdx.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const bool whole = hw % V == 0 && q0 + WG_LAYOUT_Q <= hw;  // vector loads stay aligned, in
+  for (int i = warp; i < WG_LAYOUT_C; i += WG_LAYOUT_THREADS / 32) {
+    const int c = c0 + i, q = q0 + lane * V;
+    const float* row = x + ((size_t)b * C + c) * hw;
+    float v[V];
+    if (c < C && whole) {
+      if constexpr (V == 4) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(row + q));
+        v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+      } else if constexpr (V == 2) {
+        const float2 f = __ldg(reinterpret_cast<const float2*>(row + q));
+        v[0] = f.x, v[1] = f.y;
+      } else {
+        v[0] = __ldg(row + q);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = c < C && q + e < hw ? __ldg(row + q + e) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) tile[i][lane * V + e] = v[e];
   }
   __syncthreads();
-  for (int i = threadIdx.y; i < 32; i += 8) {
-    const int q = q0 + i, c = c0 + threadIdx.x;
-    if (q >= hw || c >= Cp) continue;
-    const size_t at = ((size_t)b * hw + q) * Cp + c;
-    const float v = tile[threadIdx.x][i];
-#if IG_MODE == 3
-    const float big = tf32_round(v);
-    out[at] = big;
-    out[at + x_plane] = tf32_round(v - big);
-#elif IG_MODE == 0
-    out[at] = tf32_round(v);
-#else
-    out[at] = ig_t(v);
-#endif
+  for (int t = threadIdx.x; t < WG_LAYOUT_Q * PIECES; t += WG_LAYOUT_THREADS) {
+    const int q = q0 + t / PIECES, c = c0 + (t % PIECES) * PER;
+    if (q >= hw || c >= Cp) continue;  // Cp is a multiple of PER: a piece is all in or out
+    float v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) v[k] = tile[c - c0 + k][q - q0];
+    wg_store_piece(out + ((size_t)b * hw + q) * Cp + c, v, x_plane);
   }
 }
