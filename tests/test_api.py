@@ -176,3 +176,31 @@ def test_gpu_model_takes_raw_bytes_host_and_device(model_name: str) -> None:
     assert isinstance(on_device, cp.ndarray)
     np.testing.assert_array_equal(on_device.get(), floats)
     np.testing.assert_array_equal(gpu.predict(raw, batch=77), floats.argmax(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("impl", "shape"), [
+    ("igemm-wg-fp16", (3, 64, 16, 16, 40, 3)),   # the layout pass reads x in float4s
+    ("gemv-mma-fp16", (3, 256, 1, 1, 64, 1)),    # the GEMV stages x in float4s
+    ("gemv-tf32", (3, 256, 1, 1, 64, 1)),
+])
+def test_gpu_input_off_a_16_byte_boundary_is_copied(impl: str, shape: tuple[int, ...],
+                                                    rng: np.random.Generator) -> None:
+    """A contiguous view that starts 4 bytes into a buffer (as x[1:] of a batch of 29 x 29
+    single-channel images starts 3,364 bytes in) runs as its aligned copy does, through the
+    library and through the registry's forward."""
+    import cupy as cp
+
+    from convolab.registry import get_impl
+    from convolab.shapes import ConvShape
+
+    b, c, h, w_, m, k = shape
+    if not get_impl(impl).supports(ConvShape(b, c, h, w_, m, k)):
+        pytest.skip(f"{impl} does not run here")
+    flat = cp.asarray(rng.standard_normal(b * c * h * w_ + 1).astype(np.float32))
+    x = flat[1:].reshape(b, c, h, w_)
+    assert x.data.ptr % 16 != 0 and x.flags.c_contiguous
+    w = cp.asarray((rng.standard_normal((m, c, k, k)) / 10).astype(np.float32))
+    want = cp.asnumpy(convolab.conv2d(x.copy(), w, impl=impl))
+    np.testing.assert_array_equal(cp.asnumpy(convolab.conv2d(x, w, impl=impl)), want)
+    np.testing.assert_array_equal(cp.asnumpy(get_impl(impl).forward(x, w)), want)

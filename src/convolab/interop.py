@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from convolab.backend import cupy_or_none
+from convolab.backend import cupy_or_none, vector_aligned
 from convolab.errors import InputError, InputTypeError
 
 # DLPack device types (dlpack.h, DLDeviceType) that hold memory convolab can read.
@@ -93,7 +93,8 @@ def as_array(a: Any, label: str) -> tuple[Any, Kind]:
 def to_xp(a: Any, label: str, ndim: int | None = None) -> tuple[Any, Kind]:
     """`a` as a float32, C-contiguous NumPy or CuPy array (shared memory where it already is
     one), and where it came from. float64 and float16 are converted to float32 (a copy); other
-    dtypes are refused; a non-contiguous array is copied to a contiguous one."""
+    dtypes are refused; a non-contiguous array is copied to a contiguous one, and so is a CuPy
+    array whose data does not start on a 16-byte boundary (`backend.vector_aligned`)."""
     arr, kind = as_array(a, label)
     if ndim is not None and arr.ndim != ndim:
         raise InputError(f"{label} must be {ndim}-D, got shape {tuple(arr.shape)}")
@@ -105,7 +106,7 @@ def to_xp(a: Any, label: str, ndim: int | None = None) -> tuple[Any, Kind]:
     if not arr.flags.c_contiguous:
         module = np if kind.device == "cpu" else cupy_or_none()
         arr = module.ascontiguousarray(arr)
-    return arr, kind
+    return vector_aligned(arr), kind
 
 
 def same_device(kind: Kind, other: Kind, label: str, first: str = "x") -> None:
