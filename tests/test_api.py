@@ -188,7 +188,7 @@ def test_gpu_input_off_a_16_byte_boundary_is_copied(impl: str, shape: tuple[int,
                                                     rng: np.random.Generator) -> None:
     """A contiguous view that starts 4 bytes into a buffer (as x[1:] of a batch of 29 x 29
     single-channel images starts 3,364 bytes in) runs as its aligned copy does, through the
-    library and through the registry's forward."""
+    library, the registry's forward and an evaluating Conv2d layer."""
     import cupy as cp
 
     from convolab.registry import get_impl
@@ -204,3 +204,8 @@ def test_gpu_input_off_a_16_byte_boundary_is_copied(impl: str, shape: tuple[int,
     want = cp.asnumpy(convolab.conv2d(x.copy(), w, impl=impl))
     np.testing.assert_array_equal(cp.asnumpy(convolab.conv2d(x, w, impl=impl)), want)
     np.testing.assert_array_equal(cp.asnumpy(get_impl(impl).forward(x, w)), want)
+    from convolab.layers import Conv2d
+
+    layer = Conv2d(c, m, k, bias=False, impl=impl).eval()  # a prepared run, held by the layer
+    layer.weight = w
+    np.testing.assert_array_equal(cp.asnumpy(layer(x)), want)

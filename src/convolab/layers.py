@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from convolab.backend import xp_of
+from convolab.backend import vector_aligned, xp_of
 from convolab.errors import CallOrderError, InputError
 from convolab.shapes import ConvShape, positive_int
 
@@ -198,7 +198,7 @@ class Conv2d(Layer):
         if key not in self._plans:
             self._plans = {key: impl.prepare(shape, self.weight, bias, impl.params_for())}
         y = xp.empty(impl.out_shape(shape), dtype=np.float32)
-        self._plans[key](xp.ascontiguousarray(x), y)
+        self._plans[key](vector_aligned(xp.ascontiguousarray(x)), y)
         return y
 
     def pop_input(self) -> Array | None:
