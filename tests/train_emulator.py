@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-from cuda_emulator import CUDA_SHIM
+from cuda_emulator import CUDA_SHIM, READ_SHIM
 
 from convolab.gpu import trainer as tr
 from convolab.gpu.compile import KERNEL_DIR, define_flags
@@ -105,14 +105,10 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int off) {
 
 # main(): argv = folder, blocks, threads; reads the kernel's inputs from folder/NAME.bin and
 # writes its outputs back (poisoned by the caller). KERNEL_CALL launches one thread.
-MAIN = r"""
+MAIN = READ_SHIM + r"""
 template <class T> static T* load(const char* dir, const char* name, size_t n) {
-  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16));
-  char path[1024]; snprintf(path, sizeof path, "%s/%s.bin", dir, name);
-  FILE* f = fopen(path, "rb");
-  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
-  fclose(f);
-  return p;
+  char file[256]; snprintf(file, sizeof file, "%s.bin", name);
+  return read<T>(dir, file, n);
 }
 template <class T> static void save(const char* dir, const char* name, const T* p, size_t n) {
   char path[1024]; snprintf(path, sizeof path, "%s/%s.bin", dir, name);
