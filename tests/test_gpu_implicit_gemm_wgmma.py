@@ -156,9 +156,9 @@ def test_wave_model_picks_the_measured_tiles(mode: str, batch: int,
     assert (got["BM"], got["BN"]) == tile and "SPLIT" not in got
 
 
-# The unsplit define sets of both rungs before BN = 96 joined rung 39's space (155, sorted
-# JSON lines), pinned: the cubin cache and every measured tile name them, so a new option
-# adds sets (BN = 96: 18 more) and leaves these alone.
+# The unsplit define sets of both rungs other than BN = 96's (155, sorted JSON lines), pinned:
+# the cubin cache and every measured tile name them, so a new option adds sets (BN = 96: 18)
+# and leaves these alone.
 UNSPLIT_SETS_SHA256 = "7c24248edb08eeb91be9aba844467a6a0ab6ca6feaf2f6d10115194d45d6a7d2"
 
 
