@@ -39,6 +39,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.gemv",
     "convolab.gpu.gemv_mma",
     "convolab.gpu.gemv_cluster",
+    "convolab.gpu.gemv_wgmma",
     "convolab.gpu.auto",
 )
 

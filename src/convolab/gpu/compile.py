@@ -20,14 +20,15 @@ from convolab.backend import require_cupy
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 # Kernel files built for an architecture-specific target instead of the device's own: the
-# warpgroup MMA (wgmma) of rungs 39, 40, 44-47 exists on sm_90a only, and such code runs on
+# warpgroup MMA (wgmma) of rungs 39, 40, 44-47 and 49 exists on sm_90a only, and such code runs on
 # nothing else.
 ARCH_SPECIFIC: dict[str, str] = {"39_implicit_gemm_wgmma.cu": "sm_90a",
                                  "40_implicit_gemm_wgmma_pipelined.cu": "sm_90a",
                                  "44_fused_conv_pool_wgmma.cu": "sm_90a",
                                  "45_fused_first_conv_pool_wgmma.cu": "sm_90a",
                                  "46_fused_conv_pool_wgmma_ws.cu": "sm_90a",
-                                 "47_fused_first_pair_wgmma_ws.cu": "sm_90a"}
+                                 "47_fused_first_pair_wgmma_ws.cu": "sm_90a",
+                                 "49_gemv_wgmma_bulk.cu": "sm_90a"}
 
 
 def nvcc_target(filename: str) -> tuple[str, ...]:

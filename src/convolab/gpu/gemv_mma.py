@@ -155,14 +155,30 @@ def piece_bytes(mode: str) -> int:
     return 32 * (20 if mode == "tf32" else 16)
 
 
+def slice_chunks(chunks: int, tiles: int, slots: int, chunk_bytes: int, tile_rows: int, B: int,
+                 forced: int = 0) -> int:
+    """Chunks a k slice of a row tile, for `tiles` row tiles of `chunks` chunks each on `slots`
+    block slots a wave: with `forced` (SPLIT) that many slices, else the count with the least
+    modelled time, in bytes the busiest slot moves: (waves, rounded up) x (chunks a block +
+    RAMP_CHUNKS) x chunk_bytes, plus the slice sum at the end, which one block a row tile does
+    alone: slices x tile_rows x B fp32 partials, weighted REDUCE_WEIGHT (an SM alone reads L2
+    several times faster than its share of the stream)."""
+    options = [min(forced, chunks)] if forced else range(1, min(chunks, MAX_SLICES) + 1)
+
+    def cost(slices: int) -> tuple[float, int]:
+        per_slice = ceil_div(chunks, slices)
+        real = ceil_div(chunks, per_slice)
+        stream = ceil_div(tiles * real, slots) * (per_slice + RAMP_CHUNKS) * chunk_bytes
+        reduce = real * tile_rows * B * 4 * REDUCE_WEIGHT if real > 1 else 0.0
+        return stream + reduce, real
+
+    return ceil_div(chunks, min(cost(s) for s in options)[1])
+
+
 def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
                 sms: int = DEFAULT_SMS, resident: int | None = None) -> LaunchPlan:
-    """Row tiles and k slices. Automatic SPLIT (0): the slice count with the least modelled
-    time, in bytes the busiest SM slot moves: (waves of `sms` x `resident` blocks, rounded up)
-    x (chunks a block + RAMP_CHUNKS) x (a chunk's weight bytes), plus the slice sum at the end,
-    which one block a row tile does alone: slices x its rows x B fp32 partials, weighted
-    REDUCE_WEIGHT (an SM alone reads L2 several times faster than its share of the stream).
-    `resident`: the blocks an SM holds at once, MINB unless the caller knows fewer fit."""
+    """Row tiles and k slices (`slice_chunks`; SPLIT 0 chooses). `resident`: the blocks an SM
+    holds at once, MINB unless the caller knows fewer fit."""
     d = mma_defines(mode, shape.B, params)
     slots = sms * (d["TM_MINB"] if resident is None else resident)
     m_tiles, pieces = ceil_div(shape.M, 16), ceil_div(shape.C, piece_k(mode))
@@ -170,17 +186,8 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
     chunks = ceil_div(pieces, d["TM_CP"])
     chunk_bytes = d["TM_WARPS"] * d["TM_MT"] * d["TM_CP"] * piece_bytes(mode)
     tile_rows = 16 * d["TM_MT"] * d["TM_WARPS"]
-    forced = int(params["SPLIT"])
-    options = [min(forced, chunks)] if forced else range(1, min(chunks, MAX_SLICES) + 1)
-
-    def cost(slices: int) -> tuple[float, int]:
-        per_slice = ceil_div(chunks, slices)
-        real = ceil_div(chunks, per_slice)
-        stream = ceil_div(tiles * real, slots) * (per_slice + RAMP_CHUNKS) * chunk_bytes
-        reduce = real * tile_rows * shape.B * 4 * REDUCE_WEIGHT if real > 1 else 0.0
-        return stream + reduce, real
-
-    per_slice = ceil_div(chunks, min(cost(s) for s in options)[1])
+    per_slice = slice_chunks(chunks, tiles, slots, chunk_bytes, tile_rows, shape.B,
+                             int(params["SPLIT"]))
     slices = ceil_div(chunks, per_slice)
     smem = staged_x_bytes(mode, d)
     if smem > SMEM_LIMIT:
@@ -320,14 +327,19 @@ def operand_values(w2: Any, mode: str) -> Any:
                          f"{CHANNEL_ALIGN}, got shape {w2.shape}")
     if mode not in MODES:
         raise ValueError(f"gemv-mma: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    return fragment_values(sixteen_bit(w2, mode) if mode in ("fp16", "bf16") else w2, mode)
+
+
+def sixteen_bit(a: Any, mode: str) -> Any:
+    """fp32 values in a 16-bit operand type, round to nearest even: fp16 values, or bf16 bit
+    patterns (uint16)."""
+    xp = xp_of(a)
+    a = xp.ascontiguousarray(a, dtype=xp.float32)
     if mode == "fp16":
-        return fragment_values(w2.astype(xp.float16), mode)
-    if mode == "bf16":
-        u = w2.view(xp.uint32)
-        bits = ((u + ((u >> xp.uint32(16)) & xp.uint32(1)) + xp.uint32(0x7FFF))
-                >> xp.uint32(16)).astype(xp.uint16)
-        return fragment_values(bits, mode)
-    return fragment_values(w2, mode)
+        return a.astype(xp.float16)
+    u = a.view(xp.uint32)
+    return ((u + ((u >> xp.uint32(16)) & xp.uint32(1)) + xp.uint32(0x7FFF))
+            >> xp.uint32(16)).astype(xp.uint16)
 
 
 def _tf32_bytes(values: Any) -> tuple[Any, Any]:
@@ -453,4 +465,4 @@ for _mode in MODES:
 
 __all__ = ["auto_choice", "bulk_defines", "bulk_resident", "bulk_smem", "chunk_bytes", "elem_bytes",
            "fragment_values", "launch_plan", "mma_defines", "n_tiles", "operand_values",
-           "pack_chunks", "pack_weights", "piece_k", "staged_x_bytes", "supports"]
+           "pack_chunks", "pack_weights", "piece_k", "sixteen_bit", "slice_chunks", "staged_x_bytes", "supports"]
