@@ -1,15 +1,15 @@
 """Kernel 49 (`gemv-wg-fp16`, `gemv-wg-bf16`): classifier layers at batch 16-64 on the
-warpgroup MMA, weights and x both in wgmma's swizzled layout, brought by the bulk copy engine.
+warpgroup MMA, fed by a producer warpgroup (weights and x by the bulk copy engine, x converted in
+shared memory).
 
-CPU tests: every weight and every x value is found where the kernel's descriptors read it
-(addresses computed here from the layout the kernel states: a block's chunk of KT k-tiles,
-each 2 MT tiles of 64 rows x 128 bytes, piece j of row r at j ^ (r mod 8), row 16 w + r of
-tile (g, mi) being kernel 42's m-tile mi of warp 4 g + w), everything else zero; the launch
-plan's slices cover k in whole chunks and rings that do not fit are refused; bad parameters
-name the problem. GPU tests: gemv_pack_x writes exactly `pack_x`'s bytes; every mode against
-the fp64 reference on fresh random shapes (C and M off the tile multiples), outputs poisoned,
-at the defaults and at random points of the space, each run twice (bit-identical); VGG's fc6
-and fc7 at B = 16, 33, 64.
+CPU tests: every weight is found where the kernel's descriptors read it (addresses computed
+here from the layout the kernel states: a block's chunk of KT k-tiles, each 2 MT tiles of 64
+rows x 128 bytes, piece j of row r at j ^ (r mod 8), row 16 w + r of tile (g, mi) being kernel
+42's m-tile mi of warp 4 g + w), everything else zero; the launch plan's slices cover k in
+whole chunks and rings that do not fit are refused; bad parameters name the problem. GPU
+tests: every mode against the fp64 reference on fresh random shapes (B 1-64, C and M off the
+tile multiples), outputs poisoned, at the defaults and at random points of the space, each run
+twice (bit-identical); VGG's fc6 and fc7 at B = 16, 33, 64.
 """
 
 from __future__ import annotations
@@ -73,23 +73,6 @@ def test_weights_sit_where_the_descriptors_read_them(mode: str, rng: np.random.G
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_x_sits_where_the_descriptors_read_it(mode: str, rng: np.random.Generator) -> None:
-    B, C = int(rng.integers(1, 65)), 8 * int(rng.integers(1, 40))
-    d = gemv_wgmma.defines(mode, B, random_point(rng))
-    chunks = ceil_div(C, 64 * d["GW_KT"])
-    x = rng.standard_normal((B, C)).astype(np.float32)
-    packed = gemv_wgmma.pack_x(x, mode, d, chunks).view(np.uint16)
-    n = 8 * d["TM_NT"]
-    assert packed.size * 2 == chunks * gemv_wgmma.x_bytes(d) and n >= B
-    b, k = np.meshgrid(np.arange(B), np.arange(C), indexing="ij")
-    at = ((k // 64) * n + b) * 64 + ((k % 64 // 8) ^ (b % 8)) * 8 + k % 8
-    np.testing.assert_array_equal(packed[at], sixteen_bits(x, mode))
-    rest = np.ones(packed.size, bool)
-    rest[at.reshape(-1)] = False
-    assert not packed[rest].any()
-
-
-@pytest.mark.parametrize("mode", MODES)
 def test_launch_plan_covers_k_in_whole_chunks(mode: str, rng: np.random.Generator) -> None:
     for _ in range(50):
         shape = ConvShape(int(rng.integers(1, 65)), 8 * int(rng.integers(1, 4000)), 1, 1,
@@ -102,7 +85,8 @@ def test_launch_plan_covers_k_in_whole_chunks(mode: str, rng: np.random.Generato
             continue
         plan = gemv_wgmma.launch_plan(shape, mode, params, sms=int(rng.integers(1, 140)))
         assert plan.chunks * 64 * d["GW_KT"] >= shape.C > (plan.chunks - 1) * 64 * d["GW_KT"]
-        assert (plan.slices - 1) * plan.slice_chunks < plan.chunks <= plan.slices * plan.slice_chunks
+        per = plan.slice_chunks
+        assert (plan.slices - 1) * per < plan.chunks <= plan.slices * per
         assert plan.tiles * 128 * d["TM_MT"] >= shape.M
         if params["SPLIT"]:
             assert plan.slices == ceil_div(plan.chunks, ceil_div(plan.chunks, min(
@@ -134,26 +118,6 @@ def test_compiled_define_sets_cover_every_value() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
-def test_pack_kernel_writes_the_packed_x(mode: str, rng: np.random.Generator) -> None:
-    import cupy as cp
-
-    from convolab.gpu.compile import get_kernel
-
-    for _ in range(3):
-        B, C = int(rng.integers(1, 65)), 8 * int(rng.integers(1, 300))
-        d = gemv_wgmma.defines(mode, B, random_point(rng))
-        chunks = ceil_div(C, 64 * d["GW_KT"])
-        x = rng.standard_normal((B, C)).astype(np.float32)
-        out = cp.full(chunks * gemv_wgmma.x_bytes(d), 0xFF, dtype=cp.uint8)  # poisoned
-        pieces = out.size // 16
-        kernel = get_kernel(gemv_wgmma.KERNEL_FILE, "gemv_pack_x", d)
-        kernel((ceil_div(pieces, 256),), (256,),
-               (cp.asarray(x), out, np.int32(B), np.int32(C), np.int32(pieces)))
-        np.testing.assert_array_equal(out.get(), gemv_wgmma.pack_x(x, mode, d, chunks))
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> None:
     import cupy as cp
@@ -179,3 +143,30 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
 def test_vgg_classifier_layers(name: str, batch: int, rng: np.random.Generator) -> None:
     assert get_impl(name).supports(ConvShape(batch, 4096, 1, 1, 1024, 1))
     check_classifier_layers(name, batch, rng, TOLERANCE[name.split("-")[-1]])
+
+
+def test_auto_takes_kernel_49_for_fc6_in_fp16_from_batch_17() -> None:
+    """fc6 in FP16 from AUTO_FROM_BATCH with AUTO_TILES' parameters; kernel 42/43 where kernel
+    49 is not eligible (a GPU without wgmma), at smaller batch, in other modes, and on fc7."""
+    from convolab.bench.cases import VGG_SWEEP_BATCHES
+    from convolab.gpu import auto
+    from convolab.registry import all_impls
+
+    names = {i.name for i in all_impls("gpu")}
+    fc6, fc7 = ConvShape(1, 25088, 1, 1, 4096, 1), ConvShape(1, 4096, 1, 1, 1024, 1)
+    for batch in VGG_SWEEP_BATCHES:
+        for mode in auto.GEMM_FAMILY:
+            choice = auto.default_choice(fc6.with_batch(batch), names, mode)
+            if mode == "fp16" and batch >= gemv_wgmma.AUTO_FROM_BATCH:
+                assert choice.impl == "gemv-wg-fp16", (batch, choice)
+                want = next(p for up_to, p in gemv_wgmma.AUTO_TILES if up_to >= batch)
+                assert choice.params == want
+                plan = gemv_wgmma.launch_plan(fc6.with_batch(batch), mode,
+                                              get_impl(choice.impl).params_for(choice.params))
+                assert plan.smem <= gemv_mma.SMEM_LIMIT
+                fallback = auto.default_choice(fc6.with_batch(batch), names - {choice.impl}, mode)
+                assert fallback.impl.startswith(("gemv-mma-", "gemv-bulk-")), fallback
+            else:
+                assert not choice.impl.startswith("gemv-wg"), (batch, mode, choice)
+            assert not auto.default_choice(fc7.with_batch(batch), names,
+                                           mode).impl.startswith("gemv-wg")

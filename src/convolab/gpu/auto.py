@@ -12,6 +12,9 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a small linear layer (under gemv_mma.BIG_LAYER weights: fc7, not fc6) in FP16 or TF32 at
     B <= 64: kernel 48, one launch whose k slices are a thread-block cluster
     (`gemv_cluster.auto_choice`, docs/vgg.md "Kernel 48");
+  * a large linear layer (fc6) in FP16 from B = 17 on Hopper: kernel 49, the GEMV on the
+    warpgroup MMA fed by a producer warpgroup (`gemv_wgmma.auto_choice`, docs/vgg.md
+    "Kernel 49");
   * a linear layer where kernel 42 (the tensor-core GEMV: weights streamed as the MMA's A, the
     batch as n) measured fastest: TF32 from B = 8 (up to 64 on fc6-sized layers, 16 on
     smaller), FP16 up to B = 32, with 64-row tiles on small layers from B = 12, and kernel
@@ -50,7 +53,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from convolab.gpu import gemv, gemv_cluster, gemv_mma, implicit_gemm, tune
+from convolab.gpu import gemv, gemv_cluster, gemv_mma, gemv_wgmma, implicit_gemm, tune
 from convolab.gpu import implicit_gemm_wgmma as wg
 from convolab.gpu.device import gpu_name
 from convolab.precision import TOLERANCE
@@ -88,6 +91,9 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     cluster = gemv_cluster.auto_choice(shape, mode)
     if cluster is not None:
         wishes.append(Choice(*cluster))
+    wgmma_gemv = gemv_wgmma.auto_choice(shape, mode)
+    if wgmma_gemv is not None:
+        wishes.append(Choice(*wgmma_gemv))
     tensor_core_gemv = gemv_mma.auto_choice(shape, mode)
     if tensor_core_gemv is not None:
         wishes.append(Choice(*tensor_core_gemv))

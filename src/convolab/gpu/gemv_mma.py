@@ -465,4 +465,5 @@ for _mode in MODES:
 
 __all__ = ["auto_choice", "bulk_defines", "bulk_resident", "bulk_smem", "chunk_bytes", "elem_bytes",
            "fragment_values", "launch_plan", "mma_defines", "n_tiles", "operand_values",
-           "pack_chunks", "pack_weights", "piece_k", "sixteen_bit", "slice_chunks", "staged_x_bytes", "supports"]
+           "pack_chunks", "pack_weights", "piece_k", "sixteen_bit", "slice_chunks",
+           "staged_x_bytes", "supports"]

@@ -1,16 +1,15 @@
 """Kernel 49 (`gemv-wg-fp16`, `gemv-wg-bf16`): a classifier layer at batch 16-64 on Hopper's
-warpgroup MMA, weights and x both brought by the bulk copy engine
-(kernels/49_gemv_wgmma_bulk.cu).
+warpgroup MMA, fed by a producer warpgroup (kernels/49_gemv_wgmma_bulk.cu).
 
 Kernel 43 at 32-64 columns reads x's chunk from shared memory once a warp (64 KB a chunk for
 32 KB of weights) after converting it through registers between two block barriers; here wgmma
-reads both operands from shared memory by descriptor, x is converted once a call into chunks
-laid out as wgmma reads them, and a chunk of x travels with the block's chunk of weights into
-a ring on mbarriers. Layout of both operands: each k-tile of 64 values is a row of 128 bytes
-in wgmma's 128-byte swizzle (16-byte piece j of row r at j ^ (r mod 8)). `pack_weights` puts
-a block's rows in the order that gives warp w of warpgroup g kernel 42's m-tiles of warp
-4g + w, so the kernel ends with kernel 42's `finish`. Everything above `prepare` is pure
-Python, tested on the CPU; CuPy is imported inside `prepare` only.
+reads both operands from shared memory by descriptor, and a third warpgroup fills the ring: the
+block's chunk of weights and x's rows (fp32) by the bulk copy engine, then x converted within
+shared memory. Layout of both operands in a stage: each k-tile of 64 values is a row of 128 bytes in
+wgmma's 128-byte swizzle (16-byte piece j of row r at j ^ (r mod 8)). `pack_weights` puts a
+block's rows in the order that gives warp w of warpgroup g kernel 42's m-tiles of warp 4g + w,
+so the kernel ends with kernel 42's `finish`. Everything above `prepare` is pure Python, tested
+on the CPU; CuPy is imported inside `prepare` only.
 """
 
 from __future__ import annotations
@@ -33,16 +32,14 @@ KERNEL_FILE = "49_gemv_wgmma_bulk.cu"
 MODES: dict[str, int] = {"fp16": 0, "bf16": 1}
 K_TILE = 64  # k values in one 128-byte operand row
 ROW_BYTES = 128
-WARPGROUPS = 2
-PACK_THREADS = 256
+WARPGROUPS = 2  # consumers; a third copies
+THREADS = 128 * (WARPGROUPS + 1)
 # MT: 64-row wgmmas a warpgroup (a block's rows: 128 MT); KT: k-tiles a chunk; STAGES: chunks
 # in the ring; MINB: the launch bound's blocks an SM; SPLIT: k slices (0: chosen,
-# `gemv_mma.slice_chunks`); EARLY: the GEMM launched to start while x is converted (its
-# weight copies go out at once; `launch.BoundLaunch`, early=True).
+# `gemv_mma.slice_chunks`).
 SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2), "KT": (1, 2), "STAGES": (2, 3, 4, 5, 6),
-                                     "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2),
-                                     "EARLY": (0, 1)}
-DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1, "EARLY": 1}
+                                     "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2)}
+DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1}
 
 
 def supports(shape: ConvShape) -> bool:
@@ -75,8 +72,9 @@ def a_bytes(d: Mapping[str, int]) -> int:
 
 
 def x_bytes(d: Mapping[str, int]) -> int:
-    """x's chunk: KT k-tiles of 8 TM_NT rows."""
-    return d["GW_KT"] * 8 * d["TM_NT"] * ROW_BYTES
+    """x's chunk in a stage: KT k-tiles of 8 TM_NT rows in the operand type, and the same rows
+    in fp32 as copied."""
+    return d["GW_KT"] * 8 * d["TM_NT"] * (ROW_BYTES + 4 * K_TILE)
 
 
 def smem_bytes(d: Mapping[str, int]) -> int:
@@ -108,7 +106,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
         raise ValueError(f"gemv-wg: {d['GW_STAGES']} stages of {a_bytes(d) + x_bytes(d)} bytes "
                          f"need {smem} B of shared memory, over {gemv_mma.SMEM_LIMIT}: fewer "
                          f"STAGES, KT or MT")
-    resident = max(1, min(d["TM_MINB"], device.resident_blocks(1, 32 * d["TM_WARPS"], smem)))
+    resident = max(1, min(d["TM_MINB"], device.resident_blocks(1, THREADS, smem)))
     tiles = ceil_div(shape.M, tile_rows(d))
     chunks = ceil_div(shape.C, K_TILE * d["GW_KT"])
     per_slice = gemv_mma.slice_chunks(chunks, tiles, sms * resident, a_bytes(d), tile_rows(d),
@@ -151,18 +149,26 @@ def pack_weights(w2: Any, mode: str, d: Mapping[str, int]) -> Any:
     return xp.ascontiguousarray(_swizzle(a)).view(xp.uint8).reshape(-1)
 
 
-def pack_x(x: Any, mode: str, d: Mapping[str, int], chunks: int) -> Any:
-    """(B, C) fp32 -> what gemv_pack_x writes, uint8 (the CPU's statement of it, for the
-    tests): k-tile t of every chunk is 8 TM_NT rows of 128 bytes, swizzled; zero past B and
-    C."""
-    xp = xp_of(x)
-    values = gemv_mma.sixteen_bit(x, mode)
-    B, C = values.shape
-    n, tiles = 8 * d["TM_NT"], chunks * d["GW_KT"]
-    padded = xp.zeros((n, tiles * K_TILE), dtype=values.dtype)
-    padded[:B, :C] = values
-    a = padded.reshape(n, tiles, 8, 8).transpose(1, 0, 2, 3)
-    return xp.ascontiguousarray(_swizzle(a)).view(xp.uint8).reshape(-1)
+# Where `auto` runs kernel 49 without a cache entry (H200, 2026-11-29, docs/vgg.md "Kernel 49";
+# event time of one call / device time of calls queued back to back, us): fc6 in FP16 at B = 32
+# 63.5 / 56.8 with 128-row tiles and 6 stages (kernel 42 72.9 / 64.2, cuBLAS 72.2 / 54.8); at 64
+# 78.4 / 71.9 with 256-row tiles and 4 stages (kernel 43 88.5 / 81.9; cuBLAS 68.4 / 56.6); at 16
+# 59.0 / 54.5 against kernel 42's 57.8 / 50.8, which keeps B <= 16.
+AUTO_MODES = ("fp16",)
+AUTO_FROM_BATCH = 17
+AUTO_TILES: tuple[tuple[int, dict[str, int]], ...] = ((32, {"STAGES": 6}),
+                                                     (64, {"MT": 2, "STAGES": 4}))
+
+
+def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
+    """The implementation and parameters `auto` runs for this layer in this mode, or None where
+    kernel 49 is not its choice: layers of gemv_mma.BIG_LAYER weights (fc6) in AUTO_MODES from
+    AUTO_FROM_BATCH, with AUTO_TILES' first entry that holds B."""
+    if (mode not in AUTO_MODES or not gemv_mma.supports(shape) or shape.B < AUTO_FROM_BATCH
+            or shape.M * shape.C < gemv_mma.BIG_LAYER):
+        return None
+    params = next(p for up_to, p in AUTO_TILES if up_to >= shape.B)
+    return f"gemv-wg-{mode}", dict(params)
 
 
 # What CI's nvcc check builds: each mode at the fewest and the most batch tiles (TM_NT changes
@@ -204,26 +210,20 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         plan = launch_plan(shape, mode, params, sm_count())
         d = plan.defines
         w_op = pack_weights(cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C), mode, d)
-        x_op = cp.zeros(plan.chunks * x_bytes(d), dtype=cp.uint8)
-        pieces = x_op.size // 16
-        pack = BoundLaunch(get_kernel(KERNEL_FILE, "gemv_pack_x", d),
-                           (ceil_div(pieces, PACK_THREADS),), (PACK_THREADS,),
-                           (None, x_op, np.int32(shape.B), np.int32(shape.C), np.int32(pieces)),
-                           per_call=(0,))
         kernel = get_kernel(KERNEL_FILE, "gemv_wgmma", d)
         kernel.max_dynamic_shared_size_bytes = plan.smem
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         partial = cp.empty((plan.slices if plan.slices > 1 else 0, shape.B, shape.M),
                            dtype=cp.float32)
         tickets = cp.zeros(plan.tiles, dtype=cp.int32)
-        gemm = BoundLaunch(kernel, plan.grid, (32 * d["TM_WARPS"],),
-                           (x_op, w_op, b_d, None, partial, tickets, np.int32(shape.B),
-                            np.int32(shape.M), np.int32(plan.chunks), np.int32(plan.slice_chunks)),
-                           per_call=(3,), shared_mem=plan.smem, early=bool(params["EARLY"]))
+        launch = BoundLaunch(kernel, plan.grid, (THREADS,),
+                             (None, w_op, b_d, None, partial, tickets,
+                              *(np.int32(v) for v in (shape.B, shape.M, shape.C, plan.chunks,
+                                                      plan.slice_chunks))),
+                             per_call=(0, 3), shared_mem=plan.smem)
 
         def run(x: Any, y: Any) -> None:
-            pack(x)
-            gemm(y)
+            launch(x, y)
 
         return run
 
@@ -235,12 +235,13 @@ WHAT = {"fp16": "fp16 weights and x", "bf16": "bf16 weights and x"}
 for _mode in MODES:
     register(ConvImpl(
         name=f"gemv-wg-{_mode}", rung=49, device="gpu", kernel_file=KERNEL_FILE,
-        demonstrates=f"classifier layer at batch 16-64 on the warpgroup MMA (sm_90a): weights "
-                     f"and x, converted once a call, both in wgmma's swizzled layout and brought "
-                     f"chunk by chunk by the bulk copy engine into a ring on full/empty "
-                     f"mbarriers, no block barrier in the loop ({WHAT[_mode]}, fp32 accumulate)",
+        demonstrates=f"classifier layer at batch 16-64 on the warpgroup MMA (sm_90a), a producer "
+                     f"warpgroup filling a ring on mbarriers: the weights (packed in wgmma's "
+                     f"swizzled layout) and x's fp32 rows by the bulk copy engine, x converted in "
+                     f"shared memory; no block barrier in the loop ({WHAT[_mode]}, fp32 "
+                     f"accumulate)",
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["a_bytes", "defines", "launch_plan", "pack_weights", "pack_x", "smem_bytes",
+__all__ = ["a_bytes", "auto_choice", "defines", "launch_plan", "pack_weights", "smem_bytes",
            "supports", "x_bytes"]

@@ -8,12 +8,6 @@ through the driver's cuLaunchKernel with the parameter array built beforehand
 array at prepare; a call rewrites only the slots of the arrays that change per call (x, y) and
 launches on the current stream. The classifier-layer kernels (41, 42, 43, 48) and the
 implicit-GEMM rungs (26, 27, 39, 40: layout pass, GEMM, split-k sum) launch through it.
-
-`early=True` launches by cuLaunchKernelEx (ctypes on libcuda) with programmatic stream
-serialization: the kernel may start while the one before it in the stream still runs, once
-every block of that one has executed `griddepcontrol.launch_dependents` (or exited), and it
-must execute `griddepcontrol.wait` before it reads what that kernel writes. Kernel 49 starts
-its weight stream this way while x is being converted.
 """
 
 from __future__ import annotations
@@ -27,19 +21,6 @@ import numpy as np
 
 from convolab.backend import require_cupy
 
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
-
-
-class _Attribute(ctypes.Structure):  # CUlaunchAttribute: id, padding to 8, a 64-byte union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
-
-
-class _Config(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_Attribute)), ("num_attrs", ctypes.c_uint)]
-
-
 _SCALARS: dict[type, type] = {np.int32: ctypes.c_int32, np.uint32: ctypes.c_uint32,
                               np.int64: ctypes.c_int64, np.uint64: ctypes.c_uint64,
                               np.float32: ctypes.c_float}
@@ -50,8 +31,7 @@ class BoundLaunch:
     `per_call`, which each call passes (device arrays, in that order)."""
 
     def __init__(self, kernel: Any, grid: Sequence[int], block: Sequence[int],
-                 args: Sequence[Any], per_call: Sequence[int], shared_mem: int = 0,
-                 early: bool = False) -> None:
+                 args: Sequence[Any], per_call: Sequence[int], shared_mem: int = 0) -> None:
         from cupy_backends.cuda.api import driver
 
         self._launch = driver.launchKernel
@@ -69,17 +49,6 @@ class BoundLaunch:
         # The slots are shared: one caller at a time sets them and launches (the driver copies
         # the parameters at the launch, so the next caller may rewrite them right after).
         self._lock = threading.Lock()
-        self._config: _Config | None = None
-        if early:
-            self._attribute = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-            self._attribute.value[0] = 1
-            self._config = _Config((ctypes.c_uint * 3)(*self._grid),
-                                   (ctypes.c_uint * 3)(*self._block), self._shared_mem, None,
-                                   ctypes.pointer(self._attribute), 1)
-            self._launch_ex = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-            self._launch_ex.restype = ctypes.c_int
-            self._launch_ex.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_void_p,
-                                        ctypes.c_void_p]
 
     @staticmethod
     def _slot(index: int, arg: Any, per_call: Sequence[int]) -> Any:
@@ -98,13 +67,6 @@ class BoundLaunch:
         with self._lock:
             for slot, a in zip(self._per_call, arrays, strict=True):
                 slot.value = a.data.ptr
-            if self._config is not None:
-                self._config.stream = self._stream().ptr
-                status = self._launch_ex(ctypes.byref(self._config), self._function,
-                                         self._address, None)
-                if status:
-                    raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
-                return
             self._launch(self._function, gx, gy, gz, bx, by, bz, self._shared_mem,
                          self._stream().ptr, self._address, 0)
 

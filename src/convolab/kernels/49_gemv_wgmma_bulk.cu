@@ -1,23 +1,27 @@
-// Kernel 49: a classifier layer at batch 16-64 on the warpgroup MMA, weights and x both brought
-// by the bulk copy engine.
+// Kernel 49: a classifier layer at batch 16-64 on the warpgroup MMA, fed by a producer
+// warpgroup: the weights by the bulk copy engine, x converted on the way in.
 //
 // What it changes against kernel 43: there eight warps issue mma.sync from weight pieces in
 // registers, and every warp reads all of x's chunk from shared memory as B fragments (at 64
 // columns, 64 KB of shared-memory reads a chunk for 32 KB of weights), after the block has
 // converted that chunk from fp32 through registers behind two block barriers a chunk. Here:
-// - x is converted once a call (gemv_pack_x below) into the operand type and laid out chunk
-//   by chunk as wgmma reads it, so a chunk of x is one contiguous run, like a chunk of weights
-//   (packed at prepare, gpu/gemv_wgmma.py); one thread brings both into a ring stage with two
-//   cp.async.bulk copies counted on the stage's "full" mbarrier;
 // - two warpgroups issue wgmma m64nNk16 with both operands read from shared memory through
-//   descriptors (N: the batch rounded up to 8 TM_NT), each k-tile in the 128-byte swizzle;
-// - a warpgroup releases a stage on its "empty" mbarrier once its wgmmas on it retired, and the
-//   copying thread refills the stage when both have: no block barrier in the loop.
+//   descriptors (N: the batch rounded up to 8 TM_NT), each k-tile a row of 128 bytes in the
+//   128-byte swizzle (16-byte piece j of row r at j ^ (r mod 8));
+// - a third warpgroup fills a ring of GW_STAGES stages: one of its threads asks the copy engine
+//   for the block's chunk of weights (packed at prepare in that swizzle, one contiguous run,
+//   gpu/gemv_wgmma.py), all 128 copy x's chunk in fp32 by cp.async (both land on "loaded"),
+//   GW_STAGES chunks ahead; when a chunk has landed they convert its x within shared memory
+//   into the swizzled operand and arrive on "full". (Through the producers' registers, one
+//   chunk ahead, x cost an L2 round trip a chunk, longer than a chunk's weights: docs/vgg.md,
+//   "Kernel 49".)
+// - a consumer warpgroup waits on "full", and releases the stage on "empty" once its wgmmas
+//   on it retired: no block barrier in the loop.
 // The packed row order gives warp w of warpgroup g the m-tiles kernel 42 gives warp 4g + w, and
 // wgmma's accumulator layout is mma.sync m16n8's, n-tile by n-tile: kernel 42's end
 // (gemv_mma.cuh `finish`: y, or the split-k sum in slice order) applies unchanged.
 //
-// Launch: grid (row tiles, k slices), 256 threads, dynamic shared memory GW_STAGES stages plus
+// Launch: grid (row tiles, k slices), 384 threads, dynamic shared memory GW_STAGES stages plus
 // 1 KB (the ring is aligned to 1 KB, as the swizzle needs). fp16 and bf16 only: TF32 weights
 // in 4 bytes would stream 1.6x kernel 43's 2.5-byte ones.
 
@@ -37,7 +41,7 @@
 #define GW_TILE_A (64 * GW_ROWB)                 // one wgmma's A tile of a k-tile
 #define GW_A_BYTES (GW_KT * 2 * TM_MT * GW_TILE_A)  // a block's weights a chunk
 #define GW_X_BYTES (GW_KT * GW_N * GW_ROWB)      // x's chunk
-#define GW_STAGE_BYTES (GW_A_BYTES + GW_X_BYTES)
+#define GW_STAGE_BYTES (GW_A_BYTES + GW_X_BYTES + GW_KT * 64 * 4 * GW_N)  // + x as copied
 
 static_assert(TM_WARPS == 8, "two warpgroups");
 static_assert(TM_MODE <= 1, "16-bit operands only");
@@ -92,114 +96,138 @@ __device__ __forceinline__ void gw_mma(float (&d)[TM_NT][4], unsigned long long 
 #endif
 }
 
-// Programmatic dependent launch (gpu/launch.py, early=True): gemv_wgmma may start while
-// gemv_pack_x still runs, so that its weight stream begins at once; only its x copies wait.
-__device__ __forceinline__ void allow_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-__device__ __forceinline__ void wait_for_prerequisites() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
+#define GW_THREADS (TM_THREADS + 128)            // the consumers, then the producer warpgroup
+#define GW_X_PIECES (GW_KT * GW_N * 8)           // 16-byte pieces of x's converted chunk
+#define GW_X_LOADS ((GW_X_PIECES + 127) / 128)   // ... a producer thread
 
-// x (B x K fp32, row-major) -> the operand, chunk by chunk: k-tile kt of chunk c is GW_N rows
-// of 128 bytes, 16-byte piece j of row n at j ^ (n mod 8); rows past B and k past K zero. One
-// thread a piece: consecutive threads read consecutive 32 bytes of a row of x.
-extern "C" __global__ void gemv_pack_x(const float* __restrict__ x, uint4* __restrict__ xp,
-                                       int B, int K, int pieces) {
-  allow_dependents();
-  const int p = blockIdx.x * blockDim.x + threadIdx.x;
-  if (p >= pieces) return;
-  const int j = p % 8, n = (p / 8) % GW_N, tile = p / (8 * GW_N);
-  const int k = tile * 64 + 8 * j;
-  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (n < B && k < K) {  // K is a multiple of 8: a piece is all in or all out
-    const float4* src = reinterpret_cast<const float4*>(x + (size_t)n * K + k);
-    const float4 a = __ldg(src), b = __ldg(src + 1);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+#define GW_RAW_LOADS (GW_N * GW_KT * 16 / 128)   // 16-byte cp.asyncs of x's chunk a producer
+
+// Chunk c's copies into a stage, by the producer warpgroup, counted on `loaded`: the block's
+// weights (one bulk copy, one run of bytes), and x's chunk in fp32 by cp.async, 16 bytes a
+// copy (as bulk copies, x's 64 rows of 256 bytes a chunk ran 3x slower: docs/vgg.md, "Kernel
+// 49"), zero-filled past B and past K.
+__device__ __forceinline__ void issue_chunk(unsigned char* stage_p, unsigned stage,
+                                            unsigned loaded, const unsigned char* w_src,
+                                            const float* x, int B, int K, int k0, int ptid) {
+  if (ptid == 0) {
+    mbar_expect_tx(loaded, GW_A_BYTES);
+    bulk_copy(stage, w_src, GW_A_BYTES, loaded);
   }
-  unsigned u[4];
+  float* raw = reinterpret_cast<float*>(stage_p + GW_A_BYTES + GW_X_BYTES);
+  const int kn = min(GW_KT * 64, K - k0);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-#if TM_MODE == 0
-    const __half2 h = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
-#else
-    const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
-#endif
-    u[e] = *reinterpret_cast<const unsigned*>(&h);
+  for (int i = 0; i < GW_RAW_LOADS; ++i) {
+    const int q = ptid + 128 * i, n = q / (GW_KT * 16), k = 4 * (q % (GW_KT * 16));
+    const bool valid = n < B && k < kn;
+    cp_async16_zfill(raw + n * GW_KT * 64 + k, valid ? x + (size_t)n * K + k0 + k : x, valid);
   }
-  xp[((size_t)tile * GW_N + n) * 8 + (j ^ (n % 8))] = make_uint4(u[0], u[1], u[2], u[3]);
+  mbar_arrive_cp_async(loaded);
 }
 
-extern "C" __global__ void __launch_bounds__(TM_THREADS, TM_MINB)
-gemv_wgmma(const uint4* __restrict__ xp, const unsigned char* __restrict__ w_packed,
+__device__ __forceinline__ unsigned gw_pack2(float lo, float hi) {
+#if TM_MODE == 0
+  const __half2 h = __floats2half2_rn(lo, hi);
+#else
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+#endif
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// x's chunk from its fp32 rows in the stage to the operand: piece p = ptid + 128 i is piece j
+// of k-tile kt, row n, stored at j ^ (n mod 8).
+__device__ __forceinline__ void convert_x_chunk(const unsigned char* stage_p, unsigned x_stage,
+                                                int ptid) {
+  const float* raw = reinterpret_cast<const float*>(stage_p + GW_A_BYTES + GW_X_BYTES);
+#pragma unroll
+  for (int i = 0; i < GW_X_LOADS; ++i) {
+    const int p = ptid + 128 * i, j = p % 8, n = (p / 8) % GW_N, kt = p / (8 * GW_N);
+    if (p >= GW_X_PIECES) break;
+    const float4* src = reinterpret_cast<const float4*>(raw + (n * GW_KT + kt) * 64 + 8 * j);
+    const float4 a = src[0], b = src[1];
+    const unsigned at = x_stage + (kt * GW_N + n) * GW_ROWB + 16 * (j ^ (n % 8));
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(gw_pack2(a.x, a.y)),
+                 "r"(gw_pack2(a.z, a.w)), "r"(gw_pack2(b.x, b.y)), "r"(gw_pack2(b.z, b.w))
+                 : "memory");
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(GW_THREADS, TM_MINB)
+gemv_wgmma(const float* __restrict__ x, const unsigned char* __restrict__ w_packed,
            const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
-           int* __restrict__ tickets, int B, int M, int chunks_total, int slice_chunks) {
+           int* __restrict__ tickets, int B, int M, int K, int chunks_total, int slice_chunks) {
   extern __shared__ unsigned char gw_raw[];
-  __shared__ __align__(8) unsigned long long bars[2 * GW_STAGES];  // full[s], then empty[s]
+  // loaded[s]: the copies' bytes; full[s]: x converted; empty[s]: both warpgroups done with it
+  __shared__ __align__(8) unsigned long long bars[3 * GW_STAGES];
   const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(gw_raw));
   const unsigned ring = (raw + 1023) & ~1023u;  // the swizzle repeats on 1 KB boundaries
-  const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(bars));
-  const unsigned empty = full + 8 * GW_STAGES;
+  unsigned char* ring_p = gw_raw + (ring - raw);
+  const unsigned loaded = static_cast<unsigned>(__cvta_generic_to_shared(bars));
+  const unsigned full = loaded + 8 * GW_STAGES, empty = full + 8 * GW_STAGES;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
   const int c0 = blockIdx.y * slice_chunks, chunks = min(chunks_total - c0, slice_chunks);
-  const unsigned char* w_src =
-      w_packed + ((size_t)blockIdx.x * chunks_total + c0) * GW_A_BYTES;
-  const unsigned char* x_src = reinterpret_cast<const unsigned char*>(xp) + (size_t)c0 * GW_X_BYTES;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GW_STAGES; ++s) {
-      mbar_init(full + 8 * s, 1);
-      mbar_init(empty + 8 * s, 2);  // one arrival a warpgroup
+      mbar_init(loaded + 8 * s, 128 + 1);  // the producers' cp.asyncs, the weights' expect_tx
+      mbar_init(full + 8 * s, 128);  // every producer thread, after its part of x
+      mbar_init(empty + 8 * s, 2);   // one arrival a consumer warpgroup
     }
     fence_barrier_init();
   }
   __syncthreads();  // the barriers exist before anything arrives on them
-  auto fetch_w = [&](int c, int s) {
-    mbar_expect_tx(full + 8 * s, GW_STAGE_BYTES);
-    bulk_copy(ring + s * GW_STAGE_BYTES, w_src + (size_t)c * GW_A_BYTES, GW_A_BYTES, full + 8 * s);
-  };
-  auto fetch_x = [&](int c, int s) {
-    bulk_copy(ring + s * GW_STAGE_BYTES + GW_A_BYTES, x_src + (size_t)c * GW_X_BYTES, GW_X_BYTES,
-              full + 8 * s);
-  };
-  if (threadIdx.x == 0) {
-    for (int c = 0; c < GW_STAGES && c < chunks; ++c) fetch_w(c, c);
-    wait_for_prerequisites();  // x is gemv_pack_x's output
-    for (int c = 0; c < GW_STAGES && c < chunks; ++c) fetch_x(c, c);
-  }
 
   float acc[TM_MT][TM_NT][4];
   clear(acc);
-  for (int c = 0; c < chunks; ++c) {
-    const int s = c % GW_STAGES;
-    const unsigned parity = (c / GW_STAGES) & 1;
-    mbar_wait(full + 8 * s, parity);
-    const unsigned stage = ring + s * GW_STAGE_BYTES;
-    wg_fence();
-#pragma unroll
-    for (int kt = 0; kt < GW_KT; ++kt) {
-      const unsigned long long db = wg_desc(stage + GW_A_BYTES + kt * GW_N * GW_ROWB);
-#pragma unroll
-      for (int mi = 0; mi < TM_MT; ++mi) {
-        const unsigned long long da =
-            wg_desc(stage + (kt * 2 * TM_MT + group * TM_MT + mi) * GW_TILE_A);
-#pragma unroll
-        for (int ks = 0; ks < GW_ROWB / 32; ++ks)  // k16 steps: 32 bytes along the row
-          gw_mma(acc[mi], wg_desc_add(da, 32 * ks), wg_desc_add(db, 32 * ks));
+  if (threadIdx.x >= TM_THREADS) {
+    const int ptid = threadIdx.x - TM_THREADS;
+    const unsigned char* w_src =
+        w_packed + ((size_t)blockIdx.x * chunks_total + c0) * GW_A_BYTES;
+    auto issue = [&](int c) {
+      const int s = c % GW_STAGES;
+      issue_chunk(ring_p + s * GW_STAGE_BYTES, ring + s * GW_STAGE_BYTES, loaded + 8 * s,
+                  w_src + (size_t)c * GW_A_BYTES, x, B, K, (c0 + c) * GW_KT * 64, ptid);
+    };
+    for (int c = 0; c < GW_STAGES && c < chunks; ++c) issue(c);
+    for (int c = 0; c < chunks; ++c) {
+      const int s = c % GW_STAGES;
+      mbar_wait(loaded + 8 * s, (c / GW_STAGES) & 1);
+      convert_x_chunk(ring_p + s * GW_STAGE_BYTES, ring + s * GW_STAGE_BYTES + GW_A_BYTES, ptid);
+      wg_proxy_fence();  // the wgmmas (async proxy) read what these stores wrote
+      mbar_arrive(full + 8 * s);
+      // Chunk c - 1's stage, once both warpgroups are done with it, takes chunk c - 1 +
+      // GW_STAGES: after converting chunk c, so that the consumers never wait on this.
+      const int next = c - 1 + GW_STAGES;
+      if (c >= 1 && next < chunks) {
+        mbar_wait(empty + 8 * ((c - 1) % GW_STAGES), ((c - 1) / GW_STAGES) & 1);
+        issue(next);
       }
     }
-    wg_commit();
-    wg_wait<0>();
-    // Memory-bound: a chunk's wgmmas take a fraction of its copy, so none is kept in flight
-    // across chunks and the stage is free as soon as they retire.
-    if (threadIdx.x % 128 == 0) mbar_arrive(empty + 8 * s);
-    if (threadIdx.x == 0 && c + GW_STAGES < chunks) {
-      mbar_wait(empty + 8 * s, parity);
-      fetch_w(c + GW_STAGES, s);
-      fetch_x(c + GW_STAGES, s);
-    }
-  }
+  } else {
+    for (int c = 0; c < chunks; ++c) {
+      const int s = c % GW_STAGES;
+      const unsigned stage = ring + s * GW_STAGE_BYTES;
+      mbar_wait(full + 8 * s, (c / GW_STAGES) & 1);
+      wg_fence();
 #pragma unroll
-  for (int mi = 0; mi < TM_MT; ++mi) wg_hold(acc[mi]);
+      for (int kt = 0; kt < GW_KT; ++kt) {
+        const unsigned long long db = wg_desc(stage + GW_A_BYTES + kt * GW_N * GW_ROWB);
+#pragma unroll
+        for (int mi = 0; mi < TM_MT; ++mi) {
+          const unsigned long long da =
+              wg_desc(stage + (kt * 2 * TM_MT + group * TM_MT + mi) * GW_TILE_A);
+#pragma unroll
+          for (int ks = 0; ks < GW_ROWB / 32; ++ks)  // k16 steps: 32 bytes along the row
+            gw_mma(acc[mi], wg_desc_add(da, 32 * ks), wg_desc_add(db, 32 * ks));
+        }
+      }
+      wg_commit();
+      // Memory-bound: a chunk's wgmmas take a fraction of its copy, so none is kept in flight
+      // across chunks and the stage is free as soon as they retire.
+      wg_wait<0>();
+      if (threadIdx.x % 128 == 0) mbar_arrive(empty + 8 * s);
+    }
+#pragma unroll
+    for (int mi = 0; mi < TM_MT; ++mi) wg_hold(acc[mi]);
+  }
   finish(acc, bias, y, partial, tickets, B, M, (blockIdx.x * TM_WARPS + warp) * TM_MT, lane);
 }

@@ -210,8 +210,11 @@ __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
   const bool single = gridDim.y == 1;
   float* out = single ? y : partial + (size_t)blockIdx.y * B * M;
   const int g = lane >> 2, t = lane & 3;
+  // Threads past TM_THREADS (kernel 49's producer warpgroup) hold no sums and add none; they
+  // only meet the block barriers.
+  const bool adds = threadIdx.x < TM_THREADS;
 #pragma unroll
-  for (int i = 0; i < TM_MT; ++i)
+  for (int i = 0; i < TM_MT && adds; ++i)
 #pragma unroll
     for (int j = 0; j < TM_NT; ++j)
 #pragma unroll
@@ -225,7 +228,7 @@ __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
   __syncthreads();
   const bool last =
       threadIdx.x == 0 && atomicAdd(&tickets[blockIdx.x], 1) == (int)gridDim.y - 1;
-  if (!__syncthreads_or(last)) return;
+  if (!__syncthreads_or(last) || !adds) return;
   __threadfence();
   const int tile_rows = 16 * TM_MT * TM_WARPS, m0 = blockIdx.x * tile_rows;
   const int quads = tile_rows / 4;  // a thread sums 4 rows of one column at once
