@@ -216,13 +216,11 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         from convolab.gpu.device import sm_count
         from convolab.gpu.launch import BoundLaunch
 
-        if w.shape[0] != shape.M or w.size != shape.M * shape.C:
-            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
-                             f"(want {shape.w_shape})")
+        w2 = gemv_mma.layer_weights(name, shape, w, supports(shape))
         plan = launch_plan(shape, mode, params, sm_count())
         kernel = get_kernel(KERNEL_FILE, "gemv_cluster", plan.defines)
         kernel.max_dynamic_shared_size_bytes = plan.smem
-        w_op = pack_weights(cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C), mode)
+        w_op = pack_weights(w2, mode)
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         sizes = (shape.B, shape.M, shape.C, plan.m_tiles, plan.pieces, plan.slice_pieces)
         launch = BoundLaunch(kernel, plan.grid, (plan.threads,),

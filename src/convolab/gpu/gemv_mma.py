@@ -390,6 +390,19 @@ def pack_chunks(w2: Any, mode: str, defines: Mapping[str, int]) -> Any:
 # --------------------------------------------------------------------------------------
 
 
+def layer_weights(name: str, shape: ConvShape, w: Any, supported: bool) -> Any:
+    """w as the (M, C) fp32 CuPy array a classifier kernel packs, after the checks each of their
+    `prepare`s makes (kernels 42, 43, 48, 49): ValueError naming the implementation and the
+    shape, or the weights' shape."""
+    cp = require_cupy()
+    if not supported:
+        raise ValueError(f"{name} does not support shape {shape}")
+    if w.shape[0] != shape.M or w.size != shape.M * shape.C:
+        raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
+                         f"(want {shape.w_shape})")
+    return cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C)
+
+
 def _prepare(mode: str, bulk: bool) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
     name = f"gemv-{'bulk' if bulk else 'mma'}-{mode}"
 
@@ -398,12 +411,7 @@ def _prepare(mode: str, bulk: bool) -> Callable[[ConvShape, Any, Any, Mapping[st
         from convolab.gpu.device import sm_count
         from convolab.gpu.launch import BoundLaunch
 
-        if not supports(shape):
-            raise ValueError(f"{name} does not support shape {shape}")
-        if w.shape[0] != shape.M or w.size != shape.M * shape.C:
-            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
-                             f"(want {shape.w_shape})")
-        w2 = cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C)
+        w2 = layer_weights(name, shape, w, supports(shape))
         resident = None
         if bulk:
             defines = bulk_defines(mode, shape.B, params)
@@ -463,7 +471,7 @@ for _mode in MODES:
         defaults=BULK_DEFAULTS, compile_variants=bulk_compile_variants(_mode),
         tolerance=TOLERANCE[_mode]))
 
-__all__ = ["auto_choice", "bulk_defines", "bulk_resident", "bulk_smem", "chunk_bytes", "elem_bytes",
-           "fragment_values", "launch_plan", "mma_defines", "n_tiles", "operand_values",
-           "pack_chunks", "pack_weights", "piece_k", "sixteen_bit", "slice_chunks",
-           "staged_x_bytes", "supports"]
+__all__ = ["auto_choice", "bulk_defines", "bulk_resident", "bulk_smem", "chunk_bytes",
+           "elem_bytes", "fragment_values", "launch_plan", "layer_weights", "mma_defines",
+           "n_tiles", "operand_values", "pack_chunks", "pack_weights", "piece_k", "sixteen_bit",
+           "slice_chunks", "staged_x_bytes", "supports"]

@@ -202,14 +202,10 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         from convolab.gpu.device import sm_count
         from convolab.gpu.launch import BoundLaunch
 
-        if not supports(shape):
-            raise ValueError(f"{name} does not support shape {shape}")
-        if w.shape[0] != shape.M or w.size != shape.M * shape.C:
-            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
-                             f"(want {shape.w_shape})")
+        w2 = gemv_mma.layer_weights(name, shape, w, supports(shape))
         plan = launch_plan(shape, mode, params, sm_count())
         d = plan.defines
-        w_op = pack_weights(cp.asarray(w, dtype=cp.float32).reshape(shape.M, shape.C), mode, d)
+        w_op = pack_weights(w2, mode, d)
         kernel = get_kernel(KERNEL_FILE, "gemv_wgmma", d)
         kernel.max_dynamic_shared_size_bytes = plan.smem
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))

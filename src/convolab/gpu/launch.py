@@ -6,7 +6,7 @@ through the driver's cuLaunchKernel with the parameter array built beforehand
 (`benchmarks/launch_cost.py`). The bench's Op Time starts its clock before the call, so at fc7
 (a 5-25 us kernel) that difference is a fifth of the measurement. `BoundLaunch` builds the
 array at prepare; a call rewrites only the slots of the arrays that change per call (x, y) and
-launches on the current stream. The classifier-layer kernels (41, 42, 43, 48) and the
+launches on the current stream. The classifier-layer kernels (41, 42, 43, 48, 49) and the
 implicit-GEMM rungs (26, 27, 39, 40: layout pass, GEMM, split-k sum) launch through it.
 """
 
