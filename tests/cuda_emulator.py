@@ -196,6 +196,32 @@ inline void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1, unsigned a
 """
 
 
+# What gemv_mma.cuh needs beyond MMA_SHIM (kernels 42, 43, 49): x's fp16 pairs, the cache-hinted
+# loads, and the split-k end's fence, ticket and block-wide OR (needs BLOCK_SHIM before it).
+GEMV_SHIM = r"""
+#include <atomic>
+#include <numeric>
+#include <random>
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct __half2 { _Float16 x, y; };
+inline __half2 __floats2half2_rn(float a, float b) { return {(_Float16)a, (_Float16)b}; }
+template <class T> inline T __ldcs(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+std::atomic<int> block_or;
+inline bool __syncthreads_or(bool p) {
+  if (p) block_or = 1;
+  block_bar->arrive_and_wait();
+  const bool any = block_or != 0;
+  block_bar->arrive_and_wait();
+  if (threadIdx.x == 0) block_or = 0;
+  block_bar->arrive_and_wait();
+  return any;
+}
+"""
+
+
 def inline_headers(source: str, kernel_dir: Path, keep: tuple[str, ...] = ("common.cuh",)) -> str:
     """source with every `#include "x.cuh"` of the kernel folder replaced by that header's text,
     recursively, each header once (they are `#pragma once`); the headers in `keep` are dropped

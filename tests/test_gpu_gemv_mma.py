@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, MMA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
@@ -216,27 +216,7 @@ def test_bad_parameters_name_the_problem() -> None:
     assert not gemv_mma.supports(ConvShape(4, 64, 3, 3, 8, 1))
 
 
-EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + r"""
-#include <atomic>
-#include <numeric>
-#include <random>
-inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
-struct __half2 { _Float16 x, y; };
-inline __half2 __floats2half2_rn(float a, float b) { return {(_Float16)a, (_Float16)b}; }
-template <class T> inline T __ldcs(const T* p) { return *p; }
-template <class T> inline T __ldcg(const T* p) { return *p; }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
-std::atomic<int> block_or;
-inline bool __syncthreads_or(bool p) {
-  if (p) block_or = 1;
-  block_bar->arrive_and_wait();
-  const bool any = block_or != 0;
-  block_bar->arrive_and_wait();
-  if (threadIdx.x == 0) block_or = 0;
-  block_bar->arrive_and_wait();
-  return any;
-}
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + r"""
 alignas(16) unsigned xs[232448 / 4];
 alignas(128) unsigned char smem[232448];
 #include "kernel.inc"

@@ -1,31 +1,45 @@
 """Kernel 49 (`gemv-wg-fp16`, `gemv-wg-bf16`): classifier layers at batch 16-64 on the
-warpgroup MMA, fed by a producer warpgroup (weights and x by the bulk copy engine, x converted in
-shared memory).
+warpgroup MMA, fed by a producer warpgroup (the weights by the bulk copy engine, x by cp.async,
+converted in shared memory).
 
 CPU tests: every weight is found where the kernel's descriptors read it (addresses computed
 here from the layout the kernel states: a block's chunk of KT k-tiles, each 2 MT tiles of 64
 rows x 128 bytes, piece j of row r at j ^ (r mod 8), row 16 w + r of tile (g, mi) being kernel
 42's m-tile mi of warp 4 g + w), everything else zero; the launch plan's slices cover k in
-whole chunks and rings that do not fit are refused; bad parameters name the problem. GPU
-tests: every mode against the fp64 reference on fresh random shapes (B 1-64, C and M off the
-tile multiples), outputs poisoned, at the defaults and at random points of the space, each run
-twice (bit-identical); VGG's fc6 and fc7 at B = 16, 33, 64.
+whole chunks and rings that do not fit are refused; bad parameters name the problem; and the
+kernel source run on the CPU by an emulator (a std::thread a CUDA thread; mbarriers with their
+counts, transaction bytes and phases, so that the producer and consumer warpgroups really wait
+on each other; wgmma reading shared memory through its descriptors and the 128-byte swizzle as
+the hardware applies it) in both modes, with several slices, partial chunks and row tiles,
+launched twice with the blocks in a random order. GPU tests: every mode against the fp64
+reference on fresh random shapes (B 1-64, C and M off the tile multiples), outputs poisoned, at
+the defaults and at random points of the space, each run twice (bit-identical); VGG's fc6 and
+fc7 at B = 16, 33, 64.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM
 
 from convolab.check import rel_l2
+from convolab.conv_cpu import conv_reference
 from convolab.gpu import gemv_mma, gemv_wgmma
+from convolab.gpu.compile import KERNEL_DIR, define_flags
 from convolab.precision import TOLERANCE
 from convolab.registry import get_impl
 from convolab.shapes import ConvShape, ceil_div
 
 MODES = list(gemv_wgmma.MODES)
 NAMES = [f"gemv-wg-{m}" for m in MODES]
+GXX = shutil.which("g++")
 
 
 def random_point(rng: np.random.Generator) -> dict[str, int]:
@@ -112,6 +126,240 @@ def test_compiled_define_sets_cover_every_value() -> None:
     for key, name in (("MT", "TM_MT"), ("KT", "GW_KT"), ("STAGES", "GW_STAGES")):
         assert {d[name] for d in compiled} == set(gemv_wgmma.SPACE[key])
     assert {d["TM_NT"] for d in gemv_wgmma.compile_variants("bf16")()} == {1, 8}
+
+
+# ------------------------------------------------------------------------- CPU emulator
+
+# Kernel 49 on the CPU (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM, GEMV_SHIM). Shared memory is the
+# ring `gw_raw` and the kernel's static barriers (made `static`: one array for all threads); a
+# shared address is the offset from gw_raw.
+WG_SHIM = r"""
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
+#undef __shared__
+#define __shared__ static
+alignas(1024) unsigned char gw_raw[232448];
+inline unsigned __cvta_generic_to_shared(const void* p) {
+  return (unsigned)((const unsigned char*)p - gw_raw);
+}
+inline unsigned char* shared_ptr(unsigned a) { return gw_raw + (int)a; }
+// mbarrier.cuh with its semantics: arrivals and transaction bytes pending, then a phase
+// completes; a wait for parity p returns once the phase of that parity has completed.
+struct EmuBar { unsigned count = 0, pending = 0; long long tx = 0; unsigned phase = 0; };
+std::mutex bar_mutex;
+std::condition_variable bar_cv;
+std::unordered_map<unsigned, EmuBar> emu_bars;
+inline void bar_settle(EmuBar& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    ++b.phase;
+    b.pending = b.count;
+    bar_cv.notify_all();
+  }
+}
+inline void mbar_init(unsigned bar, unsigned count) {
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  emu_bars[bar] = EmuBar{count, count, 0, 0};
+}
+inline void fence_barrier_init() {}
+inline void mbar_arrive(unsigned bar) {
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  EmuBar& b = emu_bars.at(bar);
+  if (b.pending == 0) std::abort();  // an arrival the count has no room for
+  --b.pending;
+  bar_settle(b);
+}
+inline void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  {
+    std::lock_guard<std::mutex> lk(bar_mutex);
+    emu_bars.at(bar).tx += bytes;
+  }
+  mbar_arrive(bar);
+}
+inline void mbar_wait(unsigned bar, unsigned parity) {
+  std::unique_lock<std::mutex> lk(bar_mutex);
+  if (!bar_cv.wait_for(lk, std::chrono::seconds(20),
+                       [&] { return (emu_bars.at(bar).phase & 1) != parity; })) {
+    fprintf(stderr, "thread %u: no phase of parity %u completes on barrier %u\n", threadIdx.x,
+            parity, bar);
+    std::abort();  // a deadlock: the roles wait on one another
+  }
+}
+// Copies land at once: a bulk copy then completes its bytes, cp.async's arrival is an arrival.
+inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  std::memcpy(shared_ptr(dst), src, bytes);
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  EmuBar& b = emu_bars.at(bar);
+  b.tx -= bytes;
+  bar_settle(b);
+}
+inline void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  if (valid) std::memcpy(dst, src, 16);
+  else std::memset(dst, 0, 16);
+}
+inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
+// wgmma_core.cuh's bookkeeping: each wgmma here completes when issued.
+#define WG_HOLD(x) ((void)0)
+template <int R> inline void wg_hold(float (&)[R][4]) {}
+inline void wg_fence() {}
+inline void wg_commit() {}
+template <int N> inline void wg_wait() {}
+inline void wg_proxy_fence() {}
+"""
+
+# gemv_wgmma.cuh: the 16-byte store, and the wgmma from its descriptors (start address, 8-row
+# group stride, layout 1 = the 128-byte swizzle) reading the byte at logical address L from
+# L ^ (((L >> 7) & 7) << 4), as the hardware does; one thread's accumulators, summed in fp64.
+# The wgmma is one instruction of the whole warpgroup: none of its threads goes on before all
+# have issued it (so a warpgroup's release of a stage follows every one of its threads' wait
+# for that stage), hence a warpgroup barrier around it.
+GW_SHIM = r"""
+std::barrier<>* gw_bar[2];
+inline void gw_store16(unsigned at, unsigned a, unsigned b, unsigned c, unsigned d) {
+  const unsigned v[4] = {a, b, c, d};
+  std::memcpy(shared_ptr(at), v, 16);
+}
+inline double gw_operand(unsigned long long desc, int row, int k) {
+  if (((desc >> 62) & 3) != 1) std::abort();
+  const unsigned start = (unsigned)(desc & 0x3FFF) << 4;
+  const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+  const unsigned at = start + (row / 8) * sbo + (row % 8) * 128 + 2 * k;
+  unsigned short bits;
+  std::memcpy(&bits, shared_ptr(at ^ (((at >> 7) & 7) << 4)), 2);
+  return TM_MODE == 0 ? f16(bits) : bf16(bits);
+}
+inline void gw_mma(float (&d)[TM_NT][4], unsigned long long da, unsigned long long db) {
+  gw_bar[threadIdx.x / 128]->arrive_and_wait();
+  const int tid = threadIdx.x % 128, w = tid / 32, g = tid % 32 / 4, t = tid % 4;
+  for (int j = 0; j < TM_NT; ++j)
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * w + g + 8 * (r / 2), col = 8 * j + 2 * t + r % 2;
+      double s = d[j][r];
+      for (int k = 0; k < 16; ++k) s += gw_operand(da, row, k) * gw_operand(db, col, k);
+      d[j][r] = (float)s;
+    }
+  gw_bar[threadIdx.x / 128]->arrive_and_wait();
+}
+"""
+
+WG_MAIN = r"""
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]);
+  const int chunks_total = atoi(argv[5]), slice_chunks = atoi(argv[6]);
+  const int tiles = atoi(argv[7]), slices = atoi(argv[8]), launches = atoi(argv[9]);
+  const size_t w_bytes = atol(argv[10]);
+  std::mt19937 order_rng(atoi(argv[11]));
+  float* x = read<float>(dir, "x.bin", (size_t)B * K);
+  unsigned char* w = read<unsigned char>(dir, "w.bin", w_bytes);
+  float* bias = read<float>(dir, "b.bin", M);
+  float* partial = read<float>(dir, "partial.bin", (size_t)slices * B * M);
+  const size_t ny = (size_t)B * M + 64;
+  float* y = read<float>(dir, "y.bin", ny);
+  int* tickets = read<int>(dir, "tickets.bin", tiles);
+  gridDim.x = tiles;
+  gridDim.y = slices;
+  std::vector<int> order(tiles * slices);
+  std::iota(order.begin(), order.end(), 0);
+  for (int launch = 0; launch < launches; ++launch) {
+    std::fill(y, y + ny, NAN);
+    std::shuffle(order.begin(), order.end(), order_rng);  // blocks finish in any order
+    for (const int blk : order) {
+      std::memset(gw_raw, 0xFF, sizeof gw_raw);  // NaN: what no copy or store wrote shows
+      const int bx = blk % tiles, by = blk / tiles;
+      std::barrier<> group0(128), group1(128);
+      gw_bar[0] = &group0;
+      gw_bar[1] = &group1;
+      run_block(bx, GW_THREADS, [=] {
+        blockIdx.y = by;
+        gemv_wgmma(x, w, bias, y, partial, tickets, B, M, K, chunks_total, slice_chunks);
+      });
+    }
+    char path[1024]; snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
+    FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
+  }
+  char path[1024]; snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(tickets, 4, tiles, f); fclose(f);
+}
+"""
+
+
+def emulated_source() -> str:
+    """Kernel 49 with gemv_mma.cuh inlined and wgmma_core.cuh's descriptor functions (the
+    encoding the kernel really uses); its PTX (gemv_wgmma.cuh, mbarrier.cuh, common.cuh's
+    cp.async, wgmma_core.cuh's fences) left to the shims."""
+    core = (KERNEL_DIR / "wgmma_core.cuh").read_text()
+    descriptors = "".join(re.findall(
+        r"__device__ __forceinline__ unsigned long long wg_desc(?:_add)?\(.*?\n}\n", core,
+        re.DOTALL))
+    assert descriptors.count("wg_desc") >= 2
+    header = (KERNEL_DIR / "gemv_mma.cuh").read_text().replace("#pragma once", "")
+    source = (KERNEL_DIR / gemv_wgmma.KERNEL_FILE).read_text()
+    for include, text in (('#include "gemv_mma.cuh"', header), ('#include "mbarrier.cuh"', ""),
+                          ('#include "wgmma_core.cuh"', descriptors),
+                          ('#include "gemv_wgmma.cuh"', GW_SHIM), ('#include "common.cuh"', ""),
+                          ("#include <cuda_bf16.h>", "")):
+        assert include in source or include in header, include
+        source = source.replace(include, text)
+    source = source.replace("extern __shared__", "extern")
+    assert "asm" not in source, "inline PTX the emulator does not know"
+    return source
+
+
+EMULATED = [  # (mode, shape, params): more chunks a slice than stages, B, M and K off the tiles
+    ("fp16", ConvShape(5, 1000, 1, 1, 70, 1), {"STAGES": 2, "SPLIT": 2}),
+    ("bf16", ConvShape(37, 392, 1, 1, 300, 1), {"MT": 2, "STAGES": 3, "SPLIT": 1}),
+    ("fp16", ConvShape(20, 904, 1, 1, 140, 1), {"KT": 2, "STAGES": 2, "SPLIT": 3}),
+]
+
+
+def rounded(a: np.ndarray, mode: str) -> np.ndarray:
+    """fp32 values rounded to the operand type, back in fp32."""
+    bits = gemv_mma.sixteen_bit(a, mode)
+    if mode == "fp16":
+        return bits.astype(np.float32)
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("mode,shape,params", EMULATED)
+def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
+                                tmp_path: Path, rng: np.random.Generator) -> None:
+    params = {**gemv_wgmma.DEFAULTS, **params}
+    plan = gemv_wgmma.launch_plan(shape, mode, params, sms=4)
+    d = plan.defines
+    assert plan.slice_chunks > d["GW_STAGES"] and plan.smem <= gemv_mma.SMEM_LIMIT
+    (tmp_path / "kernel.inc").write_text(emulated_source())
+    (tmp_path / "emu.cpp").write_text(CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + WG_SHIM
+                                      + '#include "kernel.inc"\n' + WG_MAIN)
+    exe = tmp_path / "emu"
+    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
+                            "-w", *define_flags(d), "-o", str(exe), str(tmp_path / "emu.cpp")],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    case = make_case(rng, shape)
+    packed = np.ascontiguousarray(gemv_wgmma.pack_weights(case.w.reshape(shape.M, -1), mode, d))
+    packed.tofile(tmp_path / "w.bin")
+    for name, a in (("x", case.x), ("b", case.b),
+                    ("partial", np.full(plan.slices * shape.B * shape.M, np.nan)),
+                    ("y", np.full(shape.B * shape.M + 64, np.nan))):
+        np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
+    np.zeros(plan.tiles, np.int32).tofile(tmp_path / "tickets.bin")
+    args = (shape.B, shape.M, shape.C, plan.chunks, plan.slice_chunks, plan.tiles, plan.slices, 2,
+            packed.nbytes, int(rng.integers(2**31)))
+    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
+    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
+    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
+    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
+    got = ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+    assert rel_l2(got, case.ref) <= TOLERANCE[mode], rel_l2(got, case.ref)
+    # against the products of the rounded operands: only the fp32 sums' error is left
+    ref = conv_reference(rounded(case.x, mode), rounded(case.w, mode), case.b)
+    assert rel_l2(got, ref) <= TOLERANCE["fp32"], rel_l2(got, ref)
 
 
 # ------------------------------------------------------------------------------- GPU

@@ -48,53 +48,7 @@ static_assert(TM_MODE <= 1, "16-bit operands only");
 static_assert(GW_X_BYTES % 1024 == 0 || GW_N == 8, "stages stay 1 KB aligned");
 static_assert(GW_STAGES >= 2, "a stage in flight while one is read");
 
-#if TM_MODE == 0
-#define GW_TYPES "k16.f32.f16.f16"
-#else
-#define GW_TYPES "k16.f32.bf16.bf16"
-#endif
-// scale-d is a predicate operand, here always true: the accumulators start at zero.
-#define GW_MMA(N, REGS)                                                                    \
-  "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"                                              \
-  "wgmma.mma_async.sync.aligned.m64n" #N GW_TYPES " {" REGS "}, %" GW_DA ", %" GW_DB       \
-  ", p, 1, 1, 0, 0;\n}\n"
-#define GW_F(i) "+f"(d[(i) / 4][(i) % 4])
-#define GW_F4(i) GW_F(i), GW_F(i + 1), GW_F(i + 2), GW_F(i + 3)
-
-// d += A x B for one 64 x GW_N x 16 step; d[j][r] is wgmma's register 4j + r, which for warp w
-// of the warpgroup is row 16w + g + 8 (r / 2), column 8j + 2t + r % 2: mma.sync's m16n8 layout.
-__device__ __forceinline__ void gw_mma(float (&d)[TM_NT][4], unsigned long long da,
-                                       unsigned long long db) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#if GW_N == 8
-#define GW_DA "4"
-#define GW_DB "5"
-  asm volatile(GW_MMA(8, "%0, %1, %2, %3") : GW_F4(0) : "l"(da), "l"(db));
-#elif GW_N == 16
-#define GW_DA "8"
-#define GW_DB "9"
-  asm volatile(GW_MMA(16, "%0, %1, %2, %3, %4, %5, %6, %7") : GW_F4(0), GW_F4(4)
-               : "l"(da), "l"(db));
-#elif GW_N == 32
-#define GW_DA "16"
-#define GW_DB "17"
-  asm volatile(GW_MMA(32, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15")
-               : GW_F4(0), GW_F4(4), GW_F4(8), GW_F4(12)
-               : "l"(da), "l"(db));
-#else
-#define GW_DA "32"
-#define GW_DB "33"
-  asm volatile(GW_MMA(64, "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
-                          "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-                          "%28, %29, %30, %31")
-               : GW_F4(0), GW_F4(4), GW_F4(8), GW_F4(12), GW_F4(16), GW_F4(20), GW_F4(24),
-                 GW_F4(28)
-               : "l"(da), "l"(db));
-#endif
-#else
-  __trap();  // built for a target without wgmma: the host builds this file for sm_90a only
-#endif
-}
+#include "gemv_wgmma.cuh"  // gw_mma (this kernel's wgmma) and gw_store16: its PTX
 
 #define GW_THREADS (TM_THREADS + 128)            // the consumers, then the producer warpgroup
 #define GW_X_PIECES (GW_KT * GW_N * 8)           // 16-byte pieces of x's converted chunk
@@ -145,9 +99,8 @@ __device__ __forceinline__ void convert_x_chunk(const unsigned char* stage_p, un
     const float4* src = reinterpret_cast<const float4*>(raw + (n * GW_KT + kt) * 64 + 8 * j);
     const float4 a = src[0], b = src[1];
     const unsigned at = x_stage + (kt * GW_N + n) * GW_ROWB + 16 * (j ^ (n % 8));
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(gw_pack2(a.x, a.y)),
-                 "r"(gw_pack2(a.z, a.w)), "r"(gw_pack2(b.x, b.y)), "r"(gw_pack2(b.z, b.w))
-                 : "memory");
+    gw_store16(at, gw_pack2(a.x, a.y), gw_pack2(a.z, a.w), gw_pack2(b.x, b.y),
+               gw_pack2(b.z, b.w));
   }
 }
 
