@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -197,7 +198,8 @@ inline void mma_tf32_m16n8k8(float (&d)[4], unsigned a0, unsigned a1, unsigned a
 
 
 # What gemv_mma.cuh needs beyond MMA_SHIM (kernels 42, 43, 49): x's fp16 pairs, the cache-hinted
-# loads, and the split-k end's fence, ticket and block-wide OR (needs BLOCK_SHIM before it).
+# loads, and the split-k end's fence, ticket and block-wide OR; and the emulators' files and
+# launches (needs BLOCK_SHIM before it).
 GEMV_SHIM = r"""
 #include <atomic>
 #include <numeric>
@@ -218,6 +220,43 @@ inline bool __syncthreads_or(bool p) {
   if (threadIdx.x == 0) block_or = 0;
   block_bar->arrive_and_wait();
   return any;
+}
+// A GEMV emulator's files in `dir`: x.bin (B x K), w.bin (w_bytes), b.bin, partial.bin (slices
+// planes), y.bin (B x M and 64 floats past it), tickets.bin (tiles).
+struct GemvIo {
+  float *x, *bias, *partial, *y;
+  unsigned char* w;
+  int* tickets;
+  size_t ny;
+};
+inline GemvIo read_gemv_io(const char* dir, int B, int M, int K, int tiles, int slices,
+                           size_t w_bytes) {
+  const size_t ny = (size_t)B * M + 64;
+  return {read<float>(dir, "x.bin", (size_t)B * K), read<float>(dir, "b.bin", M),
+          read<float>(dir, "partial.bin", (size_t)slices * B * M), read<float>(dir, "y.bin", ny),
+          read<unsigned char>(dir, "w.bin", w_bytes), read<int>(dir, "tickets.bin", tiles), ny};
+}
+// `launches` launches of a (tiles, slices) grid: y poisoned with NaN, then block(bx, by) for
+// every block in a fresh random order (blocks finish in any order); y_out<i>.bin after each,
+// tickets_out.bin at the end.
+template <class F>
+void run_launches(const char* dir, const GemvIo& io, int tiles, int slices, int launches,
+                  unsigned seed, F block) {
+  gridDim.x = tiles;
+  gridDim.y = slices;
+  std::mt19937 order_rng(seed);
+  std::vector<int> order(tiles * slices);
+  std::iota(order.begin(), order.end(), 0);
+  char path[1024];
+  for (int launch = 0; launch < launches; ++launch) {
+    std::fill(io.y, io.y + io.ny, NAN);
+    std::shuffle(order.begin(), order.end(), order_rng);
+    for (const int blk : order) block(blk % tiles, blk / tiles);
+    snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
+    FILE* f = fopen(path, "wb"); fwrite(io.y, 4, io.ny, f); fclose(f);
+  }
+  snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(io.tickets, 4, tiles, f); fclose(f);
 }
 """
 
@@ -368,3 +407,29 @@ def run_fused_emulator(tmp_path: Path, main: str, kernel_source: str, flags: lis
     y = np.fromfile(tmp_path / "y_out.bin", np.float32)
     assert np.isnan(y[ny:]).all(), "wrote past the output"
     return y[:ny].reshape(out_shape), int(run.stdout.split()[0])
+
+
+def run_gemv_emulator(exe: Path, tmp_path: Path, case: Any, packed: np.ndarray,
+                      sizes: tuple[int, ...], tiles: int, slices: int, seed: int) -> np.ndarray:
+    """A GEMV emulator built with GEMV_SHIM's `read_gemv_io` / `run_launches` (argv: dir, B, M,
+    K, the kernel's `sizes`, tiles, slices, launches, w bytes, seed): its files written (x, the
+    packed weights, b, NaN partials and output), two launches run; asserts that the tickets
+    are back to zero, both launches agree and nothing past the output was written. Returns the
+    output, shaped as the layer's."""
+    shape = case.shape
+    packed.tofile(tmp_path / "w.bin")
+    for name, a in (("x", case.x), ("b", case.b),
+                    ("partial", np.full(slices * shape.B * shape.M, np.nan)),
+                    ("y", np.full(shape.B * shape.M + 64, np.nan))):
+        np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
+    np.zeros(tiles, np.int32).tofile(tmp_path / "tickets.bin")
+    args = (shape.B, shape.M, shape.C, *sizes, tiles, slices, 2, packed.nbytes, seed)
+    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
+    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
+    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
+    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
+    return ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM, run_gemv_emulator
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
@@ -225,40 +225,19 @@ int main(int argc, char** argv) {
   const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]);
   const int a5 = atoi(argv[5]), a6 = atoi(argv[6]), a7 = atoi(argv[7]), tiles = atoi(argv[8]);
   const int slices = atoi(argv[9]), launches = atoi(argv[10]);
-  const size_t w_bytes = atol(argv[11]);
-  std::mt19937 order_rng(atoi(argv[12]));
-  float* x = read<float>(dir, "x.bin", (size_t)B * K);
-  unsigned char* w = read<unsigned char>(dir, "w.bin", w_bytes);
-  float* bias = read<float>(dir, "b.bin", M);
-  float* partial = read<float>(dir, "partial.bin", (size_t)slices * B * M);
-  const size_t ny = (size_t)B * M + 64;
-  float* y = read<float>(dir, "y.bin", ny);
-  int* tickets = read<int>(dir, "tickets.bin", tiles);
-  gridDim.x = tiles;
-  gridDim.y = slices;
-  std::vector<int> order(tiles * slices);
-  std::iota(order.begin(), order.end(), 0);
-  for (int launch = 0; launch < launches; ++launch) {
-    std::fill(y, y + ny, NAN);
-    std::shuffle(order.begin(), order.end(), order_rng);  // blocks finish in any order
-    for (const int blk : order) {
-      std::memset(xs, 0xFF, sizeof xs);  // NaN: unstaged reads show
-      std::memset(smem, 0xFF, sizeof smem);
-      const int bx = blk % tiles, by = blk / tiles;
-      run_block(bx, 32 * TM_WARPS, [=] {
-        blockIdx.y = by;
+  const GemvIo io = read_gemv_io(dir, B, M, K, tiles, slices, atol(argv[11]));
+  run_launches(dir, io, tiles, slices, launches, atoi(argv[12]), [&](int bx, int by) {
+    std::memset(xs, 0xFF, sizeof xs);  // NaN: unstaged reads show
+    std::memset(smem, 0xFF, sizeof smem);
+    run_block(bx, 32 * TM_WARPS, [=] {
+      blockIdx.y = by;
 #ifdef TB_STAGES
-        gemv_bulk(x, w, bias, y, partial, tickets, B, M, K, a5, a6);
+      gemv_bulk(io.x, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, a5, a6);
 #else
-        gemv_mma(x, w, bias, y, partial, tickets, B, M, K, a5, a6, a7);
+      gemv_mma(io.x, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, a5, a6, a7);
 #endif
-      });
-    }
-    char path[1024]; snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
-    FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
-  }
-  char path[1024]; snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
-  FILE* f = fopen(path, "wb"); fwrite(tickets, 4, tiles, f); fclose(f);
+    });
+  });
 }
 """
 
@@ -330,25 +309,11 @@ def test_kernel_emulated_on_cpu(kernel: int, mode: str, shape: ConvShape, params
     w2 = case.w.reshape(shape.M, -1)
     packed = np.ascontiguousarray(gemv_mma.pack_chunks(w2, mode, defines) if bulk
                                   else gemv_mma.pack_weights(w2, mode))
-    packed.tofile(tmp_path / "w.bin")
-    for name, a in (("x", case.x), ("b", case.b),
-                    ("partial", np.full(plan.slices * shape.B * shape.M, np.nan)),
-                    ("y", np.full(shape.B * shape.M + 64, np.nan))):
-        np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
-    np.zeros(plan.tiles, np.int32).tofile(tmp_path / "tickets.bin")
     cp_ = defines["TM_CP"]
     sizes = ((ceil_div(plan.pieces, cp_), plan.slice_pieces // cp_, 0) if bulk
              else (plan.m_tiles, plan.pieces, plan.slice_pieces))
-    args = (shape.B, shape.M, shape.C, *sizes, plan.tiles, plan.slices, 2, packed.nbytes,
-            int(rng.integers(2**31)))
-    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
-    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
-    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
-    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
-    got = ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+    got = run_gemv_emulator(exe, tmp_path, case, packed, sizes, plan.tiles, plan.slices,
+                            int(rng.integers(2**31)))
     assert rel_l2(got, case.ref) <= TOLERANCE[mode], rel_l2(got, case.ref)
     if mode == "tf32":  # the products of the TF32 operands, summed in fp64 by the emulator
         ref = conv_reference(tf32_round(case.x), tf32_round(case.w), case.b)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM, run_gemv_emulator
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
@@ -249,38 +249,18 @@ int main(int argc, char** argv) {
   const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]);
   const int chunks_total = atoi(argv[5]), slice_chunks = atoi(argv[6]);
   const int tiles = atoi(argv[7]), slices = atoi(argv[8]), launches = atoi(argv[9]);
-  const size_t w_bytes = atol(argv[10]);
-  std::mt19937 order_rng(atoi(argv[11]));
-  float* x = read<float>(dir, "x.bin", (size_t)B * K);
-  unsigned char* w = read<unsigned char>(dir, "w.bin", w_bytes);
-  float* bias = read<float>(dir, "b.bin", M);
-  float* partial = read<float>(dir, "partial.bin", (size_t)slices * B * M);
-  const size_t ny = (size_t)B * M + 64;
-  float* y = read<float>(dir, "y.bin", ny);
-  int* tickets = read<int>(dir, "tickets.bin", tiles);
-  gridDim.x = tiles;
-  gridDim.y = slices;
-  std::vector<int> order(tiles * slices);
-  std::iota(order.begin(), order.end(), 0);
-  for (int launch = 0; launch < launches; ++launch) {
-    std::fill(y, y + ny, NAN);
-    std::shuffle(order.begin(), order.end(), order_rng);  // blocks finish in any order
-    for (const int blk : order) {
-      std::memset(gw_raw, 0xFF, sizeof gw_raw);  // NaN: what no copy or store wrote shows
-      const int bx = blk % tiles, by = blk / tiles;
-      std::barrier<> group0(128), group1(128);
-      gw_bar[0] = &group0;
-      gw_bar[1] = &group1;
-      run_block(bx, GW_THREADS, [=] {
-        blockIdx.y = by;
-        gemv_wgmma(x, w, bias, y, partial, tickets, B, M, K, chunks_total, slice_chunks);
-      });
-    }
-    char path[1024]; snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
-    FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
-  }
-  char path[1024]; snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
-  FILE* f = fopen(path, "wb"); fwrite(tickets, 4, tiles, f); fclose(f);
+  const GemvIo io = read_gemv_io(dir, B, M, K, tiles, slices, atol(argv[10]));
+  run_launches(dir, io, tiles, slices, launches, atoi(argv[11]), [&](int bx, int by) {
+    std::memset(gw_raw, 0xFF, sizeof gw_raw);  // NaN: what no copy or store wrote shows
+    std::barrier<> group0(128), group1(128);
+    gw_bar[0] = &group0;
+    gw_bar[1] = &group1;
+    run_block(bx, GW_THREADS, [=] {
+      blockIdx.y = by;
+      gemv_wgmma(io.x, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, chunks_total,
+                 slice_chunks);
+    });
+  });
 }
 """
 
@@ -340,22 +320,8 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
     assert build.returncode == 0, build.stderr[-3000:]
     case = make_case(rng, shape)
     packed = np.ascontiguousarray(gemv_wgmma.pack_weights(case.w.reshape(shape.M, -1), mode, d))
-    packed.tofile(tmp_path / "w.bin")
-    for name, a in (("x", case.x), ("b", case.b),
-                    ("partial", np.full(plan.slices * shape.B * shape.M, np.nan)),
-                    ("y", np.full(shape.B * shape.M + 64, np.nan))):
-        np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
-    np.zeros(plan.tiles, np.int32).tofile(tmp_path / "tickets.bin")
-    args = (shape.B, shape.M, shape.C, plan.chunks, plan.slice_chunks, plan.tiles, plan.slices, 2,
-            packed.nbytes, int(rng.integers(2**31)))
-    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
-    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
-    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
-    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
-    got = ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+    got = run_gemv_emulator(exe, tmp_path, case, packed, (plan.chunks, plan.slice_chunks),
+                            plan.tiles, plan.slices, int(rng.integers(2**31)))
     assert rel_l2(got, case.ref) <= TOLERANCE[mode], rel_l2(got, case.ref)
     # against the products of the rounded operands: only the fp32 sums' error is left
     ref = conv_reference(rounded(case.x, mode), rounded(case.w, mode), case.b)
