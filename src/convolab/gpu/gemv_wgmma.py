@@ -4,12 +4,12 @@ warpgroup MMA, fed by a producer warpgroup (kernels/49_gemv_wgmma_bulk.cu).
 Kernel 43 at 32-64 columns reads x's chunk from shared memory once a warp (64 KB a chunk for
 32 KB of weights) after converting it through registers between two block barriers; here wgmma
 reads both operands from shared memory by descriptor, and a third warpgroup fills the ring: the
-block's chunk of weights and x's rows (fp32) by the bulk copy engine, then x converted within
-shared memory. Layout of both operands in a stage: each k-tile of 64 values is a row of 128 bytes in
-wgmma's 128-byte swizzle (16-byte piece j of row r at j ^ (r mod 8)). `pack_weights` puts a
-block's rows in the order that gives warp w of warpgroup g kernel 42's m-tiles of warp 4g + w,
-so the kernel ends with kernel 42's `finish`. Everything above `prepare` is pure Python, tested
-on the CPU; CuPy is imported inside `prepare` only.
+block's chunk of weights by the bulk copy engine, x's chunk in fp32 by cp.async, then x
+converted within shared memory. Layout of both operands in a stage: each k-tile of 64 values is
+a row of 128 bytes in wgmma's 128-byte swizzle (16-byte piece j of row r at j ^ (r mod 8)).
+`pack_weights` puts a block's rows in the order that gives warp w of warpgroup g kernel 42's
+m-tiles of warp 4g + w, so the kernel ends with kernel 42's `finish`. Everything above `prepare`
+is pure Python, tested on the CPU; CuPy is imported inside `prepare` only.
 """
 
 from __future__ import annotations
@@ -233,8 +233,8 @@ for _mode in MODES:
         name=f"gemv-wg-{_mode}", rung=49, device="gpu", kernel_file=KERNEL_FILE,
         demonstrates=f"classifier layer at batch 16-64 on the warpgroup MMA (sm_90a), a producer "
                      f"warpgroup filling a ring on mbarriers: the weights (packed in wgmma's "
-                     f"swizzled layout) and x's fp32 rows by the bulk copy engine, x converted in "
-                     f"shared memory; no block barrier in the loop ({WHAT[_mode]}, fp32 "
+                     f"swizzled layout) by the bulk copy engine, x in fp32 by cp.async, converted "
+                     f"in shared memory; no block barrier in the loop ({WHAT[_mode]}, fp32 "
                      f"accumulate)",
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))

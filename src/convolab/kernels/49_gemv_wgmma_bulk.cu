@@ -1,5 +1,5 @@
 // Kernel 49: a classifier layer at batch 16-64 on the warpgroup MMA, fed by a producer
-// warpgroup: the weights by the bulk copy engine, x converted on the way in.
+// warpgroup: the weights by the bulk copy engine, x by cp.async, converted in shared memory.
 //
 // What it changes against kernel 43: there eight warps issue mma.sync from weight pieces in
 // registers, and every warp reads all of x's chunk from shared memory as B fragments (at 64
