@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conv_cases import FC6, FC7, Case, make_case, outputs_of_two_runs
-from cuda_emulator import CUDA_SHIM
+from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM, run_gemv_emulator
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
@@ -318,101 +318,24 @@ def test_reduce_scatter_writes_every_sum_once(lanes: int, count: int,
         assert s == pytest.approx(values[:, i].sum(), rel=1e-12, abs=1e-12)
 
 
-EMU = CUDA_SHIM + r"""
-#include <atomic>
-#include <memory>
-#include <numeric>
-#include <random>
-struct uint4 { unsigned x, y, z, w; };
+EMU = CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + r"""
 struct float2 { float x, y; };
-inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-struct __half2 { _Float16 x, y; };
 inline float2 __half22float2(__half2 h) { return {(float)h.x, (float)h.y}; }
-template <class T> inline T __ldcs(const T* p) { return *p; }
-template <class T> inline T __ldcg(const T* p) { return *p; }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
-std::barrier<>* block_bar;
-std::barrier<>* warp_bar[32];
-std::atomic<int> block_or;
-inline void __syncthreads() { block_bar->arrive_and_wait(); }
-inline bool __syncthreads_or(bool p) {
-  if (p) block_or = 1;
-  block_bar->arrive_and_wait();
-  const bool any = block_or != 0;
-  block_bar->arrive_and_wait();
-  if (threadIdx.x == 0) block_or = 0;
-  block_bar->arrive_and_wait();
-  return any;
-}
-float warp_vals[32][32];
-inline float __shfl_xor_sync(unsigned, float v, int mask) {
-  const int l = threadIdx.x % 32, w = threadIdx.x / 32;
-  warp_vals[w][l] = v;
-  warp_bar[w]->arrive_and_wait();
-  const float r = warp_vals[w][l ^ mask];
-  warp_bar[w]->arrive_and_wait();
-  return r;
-}
 alignas(16) float4 xs4[232448 / 16];
 #include "kernel.inc"
-template <class T> static T* read(const char* dir, const char* name, size_t n) {
-  T* p = static_cast<T*>(std::aligned_alloc(16, ((n * sizeof(T) + 15) / 16) * 16 + 16));
-  char path[1024]; snprintf(path, sizeof path, "%s/%s", dir, name);
-  FILE* f = fopen(path, "rb");
-  if (!f || fread(p, sizeof(T), n, f) != n) std::abort();
-  fclose(f);
-  return p;
-}
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]), k_slice = atoi(argv[5]);
   const int groups = atoi(argv[6]), tiles = atoi(argv[7]), slices = atoi(argv[8]);
   const int launches = atoi(argv[9]);
-  std::mt19937 order_rng(atoi(argv[10]));
-  const size_t w_bytes = (size_t)M * K * (GV_MODE == 0 ? 8 : GV_MODE == 3 ? 5 : 4) / 2;
-  float* x = read<float>(dir, "x.bin", (size_t)B * K);
-  void* w = read<unsigned char>(dir, "w.bin", w_bytes);
-  float* bias = read<float>(dir, "b.bin", M);
-  float* partial = read<float>(dir, "partial.bin", (size_t)slices * B * M);
-  int* tickets = read<int>(dir, "tickets.bin", tiles);
-  const size_t ny = (size_t)B * M + 64;
-  float* y = read<float>(dir, "y.bin", ny);
-  gridDim.x = tiles;
-  gridDim.y = slices;
-  std::vector<int> order(tiles * slices);
-  std::iota(order.begin(), order.end(), 0);
-  for (int launch = 0; launch < launches; ++launch) {
-    std::fill(y, y + ny, NAN);
-    std::shuffle(order.begin(), order.end(), order_rng);  // blocks finish in any order
-    for (const int blk : order) {
-      const int bx = blk % tiles, by = blk / tiles;
-      {
-        for (auto& v : xs4) v = make_float4(NAN, NAN, NAN, NAN);  // unstaged reads show
-        std::barrier<> bb(32 * GV_WARPS);
-        block_bar = &bb;
-        std::vector<std::unique_ptr<std::barrier<>>> wb;
-        for (int i = 0; i < GV_WARPS; ++i) {
-          wb.emplace_back(new std::barrier<>(32));
-          warp_bar[i] = wb.back().get();
-        }
-        std::vector<std::thread> ts;
-        for (int t = 0; t < 32 * GV_WARPS; ++t)
-          ts.emplace_back([=] {
-            threadIdx.x = t;
-            blockIdx.x = bx;
-            blockIdx.y = by;
-            gemv_stream(x, w, bias, y, partial, tickets, B, M, K, k_slice, groups);
-          });
-        for (auto& t : ts) t.join();
-      }
-    }
-    char path[1024]; snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
-    FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
-  }
-  char path[1024]; snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
-  FILE* f = fopen(path, "wb"); fwrite(tickets, 4, tiles, f); fclose(f);
+  const GemvIo io = read_gemv_io(dir, B, M, K, tiles, slices, atol(argv[10]));
+  run_launches(dir, io, tiles, slices, launches, atoi(argv[11]), [&](int bx, int by) {
+    for (auto& v : xs4) v = make_float4(NAN, NAN, NAN, NAN);  // unstaged reads show
+    run_block(bx, 32 * GV_WARPS, [=] {
+      blockIdx.y = by;
+      gemv_stream(io.x, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, k_slice, groups);
+    });
+  });
 }
 """
 
@@ -459,22 +382,9 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
                            timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     case = make_case(rng, shape)
-    host_weights(case.w, mode).tofile(tmp_path / "w.bin")
-    for name, a in (("x", case.x), ("b", case.b),
-                    ("partial", np.full(plan.slices * shape.B * shape.M, np.nan)),
-                    ("y", np.full(shape.B * shape.M + 64, np.nan))):
-        np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
-    np.zeros(plan.tiles, np.int32).tofile(tmp_path / "tickets.bin")
-    args = (shape.B, shape.M, shape.C, plan.k_slice, plan.groups, plan.tiles, plan.slices, 2,
-            int(rng.integers(2**31)))
-    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
-    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
-    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
-    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
-    got = ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+    packed = np.ascontiguousarray(host_weights(case.w, mode))
+    got = run_gemv_emulator(exe, tmp_path, case, packed, (plan.k_slice, plan.groups), plan.tiles,
+                            plan.slices, int(rng.integers(2**31)))
     assert rel_l2(got, case.ref) <= TOLERANCE[mode]
     if mode == "fp32":  # every product and sum in fp32: within a few ulps of each output
         np.testing.assert_allclose(got, case.ref, rtol=0, atol=1e-4 * np.abs(case.ref).max())
