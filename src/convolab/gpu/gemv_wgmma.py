@@ -29,9 +29,10 @@ from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
 KERNEL_FILE = "49_gemv_wgmma_bulk.cu"
-MODES: dict[str, int] = {"fp16": 0, "bf16": 1}
-K_TILE = 64  # k values in one 128-byte operand row
-ROW_BYTES = 128
+# gemv_mma.cuh's TM_MODE values, the 16-bit operand types only
+MODES: dict[str, int] = {m: gemv_mma.MODES[m] for m in ("fp16", "bf16")}
+ROW_BYTES = 128  # one operand row of a k-tile: the 128-byte swizzle's span
+K_TILE = ROW_BYTES // 2  # k values in one row (16-bit operands)
 WARPGROUPS = 2  # consumers; a third copies
 THREADS = 128 * (WARPGROUPS + 1)
 # MT: 64-row wgmmas a warpgroup (a block's rows: 128 MT); KT: k-tiles a chunk; STAGES: chunks
