@@ -343,6 +343,43 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 """
 
 
+# The warpgroup MMA with both operands by descriptor (kernels 49, 51): K-major, layout 1 (the
+# 128-byte swizzle), start address and 8-row group stride from the descriptor, the byte at
+# logical address L read from L ^ (((L >> 7) & 7) << 4) as the hardware does (a start inside a
+# 1024-byte period included); one thread's accumulators of m64nNk16 (d[4j + r]: row 16w + g +
+# 8 (r / 2), column 8j + 2t + r % 2), summed in fp64; kind 0 fp16, 1 bf16. The instruction is
+# one of the whole warpgroup: none of its threads goes on before all have issued it (so a
+# warpgroup's release of a stage follows every one of its threads' wait for that stage), hence
+# a barrier around it. Needs MMA_SHIM's f16 / bf16, the test's shared_ptr(shared address) and
+# a std::barrier of 128 threads in wgss_bar[] per warpgroup.
+WGMMA_SS_SHIM = r"""
+std::barrier<>* wgss_bar[8];
+inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
+  if (((desc >> 62) & 3) != 1 || ((desc >> 49) & 7) != 0) std::abort();
+  const unsigned start = (unsigned)(desc & 0x3FFF) << 4;
+  const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+  const unsigned at = start + (row / 8) * sbo + (row % 8) * 128 + 2 * k;
+  unsigned short bits;
+  std::memcpy(&bits, shared_ptr(at ^ (((at >> 7) & 7) << 4)), 2);
+  return kind == 0 ? f16(bits) : bf16(bits);
+}
+inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long db, int scale_d,
+                     int kind) {
+  wgss_bar[threadIdx.x / 128]->arrive_and_wait();
+  const int tid = threadIdx.x % 128, w = tid / 32, g = tid % 32 / 4, t = tid % 4;
+  for (int j = 0; j < n / 8; ++j)
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * w + g + 8 * (r / 2), col = 8 * j + 2 * t + r % 2;
+      double s = scale_d ? d[4 * j + r] : 0.0;
+      for (int k = 0; k < 16; ++k)
+        s += wgss_operand(da, row, k, kind) * wgss_operand(db, col, k, kind);
+      d[4 * j + r] = (float)s;
+    }
+  wgss_bar[threadIdx.x / 128]->arrive_and_wait();
+}
+"""
+
+
 # The main() of the fused conv + pool rungs' emulators (28, 44), after the kernel's source: it
 # reads x.bin, w.bin, b.bin and y.bin (args: dir, batch, grid, w_unscale), prints the kernel's
 # shared-memory size, runs each block and writes y_out.bin. The test defines EMU_SMEM (the

@@ -27,7 +27,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
-from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM, run_gemv_emulator
+from cuda_emulator import (
+    BLOCK_SHIM,
+    CUDA_SHIM,
+    GEMV_SHIM,
+    MMA_SHIM,
+    WGMMA_SS_SHIM,
+    run_gemv_emulator,
+)
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
@@ -208,38 +215,14 @@ template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
 """
 
-# gemv_wgmma.cuh: the 16-byte store, and the wgmma from its descriptors (start address, 8-row
-# group stride, layout 1 = the 128-byte swizzle) reading the byte at logical address L from
-# L ^ (((L >> 7) & 7) << 4), as the hardware does; one thread's accumulators, summed in fp64.
-# The wgmma is one instruction of the whole warpgroup: none of its threads goes on before all
-# have issued it (so a warpgroup's release of a stage follows every one of its threads' wait
-# for that stage), hence a warpgroup barrier around it.
+# gemv_wgmma.cuh: the 16-byte store, and the wgmma (cuda_emulator.WGMMA_SS_SHIM).
 GW_SHIM = r"""
-std::barrier<>* gw_bar[2];
 inline void gw_store16(unsigned at, unsigned a, unsigned b, unsigned c, unsigned d) {
   const unsigned v[4] = {a, b, c, d};
   std::memcpy(shared_ptr(at), v, 16);
 }
-inline double gw_operand(unsigned long long desc, int row, int k) {
-  if (((desc >> 62) & 3) != 1) std::abort();
-  const unsigned start = (unsigned)(desc & 0x3FFF) << 4;
-  const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
-  const unsigned at = start + (row / 8) * sbo + (row % 8) * 128 + 2 * k;
-  unsigned short bits;
-  std::memcpy(&bits, shared_ptr(at ^ (((at >> 7) & 7) << 4)), 2);
-  return TM_MODE == 0 ? f16(bits) : bf16(bits);
-}
 inline void gw_mma(float (&d)[TM_NT][4], unsigned long long da, unsigned long long db) {
-  gw_bar[threadIdx.x / 128]->arrive_and_wait();
-  const int tid = threadIdx.x % 128, w = tid / 32, g = tid % 32 / 4, t = tid % 4;
-  for (int j = 0; j < TM_NT; ++j)
-    for (int r = 0; r < 4; ++r) {
-      const int row = 16 * w + g + 8 * (r / 2), col = 8 * j + 2 * t + r % 2;
-      double s = d[j][r];
-      for (int k = 0; k < 16; ++k) s += gw_operand(da, row, k) * gw_operand(db, col, k);
-      d[j][r] = (float)s;
-    }
-  gw_bar[threadIdx.x / 128]->arrive_and_wait();
+  wgss_mma(&d[0][0], 8 * TM_NT, da, db, 1, TM_MODE);
 }
 """
 
@@ -253,8 +236,8 @@ int main(int argc, char** argv) {
   run_launches(dir, io, tiles, slices, launches, atoi(argv[11]), [&](int bx, int by) {
     std::memset(gw_raw, 0xFF, sizeof gw_raw);  // NaN: what no copy or store wrote shows
     std::barrier<> group0(128), group1(128);
-    gw_bar[0] = &group0;
-    gw_bar[1] = &group1;
+    wgss_bar[0] = &group0;
+    wgss_bar[1] = &group1;
     run_block(bx, GW_THREADS, [=] {
       blockIdx.y = by;
       gemv_wgmma(io.x, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, chunks_total,
@@ -312,7 +295,7 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
     assert plan.slice_chunks > d["GW_STAGES"] and plan.smem <= gemv_mma.SMEM_LIMIT
     (tmp_path / "kernel.inc").write_text(emulated_source())
     (tmp_path / "emu.cpp").write_text(CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + WG_SHIM
-                                      + '#include "kernel.inc"\n' + WG_MAIN)
+                                      + WGMMA_SS_SHIM + '#include "kernel.inc"\n' + WG_MAIN)
     exe = tmp_path / "emu"
     build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
                             "-w", *define_flags(d), "-o", str(exe), str(tmp_path / "emu.cpp")],

@@ -25,6 +25,10 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
     to B=16: the TF32 weights in 2.5 bytes; `gemv-fp16` for fp16 up to B=8: half the bytes,
     but at 16 its FFMA and shared-memory work per weight outruns the halved stream and
     split-K wins), measured on fc6/fc7 at batch 1..16 (docs/vgg.md);
+  * a narrow convolution (C and M 32..64, output rows of 112 columns or more: VGG's conv1_2)
+    in FP16 on Hopper: kernel 51, the direct convolution that converts each NCHW input row
+    once into a channels-last ring in shared memory (`direct_wgmma.auto_choice`, docs/vgg.md
+    "Kernels 50-51"): no layout pass, every filter tap a descriptor into the ring;
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
@@ -53,7 +57,15 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from convolab.gpu import gemv, gemv_cluster, gemv_mma, gemv_wgmma, implicit_gemm, tune
+from convolab.gpu import (
+    direct_wgmma,
+    gemv,
+    gemv_cluster,
+    gemv_mma,
+    gemv_wgmma,
+    implicit_gemm,
+    tune,
+)
 from convolab.gpu import implicit_gemm_wgmma as wg
 from convolab.gpu.device import gpu_name
 from convolab.precision import TOLERANCE
@@ -99,6 +111,9 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
         wishes.append(Choice(*tensor_core_gemv))
     if gemv.supports(shape) and GEMV_MAX_BATCH[mode] >= shape.B:
         wishes.append(Choice(f"gemv-{GEMV_FAMILY[mode]}"))
+    direct = direct_wgmma.auto_choice(shape, mode)
+    if direct is not None:
+        wishes.append(Choice(*direct))
     if shape.C >= GEMM_C and shape.M >= GEMM_M:
         for wgmma in (True, False):  # rungs 39-40 are eligible only where the GPU has wgmma
             name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode], wgmma=wgmma)

@@ -120,7 +120,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
 # --------------------------------------------------------------------------------------
 
 
-def _swizzle(a: Any) -> Any:
+def swizzle_128b(a: Any) -> Any:
     """(..., rows, 8 pieces, 8 values) with rows a multiple of 8 -> the 128-byte swizzle:
     piece j of row r stored at j ^ (r mod 8)."""
     xp = xp_of(a)
@@ -147,7 +147,7 @@ def pack_weights(w2: Any, mode: str, d: Mapping[str, int]) -> Any:
     padded[:M, :C] = values
     a = padded.reshape(tiles, WARPGROUPS, 4, mt, 16, chunks, kt, 8, 8)
     a = a.transpose(0, 5, 6, 1, 3, 2, 4, 7, 8).reshape(tiles, chunks, kt, WARPGROUPS * mt, 64, 8, 8)
-    return xp.ascontiguousarray(_swizzle(a)).view(xp.uint8).reshape(-1)
+    return xp.ascontiguousarray(swizzle_128b(a)).view(xp.uint8).reshape(-1)
 
 
 # Where `auto` runs kernel 49 without a cache entry (H200, 2026-11-29, docs/vgg.md "Kernel 49";
@@ -241,4 +241,4 @@ for _mode in MODES:
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
 __all__ = ["a_bytes", "auto_choice", "defines", "launch_plan", "pack_weights", "smem_bytes",
-           "supports", "x_bytes"]
+           "supports", "swizzle_128b", "x_bytes"]

@@ -61,6 +61,21 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+// ldmatrix: four (x4) or two (x2) 8 x 8 matrices of 16-bit values from shared memory, lanes
+// 8i..8i+7 giving matrix i's row addresses (any 16-byte aligned rows: a gather, not a tile).
+// Lane l receives row l / 4, values 2 (l % 4) and + 1 of each: mma.sync's fragment order.
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned saddr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(saddr));
+}
+
+__device__ __forceinline__ void ldsm_x2(unsigned (&r)[2], unsigned saddr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(saddr));
+}
+
 // d += A * B on tensor cores, one warp: A 16x16 fp16 (4 registers of half2), B 16x8 (2), fp32 d.
 __device__ __forceinline__ void mma_f16_m16n8k16(float (&d)[4], unsigned a0, unsigned a1,
                                                  unsigned a2, unsigned a3, unsigned b0,

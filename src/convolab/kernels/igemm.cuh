@@ -62,12 +62,6 @@ static_assert((BM * IG_CHUNKS) % IG_THREADS == 0 && (BN * IG_CHUNKS) % IG_THREAD
               "every thread copies the same number of pieces");
 static_assert(STAGES >= 2, "the pipeline needs at least two stages");
 
-__device__ __forceinline__ void ig_ldsm_x4(unsigned (&r)[4], unsigned saddr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(saddr));
-}
-
 __device__ __forceinline__ unsigned ig_tf32(unsigned bits) {
   return __float_as_uint(tf32_round(__uint_as_float(bits)));
 }
@@ -155,13 +149,13 @@ __device__ __forceinline__ void ig_fragments(unsigned (&a)[IG_MI][4], unsigned (
 #pragma unroll
   for (int mi = 0; mi < IG_MI; ++mi) {
     const int row = wm0 + mi * 16 + (lane % 16);
-    ig_ldsm_x4(a[mi], stage_base + row * IG_ROWB + ks * 32 + (lane / 16) * 16);
+    ldsm_x4(a[mi], stage_base + row * IG_ROWB + ks * 32 + (lane / 16) * 16);
   }
 #pragma unroll
   for (int nj = 0; nj < IG_NI / 2; ++nj) {
     const int row = wn0 + nj * 16 + (lane % 8) + (lane / 16) * 8;
     unsigned r[4];
-    ig_ldsm_x4(r, stage_base + BM * IG_ROWB + row * IG_ROWB + ks * 32 + ((lane / 8) % 2) * 16);
+    ldsm_x4(r, stage_base + BM * IG_ROWB + row * IG_ROWB + ks * 32 + ((lane / 8) % 2) * 16);
     b[2 * nj][0] = r[0];
     b[2 * nj][1] = r[1];
     b[2 * nj + 1][0] = r[2];
