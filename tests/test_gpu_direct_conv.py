@@ -33,7 +33,7 @@ from cuda_emulator import (
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
-from convolab.gpu import direct_conv, direct_wgmma, gemv_mma
+from convolab.gpu import direct_conv, direct_image, direct_wgmma, gemv_mma
 from convolab.gpu.compile import KERNEL_DIR, define_flags
 from convolab.precision import TOLERANCE
 from convolab.registry import get_impl
@@ -41,6 +41,7 @@ from convolab.shapes import ConvShape
 
 MODES = list(direct_conv.MODES)
 NAMES = [f"direct-{m}" for m in MODES] + [f"direct-wg-{m}" for m in MODES]
+IMAGE_NAMES = [f"direct-img-{m}" for m in MODES]
 GXX = shutil.which("g++")
 CONV1_2 = ConvShape(1, 64, 226, 226, 64, 3)
 
@@ -332,5 +333,42 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
 @pytest.mark.parametrize("name", NAMES)
 def test_vgg_conv1_2(name: str, rng: np.random.Generator) -> None:
     case = make_case(rng, CONV1_2.with_batch(2))
+    outs = outputs_of_two_runs(name, case)
+    assert rel_l2(outs[0], case.ref) <= TOLERANCE[name.split("-")[-1]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+def test_kernel_52_on_random_shapes(name: str, rng: np.random.Generator) -> None:
+    """Small images, C and M off the chunk and tile, every split and stage count."""
+    import cupy as cp
+
+    mode = name.split("-")[-1]
+    tested = 0
+    while tested < 8:
+        K = int(rng.integers(1, 6))
+        shape = ConvShape(int(rng.integers(1, 6)), int(rng.integers(1, 300)),
+                          int(rng.integers(K, 17)), int(rng.integers(K, 17)),
+                          int(rng.integers(1, 300)), K)
+        if not direct_image.supports(shape):
+            continue
+        params = None if tested < 2 else {k: v[int(rng.integers(len(v)))]
+                                          for k, v in direct_image.SPACE.items()}
+        if params is not None and direct_image.smem_bytes(shape, params["STAGES"]) > \
+                direct_conv.SMEM_LIMIT:
+            continue
+        tested += 1
+        case = make_case(rng, shape)
+        outs = outputs_of_two_runs(name, case, params)
+        err = rel_l2(outs[0], case.ref)
+        assert err <= TOLERANCE[mode], (shape, params, err)
+        assert bool(cp.array_equal(outs[0], outs[1])), (shape, params, "runs differ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+@pytest.mark.parametrize("batch", [3, 32])
+def test_kernel_52_on_conv5(name: str, batch: int, rng: np.random.Generator) -> None:
+    case = make_case(rng, ConvShape(batch, 512, 16, 16, 512, 3))
     outs = outputs_of_two_runs(name, case)
     assert rel_l2(outs[0], case.ref) <= TOLERANCE[name.split("-")[-1]]

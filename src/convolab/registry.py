@@ -42,6 +42,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.gemv_wgmma",
     "convolab.gpu.direct_conv",
     "convolab.gpu.direct_wgmma",
+    "convolab.gpu.direct_image",
     "convolab.gpu.auto",
 )
 

@@ -29,7 +29,8 @@ ARCH_SPECIFIC: dict[str, str] = {"39_implicit_gemm_wgmma.cu": "sm_90a",
                                  "46_fused_conv_pool_wgmma_ws.cu": "sm_90a",
                                  "47_fused_first_pair_wgmma_ws.cu": "sm_90a",
                                  "49_gemv_wgmma_bulk.cu": "sm_90a",
-                                 "51_direct_conv_wgmma.cu": "sm_90a"}
+                                 "51_direct_conv_wgmma.cu": "sm_90a",
+                                 "52_direct_conv_image_wgmma.cu": "sm_90a"}
 
 
 def nvcc_target(filename: str) -> tuple[str, ...]:

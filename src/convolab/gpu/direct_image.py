@@ -1,0 +1,223 @@
+"""Kernel 52 (`direct-img-fp16`, `direct-img-bf16`): a wide convolution on small images (VGG's
+conv5_x) as a direct convolution over whole images in shared memory, from NCHW fp32, on
+Hopper's warpgroup MMA (kernels/52_direct_conv_image_wgmma.cu, sm_90a).
+
+A block takes 128 output channels of one image (and a slice of the input channels): each
+64-channel chunk of the image is loaded once and converted into a channels-last buffer whose
+rows are PW = W rounded up to 8 pixels, so that output pixel n = oh PW + ow reads input row
+n + p PW + q for tap (p, q): one descriptor shift a tap, no im2col gather, no layout pass. The
+weights stream through a ring of 16 KB tap stages (`pack_weights`). With SPLIT slices the
+blocks write fp32 partial sums that rung 39's `wg_splitk_reduce` adds in slice order. Everything
+above `prepare` is pure Python, tested on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from convolab.backend import require_cupy, xp_of
+from convolab.gpu import direct_conv, gemv_mma
+from convolab.gpu import implicit_gemm_wgmma as wg
+from convolab.gpu.compile import get_kernel
+from convolab.gpu.gemv_wgmma import swizzle_128b
+from convolab.precision import TOLERANCE
+from convolab.registry import ConvImpl, Run, get_impl, register
+from convolab.shapes import ConvShape, ceil_div
+
+KERNEL_FILE = "52_direct_conv_image_wgmma.cu"
+MODES = direct_conv.MODES
+ROW_BYTES = 128  # a pixel's 64 channels (a chunk), a weight row's
+CHUNK = 64  # input channels a chunk
+TILE_M = 128  # output channels a block (two warpgroups of 64)
+STAGE_BYTES = TILE_M * ROW_BYTES  # one tap of a tile's weights
+THREADS = 384
+MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgmma's N
+MAX_PIXELS = 256  # H x W: a thread holds 8 H W / 256 pieces of 8 channels (64 registers)
+ALIGN_SLACK = 1024
+# STAGES: weight taps in the ring; SPLIT: slices of the input-channel chunks (0: chosen,
+# `split_for`).
+SPACE: dict[str, tuple[int, ...]] = {"STAGES": (2, 3, 4, 6, 8), "SPLIT": (0, 1, 2, 4, 8)}
+DEFAULTS: dict[str, int] = {"STAGES": 4, "SPLIT": 0}
+
+
+def row_pixels(W: int) -> int:
+    return 8 * ceil_div(W, 8)
+
+
+def n_pixels(shape: ConvShape) -> int:
+    """Output pixels a block computes: Ho rows of PW, rounded up to the wgmma's 16."""
+    return 16 * ceil_div(shape.H_out * row_pixels(shape.W), 16)
+
+
+def buffer_pixels(shape: ConvShape) -> int:
+    """Rows of a pixel buffer: every tap's reads for the N computed pixels, on the 8-row
+    period."""
+    pw = row_pixels(shape.W)
+    return 8 * ceil_div(n_pixels(shape) + (shape.K - 1) * (pw + 1), 8)
+
+
+def smem_bytes(shape: ConvShape, stages: int) -> int:
+    return stages * STAGE_BYTES + 2 * buffer_pixels(shape) * ROW_BYTES + ALIGN_SLACK
+
+
+def chunks_of(shape: ConvShape) -> int:
+    return ceil_div(shape.C, CHUNK)
+
+
+def split_for(shape: ConvShape, sms: int) -> int:
+    """Slices of the chunks where the blocks (128 channels of an image each) fill fewer than
+    half the SMs: doubled while the blocks stay within the SMs and each slice keeps 2 chunks."""
+    units, chunks, split = ceil_div(shape.M, TILE_M) * shape.B, chunks_of(shape), 1
+    while units * split * 2 <= sms and chunks >= 4 * split:
+        split *= 2
+    return split
+
+
+def defines(mode: str, shape: ConvShape, params: Mapping[str, Any]) -> dict[str, int]:
+    """The -D set of one configuration; ValueError names what is wrong with it."""
+    if mode not in MODES:
+        raise ValueError(f"direct-img: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if any(int(params[k]) not in SPACE[k] for k in SPACE):
+        raise ValueError(f"direct-img: STAGES and SPLIT must be in {SPACE['STAGES']} and "
+                         f"{SPACE['SPLIT']}, got {params['STAGES']} and {params['SPLIT']}")
+    return {"DW_MODE": MODES[mode], "DI_K": shape.K, "DI_PW": row_pixels(shape.W),
+            "DI_HO": shape.H_out, "DI_HW": shape.H * shape.W, "DI_STAGES": int(params["STAGES"])}
+
+
+def supports(shape: ConvShape) -> bool:
+    """Stride 1, an image whose output pixels one wgmma covers (Ho x PW <= 256) and whose
+    chunk a thread can hold, buffers and ring within shared memory, on a GPU that runs sm_90a
+    code."""
+    return (shape.S == 1 and n_pixels(shape) <= MAX_N and shape.H * shape.W <= MAX_PIXELS
+            and smem_bytes(shape, DEFAULTS["STAGES"]) <= direct_conv.SMEM_LIMIT
+            and shape.B * shape.M * shape.H_out * shape.W_out < direct_conv.INDEX_LIMIT
+            and ceil_div(shape.M, TILE_M) < 65536 and shape.B < 65536
+            and not wg.wgmma_ruled_out())
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    defines: dict[str, int]
+    grid: tuple[int, int, int]
+    slice_chunks: int
+    smem: int
+
+    @property
+    def slices(self) -> int:
+        return self.grid[2]
+
+
+def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any], sms: int) -> LaunchPlan:
+    d = defines(mode, shape, params)
+    smem = smem_bytes(shape, d["DI_STAGES"])
+    if smem > direct_conv.SMEM_LIMIT:
+        raise ValueError(f"direct-img: {shape} needs {smem} B of shared memory with "
+                         f"{d['DI_STAGES']} stages, over {direct_conv.SMEM_LIMIT}: fewer STAGES")
+    chunks = chunks_of(shape)
+    split = min(int(params["SPLIT"]) or split_for(shape, sms), chunks)
+    per_slice = ceil_div(chunks, split)
+    return LaunchPlan(d, (ceil_div(shape.M, TILE_M), shape.B, ceil_div(chunks, per_slice)),
+                      per_slice, smem)
+
+
+def pack_weights(w: Any, mode: str) -> Any:
+    """(M, C, K, K) fp32 -> kernel 52's weights, uint8: for each 128-row tile, 64-channel chunk
+    and tap (p, q) in that order, one 16 KB run of 128 rows (output channels) x 128 bytes,
+    channels 8j..8j+7 of row r in 16-byte piece j ^ (r mod 8); zero past M and C."""
+    xp = xp_of(w)
+    M, C, K, _ = w.shape
+    tiles, chunks = ceil_div(M, TILE_M), ceil_div(C, CHUNK)
+    values = gemv_mma.sixteen_bit(xp.ascontiguousarray(w.transpose(0, 2, 3, 1)), mode)
+    padded = xp.zeros((tiles * TILE_M, K * K, chunks * CHUNK), dtype=values.dtype)
+    padded[:M, :, :C] = values.reshape(M, K * K, C)
+    a = padded.reshape(tiles, TILE_M, K * K, chunks, 8, 8).transpose(0, 3, 2, 1, 4, 5)
+    return xp.ascontiguousarray(swizzle_128b(a)).view(xp.uint8).reshape(-1)
+
+
+# What CI's nvcc check builds: each mode at conv5_x, and in fp16 a 5 x 5 filter on an odd image
+# with the most stages.
+def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
+    def variants() -> list[dict[str, int]]:
+        out = [defines(mode, ConvShape(1, 512, 16, 16, 512, 3), DEFAULTS)]
+        if mode == "fp16":
+            out.append(defines(mode, ConvShape(1, 100, 13, 11, 70, 5), {"STAGES": 8, "SPLIT": 0}))
+        return out
+
+    return variants
+
+
+# --------------------------------------------------------------------------------------
+# prepare / run (CuPy from here on)
+# --------------------------------------------------------------------------------------
+
+
+def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
+    name = f"direct-img-{mode}"
+
+    def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
+        cp = require_cupy()
+        from convolab.gpu.device import sm_count
+        from convolab.gpu.launch import BoundLaunch
+
+        if not supports(shape):
+            raise ValueError(f"{name} does not support shape {shape}")
+        if tuple(w.shape) != shape.w_shape:
+            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
+                             f"(want {shape.w_shape})")
+        plan = launch_plan(shape, mode, params, sm_count())
+        kernel = get_kernel(KERNEL_FILE, "direct_conv_image", plan.defines)
+        kernel.max_dynamic_shared_size_bytes = plan.smem
+        w_op = pack_weights(cp.asarray(w, dtype=cp.float32), mode)
+        b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
+        out_elems = shape.B * shape.M * shape.H_out * shape.W_out
+        slabs = cp.empty((plan.slices if plan.slices > 1 else 0, out_elems), dtype=cp.float32)
+        args = (None, w_op, b_d, None, slabs,
+                *(np.int32(v) for v in (shape.B, shape.C, shape.W, shape.M, chunks_of(shape),
+                                        plan.slice_chunks)))
+        if plan.slices == 1:
+            conv = BoundLaunch(kernel, plan.grid, (THREADS,), args, per_call=(0, 3),
+                               shared_mem=plan.smem)
+
+            def run(x: Any, y: Any) -> None:
+                conv(x, y)
+
+            return run
+        # rung 39's ordered sum of the slabs (NCHW order, bias added), built for its NCHW split
+        rung39 = get_impl(wg.RUNG39.prefix + "fp16").params_for({"SPLIT": 2})
+        reduce = get_kernel(wg.FILE, "wg_splitk_reduce",
+                            wg.wgmma_defines("fp16", rung39, wg.RUNG39))
+        conv = BoundLaunch(kernel, plan.grid, (THREADS,), (*args[:3], slabs, *args[4:]),
+                           per_call=(0,), shared_mem=plan.smem)  # y unused: the slabs stand in
+        pix = shape.H_out * shape.W_out
+        sum_slabs = BoundLaunch(
+            reduce, (min(ceil_div(out_elems, wg.REDUCE_BLOCK), 65535),), (wg.REDUCE_BLOCK,),
+            (slabs, b_d, None, *(np.int32(v) for v in (shape.M, shape.B * pix, pix,
+                                                       plan.slices))), per_call=(2,))
+
+        def run_split(x: Any, y: Any) -> None:
+            conv(x)
+            sum_slabs(y)
+
+        return run_split
+
+    return prepare
+
+
+for _mode in MODES:
+    register(ConvImpl(
+        name=f"direct-img-{_mode}", rung=52, device="gpu", kernel_file=KERNEL_FILE,
+        demonstrates=f"a wide convolution on small images (conv5_x) as a direct convolution "
+                     f"over whole images in shared memory (sm_90a): each 64-channel chunk of an "
+                     f"image loaded once from NCHW fp32 into a channels-last {_mode} buffer with "
+                     f"rows padded to 8 pixels, every filter tap one wgmma descriptor shift, the "
+                     f"weights streamed by the bulk copy engine; no im2col gather, no layout "
+                     f"pass",
+        prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
+        compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
+
+__all__ = ["buffer_pixels", "defines", "launch_plan", "n_pixels", "pack_weights", "smem_bytes",
+           "split_for", "supports"]
