@@ -343,7 +343,73 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 """
 
 
-# The warpgroup MMA with both operands by descriptor (kernels 49, 51): K-major, layout 1 (the
+# mbarrier.cuh with its semantics (kernels 49, 52), keyed by the barrier's shared address:
+# arrivals and transaction bytes pending, then a phase completes; a wait for parity p returns
+# once the phase of that parity has completed, and aborts after 20 s (a deadlock: the roles wait
+# on one another). Copies land at once. Needs the test's shared_ptr(shared address).
+MBARRIER_SHIM = r"""
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <unordered_map>
+// mbarrier.cuh with its semantics: arrivals and transaction bytes pending, then a phase
+// completes; a wait for parity p returns once the phase of that parity has completed.
+struct EmuBar { unsigned count = 0, pending = 0; long long tx = 0; unsigned phase = 0; };
+std::mutex bar_mutex;
+std::condition_variable bar_cv;
+std::unordered_map<unsigned, EmuBar> emu_bars;
+inline void bar_settle(EmuBar& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    ++b.phase;
+    b.pending = b.count;
+    bar_cv.notify_all();
+  }
+}
+inline void mbar_init(unsigned bar, unsigned count) {
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  emu_bars[bar] = EmuBar{count, count, 0, 0};
+}
+inline void fence_barrier_init() {}
+inline void mbar_arrive(unsigned bar) {
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  EmuBar& b = emu_bars.at(bar);
+  if (b.pending == 0) std::abort();  // an arrival the count has no room for
+  --b.pending;
+  bar_settle(b);
+}
+inline void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  {
+    std::lock_guard<std::mutex> lk(bar_mutex);
+    emu_bars.at(bar).tx += bytes;
+  }
+  mbar_arrive(bar);
+}
+inline void mbar_wait(unsigned bar, unsigned parity) {
+  std::unique_lock<std::mutex> lk(bar_mutex);
+  if (!bar_cv.wait_for(lk, std::chrono::seconds(20),
+                       [&] { return (emu_bars.at(bar).phase & 1) != parity; })) {
+    fprintf(stderr, "thread %u: no phase of parity %u completes on barrier %u\n", threadIdx.x,
+            parity, bar);
+    std::abort();  // a deadlock: the roles wait on one another
+  }
+}
+// Copies land at once: a bulk copy then completes its bytes, cp.async's arrival is an arrival.
+inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  std::memcpy(shared_ptr(dst), src, bytes);
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  EmuBar& b = emu_bars.at(bar);
+  b.tx -= bytes;
+  bar_settle(b);
+}
+inline void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  if (valid) std::memcpy(dst, src, 16);
+  else std::memset(dst, 0, 16);
+}
+inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
+"""
+
+
+# The warpgroup MMA with both operands by descriptor (kernels 49, 51, 52): K-major, layout 1 (the
 # 128-byte swizzle), start address and 8-row group stride from the descriptor, the byte at
 # logical address L read from L ^ (((L >> 7) & 7) << 4) as the hardware does (a start inside a
 # 1024-byte period included); one thread's accumulators of m64nNk16 (d[4j + r]: row 16w + g +

@@ -26,6 +26,7 @@ from cuda_emulator import (
     BLOCK_SHIM,
     CUDA_SHIM,
     GEMV_SHIM,
+    MBARRIER_SHIM,
     MMA_SHIM,
     WGMMA_SS_SHIM,
     run_fused_emulator,
@@ -139,8 +140,63 @@ def test_auto_takes_kernel_51_for_narrow_wide_layers_in_fp16() -> None:
             "igemm-wg")  # a GPU without wgmma: what ran before
     narrow = ConvShape(4, 64, 30, 30, 64, 3)  # rows shorter than AUTO_MIN_WIDTH
     assert not auto.default_choice(narrow, names, "fp16").impl.startswith("direct")
-    assert not auto.default_choice(ConvShape(4, 512, 16, 16, 512, 3), names,
-                                   "fp16").impl.startswith("direct")
+    assert auto.default_choice(ConvShape(4, 512, 16, 16, 512, 3), names,
+                               "fp16").impl != "direct-wg-fp16"  # C > 64: kernel 52's
+
+
+CONV5 = ConvShape(1, 512, 16, 16, 512, 3)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kernel_52_weights_where_the_kernel_reads_them(mode: str,
+                                                       rng: np.random.Generator) -> None:
+    shape = ConvShape(1, 70, 5, 5, 130, 3)  # 2 tiles, 2 chunks, both partly padding
+    w = rng.standard_normal(shape.w_shape, dtype=np.float32)
+    packed = direct_image.pack_weights(w, mode)
+    chunks, taps = 2, 9
+    assert packed.nbytes == 2 * chunks * taps * direct_image.STAGE_BYTES
+    m, c, p, q = np.meshgrid(*(np.arange(n) for n in shape.w_shape), indexing="ij")
+    r = m % 128
+    run = ((m // 128) * chunks + c // 64) * taps + p * 3 + q  # the 16 KB run the copier takes
+    offsets = run * 16384 + r * 128 + (((c % 64) // 8) ^ (r % 8)) * 16 + (c % 8) * 2
+    bits = packed.view(np.uint16)
+    assert np.array_equal(bits[offsets // 2], gemv_mma.sixteen_bit(w, mode).view(np.uint16))
+    rest = np.ones(bits.size, bool)
+    rest[(offsets // 2).ravel()] = False
+    assert not bits[rest].any(), "bytes outside the weights must be zero"
+
+
+def test_kernel_52_plan_split_and_supports() -> None:
+    assert (direct_image.n_pixels(CONV5), direct_image.buffer_pixels(CONV5)) == (224, 264)
+    assert direct_image.smem_bytes(CONV5, 5) <= direct_conv.SMEM_LIMIT
+    for batch, split in ((1, 4), (8, 4), (16, 2), (32, 1), (64, 1)):
+        plan = direct_image.launch_plan(CONV5.with_batch(batch), "fp16", direct_image.DEFAULTS,
+                                        sms=132)
+        assert plan.slices == split and plan.slice_chunks * split == 8, batch
+        assert plan.grid[:2] == (4, batch)
+    plan = direct_image.launch_plan(ConvShape(1, 130, 4, 8, 40, 1), "fp16",
+                                    {"STAGES": 2, "SPLIT": 8}, sms=132)
+    assert (plan.slices, plan.slice_chunks) == (3, 1)  # no more slices than chunks
+    assert direct_image.supports(CONV5.with_batch(64))
+    assert not direct_image.supports(ConvShape(1, 512, 30, 30, 512, 3))  # 28 x 32 pixels
+    assert not direct_image.supports(ConvShape(1, 64, 7, 7, 64, 3))  # 49-pixel planes
+    assert not direct_image.supports(ConvShape(1, 64, 16, 16, 64, 3, 2))
+    with pytest.raises(ValueError, match="STAGES and SPLIT"):
+        direct_image.defines("fp16", CONV5, {"STAGES": 9, "SPLIT": 0})
+
+
+def test_auto_takes_kernel_52_for_conv5_in_fp16_from_batch_4() -> None:
+    from convolab.gpu import auto
+    from convolab.registry import all_impls
+
+    names = {i.name for i in all_impls("gpu")}
+    for batch in (1, 2, 3, 4, 8, 12, 16, 32, 64):
+        shape = CONV5.with_batch(batch)
+        choice = auto.default_choice(shape, names, "fp16").impl
+        assert (choice == "direct-img-fp16") == (batch >= direct_image.AUTO_FROM_BATCH), batch
+        assert not auto.default_choice(shape, names, "tf32").impl.startswith("direct")
+        assert not auto.default_choice(shape, names - {"direct-img-fp16"},
+                                       "fp16").impl.startswith("direct")
 
 
 # ------------------------------------------------------------------------- CPU emulator
@@ -149,6 +205,8 @@ def test_auto_takes_kernel_51_for_narrow_wide_layers_in_fp16() -> None:
 # kernel 51 its wgmma (cuda_emulator.WGMMA_SS_SHIM) and wgmma_core.cuh's bookkeeping: each wgmma
 # completes when issued (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM, GEMV_SHIM).
 DC_SHIM = r"""
+#undef __shared__
+#define __shared__ static  // one array for all of a block's threads
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 alignas(1024) unsigned char emu_smem[1 << 18];
@@ -173,7 +231,12 @@ inline void wg_fence() {}
 inline void wg_commit() {}
 template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
-""" + WGMMA_SS_SHIM
+// warp_roles.cuh: setmaxnreg does nothing here; named barrier id of the threads the test set
+template <int R> inline void set_max_regs_dec() {}
+template <int R> inline void set_max_regs_inc() {}
+std::barrier<>* named_bar[16];
+inline void bar_sync(int id, int) { named_bar[id]->arrive_and_wait(); }
+""" + MBARRIER_SHIM + WGMMA_SS_SHIM
 
 DW_SHIM = r"""
 inline void dw_mma(float (&d)[DW_N / 2], unsigned long long da, unsigned long long db,
@@ -229,7 +292,8 @@ def emulated_source(kernel_file: str) -> str:
     source = (KERNEL_DIR / kernel_file).read_text()
     for include, text in (('#include "common.cuh"', ""), ("#include <cuda_bf16.h>", ""),
                           ('#include "wgmma_core.cuh"', descriptors),
-                          ('#include "direct_wgmma.cuh"', DW_SHIM)):
+                          ('#include "direct_wgmma.cuh"', DW_SHIM), ('#include "mbarrier.cuh"', ""),
+                          ('#include "warp_roles.cuh"', "")):
         source = source.replace(include, text)
     source, n = re.subn(r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];",
                         r"unsigned char* \1 = emu_smem;", source)
@@ -277,6 +341,86 @@ def test_kernel_emulated_on_cpu(rung: int, mode: str, shape: ConvShape, params: 
     # against the products of the rounded operands: only the fp32 sums' error is left
     ref = conv_reference(rounded(case.x, mode), rounded(case.w, mode), case.b)
     assert rel_l2(got, ref) <= TOLERANCE["fp32"], rel_l2(got, ref)
+
+
+# Kernel 52's main (argv: dir, B, C, H, W, M, tiles, slices, chunks, chunks a slice, weight
+# bytes, seed): every block in a fresh random order (slices finish in any order), shared
+# memory poisoned with NaN first; y_out.bin and slabs_out.bin.
+DI_MAIN = r"""
+#include <algorithm>
+#include <numeric>
+#include <random>
+int main(int argc, char** argv) {
+  const char* dir = argv[1];
+  const int B = atoi(argv[2]), C = atoi(argv[3]), H = atoi(argv[4]), W = atoi(argv[5]);
+  const int M = atoi(argv[6]), tiles = atoi(argv[7]), slices = atoi(argv[8]);
+  const int chunks = atoi(argv[9]), per_slice = atoi(argv[10]), w_bytes = atoi(argv[11]);
+  const size_t n = (size_t)B * M * (H - DI_K + 1) * (W - DI_K + 1);
+  float* x = read<float>(dir, "x.bin", (size_t)B * C * H * W);
+  unsigned char* w = read<unsigned char>(dir, "w.bin", w_bytes);
+  float* bias = read<float>(dir, "b.bin", M);
+  float* y = read<float>(dir, "y.bin", n + 64);
+  float* slabs = read<float>(dir, "slabs.bin", slices * n + 64);
+  printf("0\n");
+  gridDim.x = tiles, gridDim.y = B, gridDim.z = slices;
+  std::vector<int> order(tiles * B * slices);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(atoi(argv[12])));
+  for (const int blk : order) {
+    std::memset(emu_smem, 0xFF, sizeof emu_smem);
+    std::barrier<> group0(128), group1(128), consumers(DI_CONSUMERS), workers(DI_WORKERS);
+    wgss_bar[0] = &group0, wgss_bar[1] = &group1;
+    named_bar[1] = &consumers, named_bar[2] = &workers;
+    run_block(blk % tiles, DI_THREADS, [=] {
+      blockIdx.y = blk / tiles % B, blockIdx.z = blk / (tiles * B);
+      direct_conv_image(x, w, bias, y, slabs, B, C, W, M, chunks, per_slice);
+    });
+  }
+  char path[1024];
+  snprintf(path, sizeof path, "%s/y_out.bin", dir);
+  FILE* f = fopen(path, "wb"); fwrite(y, 4, n + 64, f); fclose(f);
+  snprintf(path, sizeof path, "%s/slabs_out.bin", dir);
+  f = fopen(path, "wb"); fwrite(slabs, 4, slices * n + 64, f); fclose(f);
+}
+"""
+
+IMAGE_EMULATED = [  # (mode, shape, params): C and M off the chunk and tile, widths off 8 (rows
+    # padded), K = 1 / 3 / 5, stages fewer than taps, one to three slices
+    ("fp16", ConvShape(2, 100, 6, 10, 150, 3), {"STAGES": 2, "SPLIT": 1}),
+    ("bf16", ConvShape(1, 130, 4, 9, 40, 1), {"STAGES": 3, "SPLIT": 2}),
+    ("fp16", ConvShape(1, 192, 8, 6, 128, 5), {"STAGES": 4, "SPLIT": 4}),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("mode,shape,params", IMAGE_EMULATED)
+def test_kernel_52_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
+                                   tmp_path: Path, rng: np.random.Generator) -> None:
+    assert direct_image.supports(shape)
+    plan = direct_image.launch_plan(shape, mode, params, sms=132)
+    assert plan.slices == min(params["SPLIT"], direct_image.chunks_of(shape))
+    case = make_case(rng, shape)
+    packed = np.ascontiguousarray(direct_image.pack_weights(case.w, mode))
+    n = int(np.prod(shape.y_shape))
+    main = (CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + DC_SHIM + '#include "kernel.inc"\n'
+            + DI_MAIN)
+    out, _ = run_fused_emulator(
+        tmp_path, main, emulated_source(direct_image.KERNEL_FILE),
+        ["-fno-strict-aliasing", *define_flags(plan.defines)],
+        {"x.bin": case.x, "w.bin": packed, "b.bin": case.b,
+         "slabs.bin": np.full(plan.slices * n + 64, np.nan, np.float32)}, shape.y_shape,
+        [str(v) for v in (shape.B, shape.C, shape.H, shape.W, shape.M, plan.grid[0],
+                          plan.slices, direct_image.chunks_of(shape), plan.slice_chunks,
+                          packed.nbytes, int(rng.integers(2**31)))])
+    slabs = np.fromfile(tmp_path / "slabs_out.bin", np.float32)
+    assert np.isnan(slabs[plan.slices * n:]).all(), "wrote past the slabs"
+    if plan.slices > 1:  # the slabs, summed in slice order with bias (wg_splitk_reduce's sum)
+        assert np.isnan(out).all(), "a sliced launch writes its slab, not y"
+        parts = slabs[:plan.slices * n].reshape(plan.slices, *shape.y_shape)
+        out = parts.sum(axis=0, dtype=np.float32) + case.b[None, :, None, None]
+    assert rel_l2(out, case.ref) <= TOLERANCE[mode], rel_l2(out, case.ref)
+    ref = conv_reference(rounded(case.x, mode), rounded(case.w, mode), case.b)
+    assert rel_l2(out, ref) <= TOLERANCE["fp32"], rel_l2(out, ref)
 
 
 def rounded(a: np.ndarray, mode: str) -> np.ndarray:

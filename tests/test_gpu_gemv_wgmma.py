@@ -31,6 +31,7 @@ from cuda_emulator import (
     BLOCK_SHIM,
     CUDA_SHIM,
     GEMV_SHIM,
+    MBARRIER_SHIM,
     MMA_SHIM,
     WGMMA_SS_SHIM,
     run_gemv_emulator,
@@ -141,10 +142,6 @@ def test_compiled_define_sets_cover_every_value() -> None:
 # ring `gw_raw` and the kernel's static barriers (made `static`: one array for all threads); a
 # shared address is the offset from gw_raw.
 WG_SHIM = r"""
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <unordered_map>
 #undef __shared__
 #define __shared__ static
 alignas(1024) unsigned char gw_raw[232448];
@@ -152,60 +149,6 @@ inline unsigned __cvta_generic_to_shared(const void* p) {
   return (unsigned)((const unsigned char*)p - gw_raw);
 }
 inline unsigned char* shared_ptr(unsigned a) { return gw_raw + (int)a; }
-// mbarrier.cuh with its semantics: arrivals and transaction bytes pending, then a phase
-// completes; a wait for parity p returns once the phase of that parity has completed.
-struct EmuBar { unsigned count = 0, pending = 0; long long tx = 0; unsigned phase = 0; };
-std::mutex bar_mutex;
-std::condition_variable bar_cv;
-std::unordered_map<unsigned, EmuBar> emu_bars;
-inline void bar_settle(EmuBar& b) {
-  if (b.pending == 0 && b.tx == 0) {
-    ++b.phase;
-    b.pending = b.count;
-    bar_cv.notify_all();
-  }
-}
-inline void mbar_init(unsigned bar, unsigned count) {
-  std::lock_guard<std::mutex> lk(bar_mutex);
-  emu_bars[bar] = EmuBar{count, count, 0, 0};
-}
-inline void fence_barrier_init() {}
-inline void mbar_arrive(unsigned bar) {
-  std::lock_guard<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(bar);
-  if (b.pending == 0) std::abort();  // an arrival the count has no room for
-  --b.pending;
-  bar_settle(b);
-}
-inline void mbar_expect_tx(unsigned bar, unsigned bytes) {
-  {
-    std::lock_guard<std::mutex> lk(bar_mutex);
-    emu_bars.at(bar).tx += bytes;
-  }
-  mbar_arrive(bar);
-}
-inline void mbar_wait(unsigned bar, unsigned parity) {
-  std::unique_lock<std::mutex> lk(bar_mutex);
-  if (!bar_cv.wait_for(lk, std::chrono::seconds(20),
-                       [&] { return (emu_bars.at(bar).phase & 1) != parity; })) {
-    fprintf(stderr, "thread %u: no phase of parity %u completes on barrier %u\n", threadIdx.x,
-            parity, bar);
-    std::abort();  // a deadlock: the roles wait on one another
-  }
-}
-// Copies land at once: a bulk copy then completes its bytes, cp.async's arrival is an arrival.
-inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  std::memcpy(shared_ptr(dst), src, bytes);
-  std::lock_guard<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(bar);
-  b.tx -= bytes;
-  bar_settle(b);
-}
-inline void cp_async16_zfill(void* dst, const void* src, bool valid) {
-  if (valid) std::memcpy(dst, src, 16);
-  else std::memset(dst, 0, 16);
-}
-inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
 // wgmma_core.cuh's bookkeeping: each wgmma here completes when issued.
 #define WG_HOLD(x) ((void)0)
 template <int R> inline void wg_hold(float (&)[R][4]) {}
@@ -295,7 +238,8 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
     assert plan.slice_chunks > d["GW_STAGES"] and plan.smem <= gemv_mma.SMEM_LIMIT
     (tmp_path / "kernel.inc").write_text(emulated_source())
     (tmp_path / "emu.cpp").write_text(CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + WG_SHIM
-                                      + WGMMA_SS_SHIM + '#include "kernel.inc"\n' + WG_MAIN)
+                                      + MBARRIER_SHIM + WGMMA_SS_SHIM + '#include "kernel.inc"\n'
+                                      + WG_MAIN)
     exe = tmp_path / "emu"
     build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
                             "-w", *define_flags(d), "-o", str(exe), str(tmp_path / "emu.cpp")],

@@ -29,6 +29,9 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
     in FP16 on Hopper: kernel 51, the direct convolution that converts each NCHW input row
     once into a channels-last ring in shared memory (`direct_wgmma.auto_choice`, docs/vgg.md
     "Kernels 50-51"): no layout pass, every filter tap a descriptor into the ring;
+  * a wide convolution on small images (C and M >= 128, Ho x W rounded to 8 within 256
+    pixels: VGG's conv5_x) in FP16 on Hopper from B = 4: kernel 52, the direct convolution
+    over whole images in shared memory (`direct_image.auto_choice`, docs/vgg.md "Kernel 52");
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
@@ -58,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convolab.gpu import (
+    direct_image,
     direct_wgmma,
     gemv,
     gemv_cluster,
@@ -111,9 +115,9 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
         wishes.append(Choice(*tensor_core_gemv))
     if gemv.supports(shape) and GEMV_MAX_BATCH[mode] >= shape.B:
         wishes.append(Choice(f"gemv-{GEMV_FAMILY[mode]}"))
-    direct = direct_wgmma.auto_choice(shape, mode)
-    if direct is not None:
-        wishes.append(Choice(*direct))
+    for direct in (direct_wgmma.auto_choice(shape, mode), direct_image.auto_choice(shape, mode)):
+        if direct is not None:
+            wishes.append(Choice(*direct))
     if shape.C >= GEMM_C and shape.M >= GEMM_M:
         for wgmma in (True, False):  # rungs 39-40 are eligible only where the GPU has wgmma
             name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode], wgmma=wgmma)

@@ -6,9 +6,10 @@ A block takes 128 output channels of one image (and a slice of the input channel
 64-channel chunk of the image is loaded once and converted into a channels-last buffer whose
 rows are PW = W rounded up to 8 pixels, so that output pixel n = oh PW + ow reads input row
 n + p PW + q for tap (p, q): one descriptor shift a tap, no im2col gather, no layout pass. The
-weights stream through a ring of 16 KB tap stages (`pack_weights`). With SPLIT slices the
-blocks write fp32 partial sums that rung 39's `wg_splitk_reduce` adds in slice order. Everything
-above `prepare` is pure Python, tested on the CPU.
+weights stream through a ring of 16 KB tap stages (`pack_weights`); a producer warpgroup copies
+the weights and stages and converts the pixels, so the consumers only issue wgmmas. With SPLIT
+slices the blocks write fp32 partial sums that rung 39's `wg_splitk_reduce` adds in slice order.
+Everything above `prepare` is pure Python, tested on the CPU.
 """
 
 from __future__ import annotations
@@ -36,11 +37,10 @@ TILE_M = 128  # output channels a block (two warpgroups of 64)
 STAGE_BYTES = TILE_M * ROW_BYTES  # one tap of a tile's weights
 THREADS = 384
 MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgmma's N
-MAX_PIXELS = 256  # H x W: a thread holds 8 H W / 256 pieces of 8 channels (64 registers)
 ALIGN_SLACK = 1024
 # STAGES: weight taps in the ring; SPLIT: slices of the input-channel chunks (0: chosen,
 # `split_for`).
-SPACE: dict[str, tuple[int, ...]] = {"STAGES": (2, 3, 4, 6, 8), "SPLIT": (0, 1, 2, 4, 8)}
+SPACE: dict[str, tuple[int, ...]] = {"STAGES": (2, 3, 4, 5), "SPLIT": (0, 1, 2, 4, 8)}
 DEFAULTS: dict[str, int] = {"STAGES": 4, "SPLIT": 0}
 
 
@@ -61,7 +61,10 @@ def buffer_pixels(shape: ConvShape) -> int:
 
 
 def smem_bytes(shape: ConvShape, stages: int) -> int:
-    return stages * STAGE_BYTES + 2 * buffer_pixels(shape) * ROW_BYTES + ALIGN_SLACK
+    """The weight ring, two pixel buffers, a chunk as staged (64 fp32 planes) and the
+    alignment slack."""
+    return (stages * STAGE_BYTES + 2 * buffer_pixels(shape) * ROW_BYTES
+            + CHUNK * shape.H * shape.W * 4 + ALIGN_SLACK)
 
 
 def chunks_of(shape: ConvShape) -> int:
@@ -90,9 +93,9 @@ def defines(mode: str, shape: ConvShape, params: Mapping[str, Any]) -> dict[str,
 
 def supports(shape: ConvShape) -> bool:
     """Stride 1, an image whose output pixels one wgmma covers (Ho x PW <= 256) and whose
-    chunk a thread can hold, buffers and ring within shared memory, on a GPU that runs sm_90a
-    code."""
-    return (shape.S == 1 and n_pixels(shape) <= MAX_N and shape.H * shape.W <= MAX_PIXELS
+    channel planes are whole 16-byte pieces (H W a multiple of 4: a chunk is one bulk copy),
+    ring, buffers and staged chunk within shared memory, on a GPU that runs sm_90a code."""
+    return (shape.S == 1 and n_pixels(shape) <= MAX_N and shape.H * shape.W % 4 == 0
             and smem_bytes(shape, DEFAULTS["STAGES"]) <= direct_conv.SMEM_LIMIT
             and shape.B * shape.M * shape.H_out * shape.W_out < direct_conv.INDEX_LIMIT
             and ceil_div(shape.M, TILE_M) < 65536 and shape.B < 65536
@@ -138,13 +141,31 @@ def pack_weights(w: Any, mode: str) -> Any:
     return xp.ascontiguousarray(swizzle_128b(a)).view(xp.uint8).reshape(-1)
 
 
-# What CI's nvcc check builds: each mode at conv5_x, and in fp16 a 5 x 5 filter on an odd image
-# with the most stages.
+# Where `auto` runs kernel 52 without a cache entry: FP16 layers of at least AUTO_MIN_CHANNELS
+# input and output channels that it supports, from AUTO_FROM_BATCH images. Measured on conv5_x
+# (H200, docs/vgg.md "Kernel 52", Op Time ms against what `auto` ran before): B = 4 0.036 / 0.040,
+# 8 0.044 / 0.048, 12 0.055 / 0.063, 32 0.071 / 0.085, 64 0.135 / 0.147; level at 1-3 and 16.
+AUTO_MODES = ("fp16",)
+AUTO_MIN_CHANNELS = 128
+AUTO_FROM_BATCH = 4
+
+
+def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
+    """The implementation `auto` runs for this layer in this mode, or None where kernel 52 is
+    not its choice."""
+    if (mode not in AUTO_MODES or min(shape.C, shape.M) < AUTO_MIN_CHANNELS
+            or shape.B < AUTO_FROM_BATCH or not supports(shape)):
+        return None
+    return f"direct-img-{mode}", {}
+
+
+# What CI's nvcc check builds: each mode at conv5_x, and in fp16 a 5 x 5 filter on a 13 x 12
+# image with the most stages.
 def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
         out = [defines(mode, ConvShape(1, 512, 16, 16, 512, 3), DEFAULTS)]
         if mode == "fp16":
-            out.append(defines(mode, ConvShape(1, 100, 13, 11, 70, 5), {"STAGES": 8, "SPLIT": 0}))
+            out.append(defines(mode, ConvShape(1, 100, 13, 12, 70, 5), {"STAGES": 5, "SPLIT": 0}))
         return out
 
     return variants
@@ -219,5 +240,5 @@ for _mode in MODES:
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["buffer_pixels", "defines", "launch_plan", "n_pixels", "pack_weights", "smem_bytes",
-           "split_for", "supports"]
+__all__ = ["auto_choice", "buffer_pixels", "defines", "launch_plan", "n_pixels", "pack_weights",
+           "smem_bytes", "split_for", "supports"]

@@ -13,18 +13,22 @@
 //   computed and dropped), so tap (p, q) reads input row n + p DI_PW + q for every n: one
 //   descriptor start shift per tap, as in kernel 51, over the whole image;
 // - two consumer warpgroups (64 output channels each) issue m64nNk16, N = Ho DI_PW rounded up
-//   to 16 (224 on conv5_x), and a producer thread streams the weights, packed per (128-row tile,
-//   chunk, tap) as 16 KB runs, into a ring by the bulk copy engine (full / empty mbarriers;
-//   setmaxnreg moves the producers' registers to the consumers);
-// - the next chunk's pixels are loaded into registers while a chunk's wgmmas run and converted
-//   into the second buffer halfway through its taps.
+//   to 16 (224 on conv5_x), and one producer thread streams the weights, packed per (128-row
+//   tile, chunk, tap) as 16 KB runs, into a ring by the bulk copy engine (full / empty
+//   mbarriers; setmaxnreg moves the producers' registers to the consumers);
+// - the rest of the producer warpgroup stages the next chunk (64 channels of an NCHW image are
+//   one contiguous run: one bulk copy of 64 KB for 16 x 16 pixels) and converts it into the
+//   second pixel buffer while the consumers compute on the first (full / empty mbarriers per
+//   buffer), so the consumers only issue wgmmas.
 // With gridDim.z > 1 each block takes a slice of the chunks and writes fp32 partial sums (no
 // bias) to its slab of a workspace in NCHW order; rung 39's wg_splitk_reduce adds them in slice
-// order.
+// order (the last slice of each (tile, image) adding them in-kernel instead ran 10 us slower at
+// B = 1-16 on conv5_x: docs/vgg.md, "Kernel 52").
 //
 // Launch: grid (M / 128, B, slices), 384 threads (two consumer warpgroups, a producer one).
 // Dynamic shared memory: DI_STAGES weight stages of 16 KB, two pixel buffers of DI_BPIX x 128
-// bytes, 1 KB to align them (gpu/direct_image.py `smem_bytes`).
+// bytes, the staged chunk (64 H W floats), 1 KB to align them (gpu/direct_image.py
+// `smem_bytes`).
 
 #include "common.cuh"
 #include "mbarrier.cuh"
@@ -58,11 +62,13 @@
 #define DI_BUF_BYTES (DI_BPIX * DI_ROWB)
 #define DI_CONSUMERS 256
 #define DI_THREADS (DI_CONSUMERS + 128)       // and a producer warpgroup (one thread copies)
-#define DI_LOADS ((DI_HW * 8 + DI_CONSUMERS - 1) / DI_CONSUMERS)  // (pixel, 8 channels) a thread
+#define DI_WORKERS 96                           // producer threads that stage the pixels
+#define DI_STAGED_BYTES (64 * DI_HW * 4)         // a chunk as copied: 64 channel planes, fp32
 
 static_assert(DI_PW % 8 == 0, "buffer rows of whole 8-pixel groups");
 static_assert(DW_N <= 256, "one wgmma covers the image's output pixels");
 static_assert(DI_STAGES >= 2, "a stage in flight while one is read");
+static_assert(DI_HW % 4 == 0, "channel planes of whole 16-byte pieces: one bulk copy a chunk");
 
 #include "direct_wgmma.cuh"  // dw_mma: the wgmma, its PTX
 #include "warp_roles.cuh"    // bar_sync, setmaxnreg
@@ -76,33 +82,19 @@ __device__ __forceinline__ unsigned di_pack(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
-// Channels c0..c0+63 of image xb (NCHW fp32) into registers: this thread's (pixel, 8-channel)
-// pieces, every load issued at once.
-__device__ __forceinline__ void di_load(float (&v)[DI_LOADS][8], const float* __restrict__ xb,
-                                        int c0, int C) {
+// The staged chunk (channel planes of DI_HW fp32, `valid` of them) into a pixel buffer by the
+// DI_WORKERS threads: input pixel (y, x) at row y DI_PW + x, channels 8j..8j+7 in 16-byte piece
+// j ^ (row mod 8), zero past the valid channels.
+__device__ __forceinline__ void di_convert(unsigned char* buf, const float* staged, int valid,
+                                           int W, int worker) {
+  for (int t = worker; t < DI_HW * 8; t += DI_WORKERS) {
+    const int j = t / DI_HW, px = t % DI_HW, row = (px / W) * DI_PW + px % W;
+    float v[8];
 #pragma unroll
-  for (int i = 0; i < DI_LOADS; ++i) {
-    const int t = threadIdx.x + i * DI_CONSUMERS, j = t / DI_HW, px = t % DI_HW;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int c = c0 + 8 * j + e;
-      v[i][e] = t < DI_HW * 8 && c < C ? __ldg(xb + (size_t)c * DI_HW + px) : 0.f;
-    }
-  }
-}
-
-// ... into a pixel buffer: input pixel (y, x) at row y DI_PW + x, channels 8j..8j+7 in 16-byte
-// piece j ^ (row mod 8).
-__device__ __forceinline__ void di_store(unsigned char* buf, const float (&v)[DI_LOADS][8],
-                                         int W) {
-#pragma unroll
-  for (int i = 0; i < DI_LOADS; ++i) {
-    const int t = threadIdx.x + i * DI_CONSUMERS, j = t / DI_HW, px = t % DI_HW;
-    const int row = (px / W) * DI_PW + px % W;
-    if (t < DI_HW * 8)
-      *reinterpret_cast<uint4*>(buf + row * DI_ROWB + ((j ^ (row & 7)) << 4)) =
-          make_uint4(di_pack(v[i][0], v[i][1]), di_pack(v[i][2], v[i][3]),
-                     di_pack(v[i][4], v[i][5]), di_pack(v[i][6], v[i][7]));
+    for (int e = 0; e < 8; ++e) v[e] = 8 * j + e < valid ? staged[(8 * j + e) * DI_HW + px] : 0.f;
+    *reinterpret_cast<uint4*>(buf + row * DI_ROWB + ((j ^ (row & 7)) << 4)) =
+        make_uint4(di_pack(v[0], v[1]), di_pack(v[2], v[3]), di_pack(v[4], v[5]),
+                   di_pack(v[6], v[7]));
   }
 }
 
@@ -112,29 +104,39 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
                       float* __restrict__ slabs, int B, int C, int W, int M, int chunks_total,
                       int slice_chunks) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ __align__(8) unsigned long long bars[2 * DI_STAGES];  // full[s], empty[s]
+  // full[s] / empty[s]: weight stages; b_full[k] / b_empty[k]: pixel buffers; staged: the copy
+  __shared__ __align__(8) unsigned long long bars[2 * DI_STAGES + 5];
   const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(smem_raw));
   unsigned char* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);  // the swizzle's period
   const unsigned ring = raw + static_cast<unsigned>(smem - smem_raw);
   const unsigned bufs = ring + DI_STAGES * DI_STAGE_BYTES;
+  unsigned char* bufs_p = smem + DI_STAGES * DI_STAGE_BYTES;
+  float* staged = reinterpret_cast<float*>(bufs_p + 2 * DI_BUF_BYTES);
   const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(bars));
-  const unsigned empty = full + 8 * DI_STAGES;
+  const unsigned empty = full + 8 * DI_STAGES, b_full = empty + 8 * DI_STAGES;
+  const unsigned b_empty = b_full + 16, staged_bar = b_empty + 16;
   const int tile = blockIdx.x, b = blockIdx.y;
   const int c_begin = blockIdx.z * slice_chunks;
   const int chunks = min(chunks_total - c_begin, slice_chunks), steps = chunks * DI_TAPS;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < DI_STAGES; ++s) {
-      mbar_init(full + 8 * s, 1);   // the producer's expect_tx
+      mbar_init(full + 8 * s, 1);   // the copier's expect_tx
       mbar_init(empty + 8 * s, 2);  // one arrival a consumer warpgroup
     }
+    for (int k = 0; k < 2; ++k) {
+      mbar_init(b_full + 8 * k, DI_WORKERS);  // every worker, after its part of the buffer
+      mbar_init(b_empty + 8 * k, 2);
+    }
+    mbar_init(staged_bar, 1);
     fence_barrier_init();
   }
   __syncthreads();  // the barriers exist before anything arrives on them
 
-  if (threadIdx.x >= DI_CONSUMERS) {  // the producer warpgroup: weights, one tap a stage
-    set_max_regs_dec<40>();
-    if (threadIdx.x == DI_CONSUMERS) {
+  if (threadIdx.x >= DI_CONSUMERS) {  // the producer warpgroup
+    set_max_regs_dec<56>();
+    const int ptid = threadIdx.x - DI_CONSUMERS;
+    if (ptid == 0) {  // the weights, one tap a stage
       const unsigned char* src =
           wp + ((size_t)tile * chunks_total + c_begin) * DI_TAPS * DI_STAGE_BYTES;
       for (int i = 0; i < steps; ++i) {
@@ -144,24 +146,34 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
         bulk_copy(ring + s * DI_STAGE_BYTES, src + (size_t)i * DI_STAGE_BYTES, DI_STAGE_BYTES,
                   full + 8 * s);
       }
+    } else if (ptid >= 32) {  // the pixels: stage a chunk, convert it into a free buffer
+      const int worker = ptid - 32;
+      const unsigned staged_at = bufs + 2 * DI_BUF_BYTES;
+      for (int c = 0; c < chunks; ++c) {
+        const int c0 = 64 * (c_begin + c), valid = min(64, C - c0);
+        if (worker == 0) {  // after every worker's reads of the last chunk (bar_sync below)
+          const unsigned bytes = valid * DI_HW * 4;
+          wg_proxy_fence();  // those generic reads before the copy engine's writes
+          mbar_expect_tx(staged_bar, bytes);
+          bulk_copy(staged_at, x + ((size_t)b * C + c0) * DI_HW, bytes, staged_bar);
+        }
+        mbar_wait(staged_bar, c & 1);
+        if (c >= 2) mbar_wait(b_empty + 8 * (c & 1), ((c / 2) - 1) & 1);
+        di_convert(bufs_p + (c & 1) * DI_BUF_BYTES, staged, valid, W, worker);
+        wg_proxy_fence();  // the wgmmas (async proxy) read what these stores wrote
+        mbar_arrive(b_full + 8 * (c & 1));
+        bar_sync(2, DI_WORKERS);  // every worker done with the staged chunk: the next copy
+      }
     }
     return;
   }
 
-  set_max_regs_inc<232>();  // 128 x 40 + 256 x 232 <= 64K: the accumulators and a chunk's loads
+  set_max_regs_inc<224>();  // 128 x 56 + 256 x 224 <= 64K: the accumulators
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const float* xb = x + (size_t)b * C * DI_HW;
-  float v[DI_LOADS][8];
-  di_load(v, xb, 64 * c_begin, C);
-  di_store(smem + DI_STAGES * DI_STAGE_BYTES, v, W);
-  wg_proxy_fence();
-  bar_sync(1, DI_CONSUMERS);
-
   float acc[DW_N / 2];
-  int released = 0;  // steps 0 .. released - 1: stages this warpgroup has handed back
   for (int c = 0; c < chunks; ++c) {
     const unsigned buf = bufs + (c & 1) * DI_BUF_BYTES;
-    if (c + 1 < chunks) di_load(v, xb, 64 * (c_begin + c + 1), C);
+    mbar_wait(b_full + 8 * (c & 1), (c / 2) & 1);
 #pragma unroll
     for (int t = 0; t < DI_TAPS; ++t) {
       const int i = c * DI_TAPS + t, s = i % DI_STAGES;
@@ -173,38 +185,28 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
       for (int kk = 0; kk < 4; ++kk)
         dw_mma(acc, wg_desc_add(da, 32 * kk), wg_desc_add(db, 32 * kk), i + kk);
       wg_commit();
-      wg_wait<1>();  // step i - 1's wgmmas retired: its stage goes back to the producer
-      if (i > 0 && released == i - 1) {
-        if ((threadIdx.x & 127) == 0) mbar_arrive(empty + 8 * ((i - 1) % DI_STAGES));
-        released = i;
+      wg_wait<1>();  // step i - 1's wgmmas retired: its stage (and at t = 0 its buffer) go back
+      if ((threadIdx.x & 127) == 0 && i > 0) {
+        mbar_arrive(empty + 8 * ((i - 1) % DI_STAGES));
+        if (t == 0) mbar_arrive(b_empty + 8 * ((c - 1) & 1));
       }
-      if (t == DI_TAPS / 2 && c + 1 < chunks)  // the other buffer: chunk c - 1's, retired
-        di_store(smem + DI_STAGES * DI_STAGE_BYTES + ((c + 1) & 1) * DI_BUF_BYTES, v, W);
-    }
-    wg_wait<0>();  // this chunk's wgmmas retired before the buffers change hands
-    const int last = (c + 1) * DI_TAPS - 1;
-    if (released == last) {
-      if ((threadIdx.x & 127) == 0) mbar_arrive(empty + 8 * (last % DI_STAGES));
-      released = last + 1;
-    }
-    if (c + 1 < chunks) {
-      wg_proxy_fence();
-      bar_sync(1, DI_CONSUMERS);
     }
   }
+  wg_wait<0>();
 #pragma unroll
   for (int i = 0; i < DW_N / 2; ++i) WG_HOLD(acc[i]);
 
   // Output pixel n = oh DI_PW + ow of channel m; ow >= Wo and oh >= Ho are dropped.
-  const int Wo = W - DI_K + 1, g = lane >> 2, t4 = lane & 3;
+  const int Wo = W - DI_K + 1, pix = DI_HO * Wo, g = lane >> 2, t4 = lane & 3;
   const bool sliced = gridDim.z > 1;
-  float* out = sliced ? slabs + (size_t)blockIdx.z * B * M * DI_HO * Wo : y;
+  const size_t slab = (size_t)B * M * pix;
+  float* out = sliced ? slabs + blockIdx.z * slab : y;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int m = 128 * tile + 64 * wg + 16 * warp + g + 8 * h;
     if (m >= M) continue;
     const float bm = sliced ? 0.f : bias[m];
-    float* row = out + ((size_t)b * M + m) * DI_HO * Wo;
+    float* row = out + ((size_t)b * M + m) * pix;
 #pragma unroll
     for (int j = 0; j < DW_N / 8; ++j) {
       const int n = 8 * j + 2 * t4, oh = n / DI_PW, ow = n % DI_PW;
