@@ -52,7 +52,8 @@ CANDIDATE_SHAPES: tuple[ConvShape, ...] = (
     ConvShape(B=2, C=4, H=24, W=24, M=16, K=7, S=1),
     ConvShape(B=3, C=1, H=19, W=17, M=12, K=5, S=1),  # a first block (rung 29: C = 1)
     ConvShape(B=3, C=136, H=1, W=1, M=70, K=1, S=1),  # a linear layer (kernel 41)
-)
+    ConvShape(B=3, C=24, H=9, W=12, M=20, K=3, S=1),  # a 3 x 3 filter's taps in shared memory
+)                                                     # (kernels 51-52)
 NETWORK_BATCH = 19  # not a multiple of any head tile: the last tile is partial
 TRAIN_BATCH = 13  # the trainer's step: partial batch slices and head chunks
 TRAIN_IMAGES = 70  # its training set; the evaluation takes the first 9 (a partial batch)

@@ -130,6 +130,13 @@ inline unsigned short bf16_bits(float f) {  // round to nearest even (finite val
 inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
   return {bf16_bits(lo), bf16_bits(hi)};
 }
+// common.cuh's pack of two values into 16-bit operands (MODE 0 fp16, 1 bf16), low half first
+template <int MODE> inline unsigned pack_16bit(float lo, float hi) {
+  if constexpr (MODE == 0)
+    return __half_as_ushort((__half)lo) | (unsigned)__half_as_ushort((__half)hi) << 16;
+  else
+    return bf16_bits(lo) | (unsigned)bf16_bits(hi) << 16;
+}
 inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
 inline void cp_async8(void* dst, const void* src, bool) { std::memcpy(dst, src, 8); }
 inline void cp_async4(void* dst, const void* src, bool) { std::memcpy(dst, src, 4); }

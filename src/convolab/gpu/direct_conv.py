@@ -152,6 +152,18 @@ def pack_weights(w: Any, mode: str, rows: int) -> Any:
         xp.uint8).reshape(-1)
 
 
+def checked_weights(name: str, shape: ConvShape, w: Any, supported: bool) -> Any:
+    """w as the fp32 CuPy array kernels 50-52 pack, after the checks each of their `prepare`s
+    makes: ValueError naming the implementation and the shape, or the weights' shape."""
+    if not supported:
+        raise ValueError(f"{name} does not support shape {shape}")
+    if tuple(w.shape) != shape.w_shape:
+        raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
+                         f"(want {shape.w_shape})")
+    cp = require_cupy()
+    return cp.asarray(w, dtype=cp.float32)
+
+
 # What CI's nvcc check builds: each mode at conv1_2's defaults (odd NT: the x2 ldmatrix), and
 # in fp16 a 5 x 5 filter on 20 channels with two warps along M and even NT.
 def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
@@ -178,17 +190,13 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         from convolab.gpu import device
         from convolab.gpu.launch import BoundLaunch
 
-        if not supports(shape):
-            raise ValueError(f"{name} does not support shape {shape}")
-        if tuple(w.shape) != shape.w_shape:
-            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
-                             f"(want {shape.w_shape})")
+        w32 = checked_weights(name, shape, w, supports(shape))
         d = defines(mode, shape, params)
         kernel = get_kernel(KERNEL_FILE, "direct_conv", d)
         resident = device.resident_blocks(kernel.num_regs, threads(d), smem_bytes(shape, d))
         plan = launch_plan(shape, mode, params, device.sm_count(), resident)
         kernel.max_dynamic_shared_size_bytes = plan.smem
-        w_op = pack_weights(cp.asarray(w, dtype=cp.float32), mode, 16 * d["DC_MT"])
+        w_op = pack_weights(w32, mode, 16 * d["DC_MT"])
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         launch = BoundLaunch(kernel, (plan.blocks,), (plan.threads,),
                              (None, w_op, b_d, None,

@@ -2,14 +2,14 @@
 conv5_x) as a direct convolution over whole images in shared memory, from NCHW fp32, on
 Hopper's warpgroup MMA (kernels/52_direct_conv_image_wgmma.cu, sm_90a).
 
-A block takes 128 output channels of one image (and a slice of the input channels): each
-64-channel chunk of the image is loaded once and converted into a channels-last buffer whose
-rows are PW = W rounded up to 8 pixels, so that output pixel n = oh PW + ow reads input row
-n + p PW + q for tap (p, q): one descriptor shift a tap, no im2col gather, no layout pass. The
-weights stream through a ring of 16 KB tap stages (`pack_weights`); a producer warpgroup copies
-the weights and stages and converts the pixels, so the consumers only issue wgmmas. With SPLIT
-slices the blocks write fp32 partial sums that rung 39's `wg_splitk_reduce` adds in slice order.
-Everything above `prepare` is pure Python, tested on the CPU.
+A block takes TM = 64 or 128 output channels of one image (and a slice of the input channels):
+each 64-channel chunk of the image is loaded once and converted into a channels-last buffer
+whose rows are PW = W rounded up to 8 pixels, so that output pixel n = oh PW + ow reads input
+row n + p PW + q for tap (p, q): one descriptor shift a tap, no im2col gather, no layout pass.
+The weights stream through a ring of TM x 128-byte tap stages (`pack_weights`); a producer
+warpgroup copies the weights and stages and converts the pixels, so the consumers only issue
+wgmmas. With SPLIT slices the blocks write fp32 partial sums that rung 39's `wg_splitk_reduce`
+adds in slice order. Everything above `prepare` is pure Python, tested on the CPU.
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ KERNEL_FILE = "52_direct_conv_image_wgmma.cu"
 MODES = direct_conv.MODES
 ROW_BYTES = 128  # a pixel's 64 channels (a chunk), a weight row's
 CHUNK = 64  # input channels a chunk
-TILE_M = 128  # output channels a block (two warpgroups of 64)
-STAGE_BYTES = TILE_M * ROW_BYTES  # one tap of a tile's weights
+TILES_M = (64, 128)  # output channels a block: its two warpgroups split pixels or channels
 THREADS = 384
 MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgmma's N
 ALIGN_SLACK = 1024
-# STAGES: weight taps in the ring; SPLIT: slices of the input-channel chunks (0: chosen,
-# `split_for`).
-SPACE: dict[str, tuple[int, ...]] = {"STAGES": (2, 3, 4, 5), "SPLIT": (0, 1, 2, 4, 8)}
-DEFAULTS: dict[str, int] = {"STAGES": 4, "SPLIT": 0}
+DEFAULT_SMS = gemv_mma.DEFAULT_SMS
+# TM: output channels a block (0: chosen, `tile_rows`); STAGES: weight taps in the ring; SPLIT:
+# slices of the input-channel chunks (0: chosen, `split_for`).
+SPACE: dict[str, tuple[int, ...]] = {"TM": (0, 64, 128), "STAGES": (2, 3, 4, 5),
+                                     "SPLIT": (0, 1, 2, 4, 8)}
+DEFAULTS: dict[str, int] = {"TM": 0, "STAGES": 4, "SPLIT": 0}
 
 
 def row_pixels(W: int) -> int:
@@ -53,17 +54,21 @@ def n_pixels(shape: ConvShape) -> int:
     return 16 * ceil_div(shape.H_out * row_pixels(shape.W), 16)
 
 
-def buffer_pixels(shape: ConvShape) -> int:
-    """Rows of a pixel buffer: every tap's reads for the N computed pixels, on the 8-row
-    period."""
-    pw = row_pixels(shape.W)
-    return 8 * ceil_div(n_pixels(shape) + (shape.K - 1) * (pw + 1), 8)
+def warpgroup_n(shape: ConvShape, tm: int) -> int:
+    """A warpgroup's N: all the block's pixels (TM 128), or half of them rounded up to 16."""
+    return n_pixels(shape) if tm == 128 else 16 * ceil_div(n_pixels(shape), 32)
 
 
-def smem_bytes(shape: ConvShape, stages: int) -> int:
+def buffer_pixels(shape: ConvShape, tm: int) -> int:
+    """Rows of a pixel buffer: every tap's reads for the pixels computed, on the 8-row period."""
+    computed = warpgroup_n(shape, tm) * (1 if tm == 128 else 2)
+    return 8 * ceil_div(computed + (shape.K - 1) * (row_pixels(shape.W) + 1), 8)
+
+
+def smem_bytes(shape: ConvShape, tm: int, stages: int) -> int:
     """The weight ring, two pixel buffers, a chunk as staged (64 fp32 planes) and the
     alignment slack."""
-    return (stages * STAGE_BYTES + 2 * buffer_pixels(shape) * ROW_BYTES
+    return (stages * tm * ROW_BYTES + 2 * buffer_pixels(shape, tm) * ROW_BYTES
             + CHUNK * shape.H * shape.W * 4 + ALIGN_SLACK)
 
 
@@ -71,24 +76,33 @@ def chunks_of(shape: ConvShape) -> int:
     return ceil_div(shape.C, CHUNK)
 
 
-def split_for(shape: ConvShape, sms: int) -> int:
-    """Slices of the chunks where the blocks (128 channels of an image each) fill fewer than
-    half the SMs: doubled while the blocks stay within the SMs and each slice keeps 2 chunks."""
-    units, chunks, split = ceil_div(shape.M, TILE_M) * shape.B, chunks_of(shape), 1
+def tile_rows(shape: ConvShape, sms: int) -> int:
+    """TM when 0: 64-row tiles where 128-row ones would fill at most half the SMs (conv5_x up
+    to B = 16), so that twice the blocks run without slicing the chunks."""
+    return 64 if ceil_div(shape.M, 128) * shape.B * 2 <= sms else 128
+
+
+def split_for(shape: ConvShape, tm: int, sms: int) -> int:
+    """Slices of the chunks where the blocks fill at most half the SMs: doubled while the
+    blocks stay within the SMs and each slice keeps 2 chunks."""
+    units, chunks, split = ceil_div(shape.M, tm) * shape.B, chunks_of(shape), 1
     while units * split * 2 <= sms and chunks >= 4 * split:
         split *= 2
     return split
 
 
-def defines(mode: str, shape: ConvShape, params: Mapping[str, Any]) -> dict[str, int]:
+def defines(mode: str, shape: ConvShape, params: Mapping[str, Any],
+            sms: int = DEFAULT_SMS) -> dict[str, int]:
     """The -D set of one configuration; ValueError names what is wrong with it."""
     if mode not in MODES:
         raise ValueError(f"direct-img: unknown mode {mode!r}; known: {', '.join(MODES)}")
     if any(int(params[k]) not in SPACE[k] for k in SPACE):
-        raise ValueError(f"direct-img: STAGES and SPLIT must be in {SPACE['STAGES']} and "
-                         f"{SPACE['SPLIT']}, got {params['STAGES']} and {params['SPLIT']}")
+        raise ValueError(f"direct-img: TM, STAGES and SPLIT must be in "
+                         f"{', '.join(str(SPACE[k]) for k in SPACE)}, got "
+                         f"{', '.join(str(params[k]) for k in SPACE)}")
     return {"DW_MODE": MODES[mode], "DI_K": shape.K, "DI_PW": row_pixels(shape.W),
-            "DI_HO": shape.H_out, "DI_HW": shape.H * shape.W, "DI_STAGES": int(params["STAGES"])}
+            "DI_HO": shape.H_out, "DI_HW": shape.H * shape.W, "DI_STAGES": int(params["STAGES"]),
+            "DI_TM": int(params["TM"]) or tile_rows(shape, sms)}
 
 
 def supports(shape: ConvShape) -> bool:
@@ -96,9 +110,10 @@ def supports(shape: ConvShape) -> bool:
     channel planes are whole 16-byte pieces (H W a multiple of 4: a chunk is one bulk copy),
     ring, buffers and staged chunk within shared memory, on a GPU that runs sm_90a code."""
     return (shape.S == 1 and n_pixels(shape) <= MAX_N and shape.H * shape.W % 4 == 0
-            and smem_bytes(shape, DEFAULTS["STAGES"]) <= direct_conv.SMEM_LIMIT
+            and max(smem_bytes(shape, tm, DEFAULTS["STAGES"]) for tm in TILES_M)
+            <= direct_conv.SMEM_LIMIT
             and shape.B * shape.M * shape.H_out * shape.W_out < direct_conv.INDEX_LIMIT
-            and ceil_div(shape.M, TILE_M) < 65536 and shape.B < 65536
+            and ceil_div(shape.M, 64) < 65536 and shape.B < 65536
             and not wg.wgmma_ruled_out())
 
 
@@ -115,57 +130,60 @@ class LaunchPlan:
 
 
 def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any], sms: int) -> LaunchPlan:
-    d = defines(mode, shape, params)
-    smem = smem_bytes(shape, d["DI_STAGES"])
+    d = defines(mode, shape, params, sms)
+    tm = d["DI_TM"]
+    smem = smem_bytes(shape, tm, d["DI_STAGES"])
     if smem > direct_conv.SMEM_LIMIT:
         raise ValueError(f"direct-img: {shape} needs {smem} B of shared memory with "
                          f"{d['DI_STAGES']} stages, over {direct_conv.SMEM_LIMIT}: fewer STAGES")
     chunks = chunks_of(shape)
-    split = min(int(params["SPLIT"]) or split_for(shape, sms), chunks)
+    split = min(int(params["SPLIT"]) or split_for(shape, tm, sms), chunks)
     per_slice = ceil_div(chunks, split)
-    return LaunchPlan(d, (ceil_div(shape.M, TILE_M), shape.B, ceil_div(chunks, per_slice)),
+    return LaunchPlan(d, (ceil_div(shape.M, tm), shape.B, ceil_div(chunks, per_slice)),
                       per_slice, smem)
 
 
-def pack_weights(w: Any, mode: str) -> Any:
-    """(M, C, K, K) fp32 -> kernel 52's weights, uint8: for each 128-row tile, 64-channel chunk
-    and tap (p, q) in that order, one 16 KB run of 128 rows (output channels) x 128 bytes,
-    channels 8j..8j+7 of row r in 16-byte piece j ^ (r mod 8); zero past M and C."""
+def pack_weights(w: Any, mode: str, tm: int) -> Any:
+    """(M, C, K, K) fp32 -> kernel 52's weights, uint8: for each tm-row tile, 64-channel chunk
+    and tap (p, q) in that order, one run of tm rows (output channels) x 128 bytes, channels
+    8j..8j+7 of row r in 16-byte piece j ^ (r mod 8); zero past M and C."""
     xp = xp_of(w)
     M, C, K, _ = w.shape
-    tiles, chunks = ceil_div(M, TILE_M), ceil_div(C, CHUNK)
+    tiles, chunks = ceil_div(M, tm), ceil_div(C, CHUNK)
     values = gemv_mma.sixteen_bit(xp.ascontiguousarray(w.transpose(0, 2, 3, 1)), mode)
-    padded = xp.zeros((tiles * TILE_M, K * K, chunks * CHUNK), dtype=values.dtype)
+    padded = xp.zeros((tiles * tm, K * K, chunks * CHUNK), dtype=values.dtype)
     padded[:M, :, :C] = values.reshape(M, K * K, C)
-    a = padded.reshape(tiles, TILE_M, K * K, chunks, 8, 8).transpose(0, 3, 2, 1, 4, 5)
+    a = padded.reshape(tiles, tm, K * K, chunks, 8, 8).transpose(0, 3, 2, 1, 4, 5)
     return xp.ascontiguousarray(swizzle_128b(a)).view(xp.uint8).reshape(-1)
 
 
 # Where `auto` runs kernel 52 without a cache entry: FP16 layers of at least AUTO_MIN_CHANNELS
-# input and output channels that it supports, from AUTO_FROM_BATCH images. Measured on conv5_x
-# (H200, docs/vgg.md "Kernel 52", Op Time ms against what `auto` ran before): B = 4 0.036 / 0.040,
-# 8 0.044 / 0.048, 12 0.055 / 0.063, 32 0.071 / 0.085, 64 0.135 / 0.147; level at 1-3 and 16.
+# input and output channels that it supports, at every batch. Measured on conv5_x (H200,
+# docs/vgg.md "Kernel 52", Op Time ms against what `auto` ran before: rung 27 or 39 split-K at
+# B = 1-12, rung 39 / 40 above): B = 1 0.028 / 0.036, 3 0.033 / 0.038, 8 0.044-0.048 /
+# 0.048-0.052, 12 0.055-0.059 / 0.063, 32 0.071-0.075 / 0.085-0.089, 64 0.135-0.140 / 0.145-0.149;
+# level at 16.
 AUTO_MODES = ("fp16",)
 AUTO_MIN_CHANNELS = 128
-AUTO_FROM_BATCH = 4
 
 
 def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
     """The implementation `auto` runs for this layer in this mode, or None where kernel 52 is
     not its choice."""
-    if (mode not in AUTO_MODES or min(shape.C, shape.M) < AUTO_MIN_CHANNELS
-            or shape.B < AUTO_FROM_BATCH or not supports(shape)):
+    if mode not in AUTO_MODES or min(shape.C, shape.M) < AUTO_MIN_CHANNELS or not supports(shape):
         return None
     return f"direct-img-{mode}", {}
 
 
-# What CI's nvcc check builds: each mode at conv5_x, and in fp16 a 5 x 5 filter on a 13 x 12
-# image with the most stages.
+# What CI's nvcc check builds: each mode at conv5_x in both tiles, and in fp16 a 5 x 5 filter
+# on a 13 x 12 image with the most stages.
 def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
-        out = [defines(mode, ConvShape(1, 512, 16, 16, 512, 3), DEFAULTS)]
+        conv5 = ConvShape(1, 512, 16, 16, 512, 3)
+        out = [defines(mode, conv5, {**DEFAULTS, "TM": tm}) for tm in TILES_M]
         if mode == "fp16":
-            out.append(defines(mode, ConvShape(1, 100, 13, 12, 70, 5), {"STAGES": 5, "SPLIT": 0}))
+            out.append(defines(mode, ConvShape(1, 100, 13, 12, 70, 5),
+                               {"TM": 128, "STAGES": 5, "SPLIT": 0}))
         return out
 
     return variants
@@ -184,15 +202,11 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         from convolab.gpu.device import sm_count
         from convolab.gpu.launch import BoundLaunch
 
-        if not supports(shape):
-            raise ValueError(f"{name} does not support shape {shape}")
-        if tuple(w.shape) != shape.w_shape:
-            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
-                             f"(want {shape.w_shape})")
+        w32 = direct_conv.checked_weights(name, shape, w, supports(shape))
         plan = launch_plan(shape, mode, params, sm_count())
         kernel = get_kernel(KERNEL_FILE, "direct_conv_image", plan.defines)
         kernel.max_dynamic_shared_size_bytes = plan.smem
-        w_op = pack_weights(cp.asarray(w, dtype=cp.float32), mode)
+        w_op = pack_weights(w32, mode, plan.defines["DI_TM"])
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         out_elems = shape.B * shape.M * shape.H_out * shape.W_out
         slabs = cp.empty((plan.slices if plan.slices > 1 else 0, out_elems), dtype=cp.float32)

@@ -147,15 +147,11 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         from convolab.gpu.device import sm_count
         from convolab.gpu.launch import BoundLaunch
 
-        if not supports(shape):
-            raise ValueError(f"{name} does not support shape {shape}")
-        if tuple(w.shape) != shape.w_shape:
-            raise ValueError(f"{name}: weights of shape {tuple(w.shape)} for {shape} "
-                             f"(want {shape.w_shape})")
+        w32 = direct_conv.checked_weights(name, shape, w, supports(shape))
         plan = launch_plan(shape, mode, params, sm_count())
         kernel = get_kernel(KERNEL_FILE, "direct_conv_wgmma", plan.defines)
         kernel.max_dynamic_shared_size_bytes = plan.smem
-        w_op = direct_conv.pack_weights(cp.asarray(w, dtype=cp.float32), mode, A_ROWS)
+        w_op = direct_conv.pack_weights(w32, mode, A_ROWS)
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         launch = BoundLaunch(kernel, (plan.blocks,), (plan.threads,),
                              (None, w_op, b_d, None,

@@ -23,7 +23,6 @@
 // floats (gpu/direct_conv.py `smem_bytes`).
 
 #include "common.cuh"
-#include <cuda_bf16.h>
 
 #ifndef DC_MODE
 #define DC_MODE 0  // operands: 0 fp16, 1 bf16
@@ -67,15 +66,6 @@ __device__ __forceinline__ unsigned dc_piece(int r, int j) {
   return static_cast<unsigned>((j ^ (r & 7)) << 4);
 }
 
-__device__ __forceinline__ unsigned dc_pack(float lo, float hi) {
-#if DC_MODE == 0
-  const __half2 v = __floats2half2_rn(lo, hi);
-#else
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-#endif
-  return *reinterpret_cast<const unsigned*>(&v);
-}
-
 __device__ __forceinline__ void dc_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                        unsigned b1) {
 #if DC_MODE == 0
@@ -115,8 +105,8 @@ __device__ __forceinline__ void dc_convert(unsigned char* row, const float* stag
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = 8 * j + e < C ? stage[(8 * j + e) * stride + p] : 0.f;
       *reinterpret_cast<uint4*>(row + p * DC_ROWB + dc_piece(p, j)) =
-          make_uint4(dc_pack(v[0], v[1]), dc_pack(v[2], v[3]), dc_pack(v[4], v[5]),
-                     dc_pack(v[6], v[7]));
+          make_uint4(pack_16bit<DC_MODE>(v[0], v[1]), pack_16bit<DC_MODE>(v[2], v[3]),
+                     pack_16bit<DC_MODE>(v[4], v[5]), pack_16bit<DC_MODE>(v[6], v[7]));
     }
 }
 

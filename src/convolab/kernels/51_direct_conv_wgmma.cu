@@ -26,7 +26,6 @@
 
 #include "common.cuh"
 #include "wgmma_core.cuh"
-#include <cuda_bf16.h>
 
 #ifndef DW_MODE
 #define DW_MODE 0  // operands: 0 fp16, 1 bf16
@@ -59,15 +58,6 @@ static_assert(DW_N % 16 == 0 && DW_N >= 16 && DW_N <= 128, "N: 16..128 in steps 
 
 #include "direct_wgmma.cuh"  // dw_mma: this kernel's wgmma, its PTX
 
-__device__ __forceinline__ unsigned dw_pack(float lo, float hi) {
-#if DW_MODE == 0
-  const __half2 v = __floats2half2_rn(lo, hi);
-#else
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-#endif
-  return *reinterpret_cast<const unsigned*>(&v);
-}
-
 // Row y of image xb (C channels, fp32 NCHW) into registers: this thread's 8-channel pieces of
 // it, all loads issued at once (they land while the block computes a row).
 __device__ __forceinline__ void dw_load(float (&v)[DW_LOADS][8], const float* __restrict__ xb,
@@ -92,8 +82,8 @@ __device__ __forceinline__ void dw_store(unsigned char* dst, const float (&v)[DW
     const int t = threadIdx.x + i * DW_THREADS, j = t / W, p = t - j * W;
     if (j < 2 * DW_KK)
       *reinterpret_cast<uint4*>(dst + p * DW_ROWB + ((j ^ (p & 7)) << 4)) =
-          make_uint4(dw_pack(v[i][0], v[i][1]), dw_pack(v[i][2], v[i][3]),
-                     dw_pack(v[i][4], v[i][5]), dw_pack(v[i][6], v[i][7]));
+          make_uint4(pack_16bit<DW_MODE>(v[i][0], v[i][1]), pack_16bit<DW_MODE>(v[i][2], v[i][3]),
+                     pack_16bit<DW_MODE>(v[i][4], v[i][5]), pack_16bit<DW_MODE>(v[i][6], v[i][7]));
   }
 }
 

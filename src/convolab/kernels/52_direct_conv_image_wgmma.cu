@@ -4,7 +4,7 @@
 //
 // What it changes against rungs 39-40 there: an implicit GEMM over a channels-last operand that
 // a layout pass writes first, whose B tiles are gathered per filter tap, so each 64-channel slice
-// of an image is read from L2 nine times. Here a block takes 128 output channels of one image:
+// of an image is read from L2 nine times. Here a block takes DI_TM output channels of one image:
 // - for each 64-channel chunk the image's pixels are loaded once from NCHW fp32 (a channel's
 //   plane is one contiguous run) and converted into a channels-last buffer in shared memory
 //   whose rows are DI_PW pixels wide (DI_PW >= W, a multiple of 8; pixel (y, x) at row
@@ -12,10 +12,12 @@
 // - the block computes output pixels n = oh DI_PW + ow for ow < DI_PW (those with ow >= Wo are
 //   computed and dropped), so tap (p, q) reads input row n + p DI_PW + q for every n: one
 //   descriptor start shift per tap, as in kernel 51, over the whole image;
-// - two consumer warpgroups (64 output channels each) issue m64nNk16, N = Ho DI_PW rounded up
-//   to 16 (224 on conv5_x), and one producer thread streams the weights, packed per (128-row
-//   tile, chunk, tap) as 16 KB runs, into a ring by the bulk copy engine (full / empty
-//   mbarriers; setmaxnreg moves the producers' registers to the consumers);
+// - two consumer warpgroups issue m64nNk16: with DI_TM = 128 each takes 64 of the block's output
+//   channels and all its pixels (N = Ho DI_PW rounded up to 16: 224 on conv5_x), with DI_TM = 64
+//   the same 64 channels and half the pixels each (N = 112), for twice the blocks at small
+//   batch; one producer thread streams the weights, packed per (DI_TM-row tile, chunk, tap) as
+//   runs of DI_TM x 128 bytes, into a ring by the bulk copy engine (full / empty mbarriers;
+//   setmaxnreg moves the producers' registers to the consumers);
 // - the rest of the producer warpgroup stages the next chunk (64 channels of an NCHW image are
 //   one contiguous run: one bulk copy of 64 KB for 16 x 16 pixels) and converts it into the
 //   second pixel buffer while the consumers compute on the first (full / empty mbarriers per
@@ -25,15 +27,14 @@
 // order (the last slice of each (tile, image) adding them in-kernel instead ran 10 us slower at
 // B = 1-16 on conv5_x: docs/vgg.md, "Kernel 52").
 //
-// Launch: grid (M / 128, B, slices), 384 threads (two consumer warpgroups, a producer one).
-// Dynamic shared memory: DI_STAGES weight stages of 16 KB, two pixel buffers of DI_BPIX x 128
-// bytes, the staged chunk (64 H W floats), 1 KB to align them (gpu/direct_image.py
+// Launch: grid (M / DI_TM, B, slices), 384 threads (two consumer warpgroups, a producer one).
+// Dynamic shared memory: DI_STAGES weight stages of DI_TM x 128 bytes, two pixel buffers of
+// DI_BPIX x 128 bytes, the staged chunk (64 H W floats), 1 KB to align them (gpu/direct_image.py
 // `smem_bytes`).
 
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "wgmma_core.cuh"
-#include <cuda_bf16.h>
 
 #ifndef DW_MODE
 #define DW_MODE 0  // operands: 0 fp16, 1 bf16
@@ -53,12 +54,18 @@
 #ifndef DI_STAGES
 #define DI_STAGES 4  // weight stages (taps) in the ring
 #endif
+#ifndef DI_TM
+#define DI_TM 128  // output channels a block: 128 (a warpgroup 64 of them, all pixels) or 64 (all
+                   // 64, a warpgroup half the pixels: twice the blocks for small batches)
+#endif
 
-#define DW_N (16 * ((DI_HO * DI_PW + 15) / 16))  // the wgmma's N: output pixels computed
+#define DI_NPIX (16 * ((DI_HO * DI_PW + 15) / 16))  // output pixels the block computes
+#define DW_N (DI_TM == 128 ? DI_NPIX : 16 * ((DI_NPIX + 31) / 32))  // a warpgroup's: the N
+#define DI_NCOMP (DI_TM == 128 ? DW_N : 2 * DW_N)  // pixels both warpgroups compute
 #define DI_TAPS (DI_K * DI_K)
 #define DI_ROWB 128                              // a pixel's 64 channels, a weight row's
-#define DI_STAGE_BYTES (128 * DI_ROWB)           // one tap of a 128-row tile's weights
-#define DI_BPIX (8 * ((DW_N + (DI_K - 1) * (DI_PW + 1) + 7) / 8))  // rows a tap may read
+#define DI_STAGE_BYTES (DI_TM * DI_ROWB)         // one tap of a tile's weights
+#define DI_BPIX (8 * ((DI_NCOMP + (DI_K - 1) * (DI_PW + 1) + 7) / 8))  // rows a tap reads
 #define DI_BUF_BYTES (DI_BPIX * DI_ROWB)
 #define DI_CONSUMERS 256
 #define DI_THREADS (DI_CONSUMERS + 128)       // and a producer warpgroup (one thread copies)
@@ -66,21 +73,13 @@
 #define DI_STAGED_BYTES (64 * DI_HW * 4)         // a chunk as copied: 64 channel planes, fp32
 
 static_assert(DI_PW % 8 == 0, "buffer rows of whole 8-pixel groups");
-static_assert(DW_N <= 256, "one wgmma covers the image's output pixels");
+static_assert(DW_N <= 256, "one wgmma covers a warpgroup's output pixels");
+static_assert(DI_TM == 64 || DI_TM == 128, "tiles of 64 or 128 output channels");
 static_assert(DI_STAGES >= 2, "a stage in flight while one is read");
 static_assert(DI_HW % 4 == 0, "channel planes of whole 16-byte pieces: one bulk copy a chunk");
 
 #include "direct_wgmma.cuh"  // dw_mma: the wgmma, its PTX
 #include "warp_roles.cuh"    // bar_sync, setmaxnreg
-
-__device__ __forceinline__ unsigned di_pack(float lo, float hi) {
-#if DW_MODE == 0
-  const __half2 v = __floats2half2_rn(lo, hi);
-#else
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-#endif
-  return *reinterpret_cast<const unsigned*>(&v);
-}
 
 // The staged chunk (channel planes of DI_HW fp32, `valid` of them) into a pixel buffer by the
 // DI_WORKERS threads: input pixel (y, x) at row y DI_PW + x, channels 8j..8j+7 in 16-byte piece
@@ -93,8 +92,8 @@ __device__ __forceinline__ void di_convert(unsigned char* buf, const float* stag
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = 8 * j + e < valid ? staged[(8 * j + e) * DI_HW + px] : 0.f;
     *reinterpret_cast<uint4*>(buf + row * DI_ROWB + ((j ^ (row & 7)) << 4)) =
-        make_uint4(di_pack(v[0], v[1]), di_pack(v[2], v[3]), di_pack(v[4], v[5]),
-                   di_pack(v[6], v[7]));
+        make_uint4(pack_16bit<DW_MODE>(v[0], v[1]), pack_16bit<DW_MODE>(v[2], v[3]),
+                   pack_16bit<DW_MODE>(v[4], v[5]), pack_16bit<DW_MODE>(v[6], v[7]));
   }
 }
 
@@ -170,6 +169,8 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
 
   set_max_regs_inc<224>();  // 128 x 56 + 256 x 224 <= 64K: the accumulators
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  // this warpgroup's weight rows in a stage and first output pixel
+  const int a_row = DI_TM == 128 ? 64 * wg : 0, n_base = DI_TM == 128 ? 0 : wg * DW_N;
   float acc[DW_N / 2];
   for (int c = 0; c < chunks; ++c) {
     const unsigned buf = bufs + (c & 1) * DI_BUF_BYTES;
@@ -178,8 +179,9 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
     for (int t = 0; t < DI_TAPS; ++t) {
       const int i = c * DI_TAPS + t, s = i % DI_STAGES;
       mbar_wait(full + 8 * s, (i / DI_STAGES) & 1);
-      const unsigned long long da = wg_desc(ring + s * DI_STAGE_BYTES + wg * 64 * DI_ROWB);
-      const unsigned long long db = wg_desc(buf + ((t / DI_K) * DI_PW + t % DI_K) * DI_ROWB);
+      const unsigned long long da = wg_desc(ring + s * DI_STAGE_BYTES + a_row * DI_ROWB);
+      const unsigned long long db =
+          wg_desc(buf + (n_base + (t / DI_K) * DI_PW + t % DI_K) * DI_ROWB);
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
@@ -203,13 +205,13 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
   float* out = sliced ? slabs + blockIdx.z * slab : y;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int m = 128 * tile + 64 * wg + 16 * warp + g + 8 * h;
+    const int m = DI_TM * tile + a_row + 16 * warp + g + 8 * h;
     if (m >= M) continue;
     const float bm = sliced ? 0.f : bias[m];
     float* row = out + ((size_t)b * M + m) * pix;
 #pragma unroll
     for (int j = 0; j < DW_N / 8; ++j) {
-      const int n = 8 * j + 2 * t4, oh = n / DI_PW, ow = n % DI_PW;
+      const int n = n_base + 8 * j + 2 * t4, oh = n / DI_PW, ow = n % DI_PW;
       if (oh >= DI_HO) continue;
       const float v0 = acc[4 * j + 2 * h] + bm, v1 = acc[4 * j + 2 * h + 1] + bm;
       if (ow + 1 < Wo && !(Wo & 1)) {

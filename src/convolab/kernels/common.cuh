@@ -11,6 +11,7 @@
   ((y)[(((size_t)(b) * (M) + (m)) * (Ho) + (h)) * (size_t)(Wo) + (w)])
 
 // ---- Device helpers shared by the fused kernels (13 onward) ------------------------------------
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #define CONVOLAB_NEG_INF (__int_as_float(0xff800000u))
@@ -137,6 +138,19 @@ __device__ __forceinline__ float fmax_nan(float a, float b) {
 // Two fp32 values as one half2 register, the first in the low half (mma's k order).
 __device__ __forceinline__ __half2 pack_half2(float lo, float hi) {
   return __floats2half2_rn(lo, hi);
+}
+
+// Two fp32 values as one 32-bit register of 16-bit operands, the first in the low half, rounded
+// to nearest even: fp16 (MODE 0) or bf16 (MODE 1) (the direct convolutions' rings, 50-52).
+template <int MODE>
+__device__ __forceinline__ unsigned pack_16bit(float lo, float hi) {
+  if constexpr (MODE == 0) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
 }
 
 // 32 bits at p (two fp16 or one tf32 operand element): one shared-memory load.
