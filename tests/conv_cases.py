@@ -48,6 +48,17 @@ def outputs_of_two_runs(name: str, case: Case, params: dict | None = None) -> li
     return outs
 
 
+def check_two_runs(name: str, case: Case, params: dict | None, tolerance: float) -> None:
+    """Two runs of one prepared layer, outputs poisoned first: the first within `tolerance` of
+    the fp64 reference, the second bit-identical to it."""
+    import cupy as cp
+
+    outs = outputs_of_two_runs(name, case, params)
+    err = rel_l2(outs[0], case.ref)
+    assert err <= tolerance, (case.shape, params, err)
+    assert bool(cp.array_equal(outs[0], outs[1])), (case.shape, params, "runs differ")
+
+
 def check_classifier_layers(name: str, batch: int, rng: np.random.Generator,
                             tolerance: float) -> None:
     """fc6 and fc7 at this batch, fresh random data, against the fp64 reference."""

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from conv_cases import make_case, outputs_of_two_runs
+from conv_cases import check_two_runs, make_case, outputs_of_two_runs
 from cuda_emulator import (
     BLOCK_SHIM,
     CUDA_SHIM,
@@ -481,8 +481,6 @@ def random_shape(name: str, rng: np.random.Generator) -> ConvShape:
 @pytest.mark.parametrize("name", NAMES + IMAGE_NAMES)
 def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> None:
     """Fresh shapes the rung supports, at the defaults, then at random points of its space."""
-    import cupy as cp
-
     mode, module = name.split("-")[-1], module_of(name)
     tested = 0
     while tested < 9:
@@ -495,11 +493,7 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
             while not fits_rung(name, shape, params):
                 params = {k: v[int(rng.integers(len(v)))] for k, v in module.SPACE.items()}
         tested += 1
-        case = make_case(rng, shape)
-        outs = outputs_of_two_runs(name, case, params)
-        err = rel_l2(outs[0], case.ref)
-        assert err <= TOLERANCE[mode], (shape, params, err)
-        assert bool(cp.array_equal(outs[0], outs[1])), (shape, params, "runs differ")
+        check_two_runs(name, make_case(rng, shape), params, TOLERANCE[mode])
 
 
 @pytest.mark.gpu

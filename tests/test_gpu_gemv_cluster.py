@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
+from conv_cases import check_classifier_layers, check_two_runs, make_case, outputs_of_two_runs
 
 from convolab.check import rel_l2
 from convolab.conv_cpu import conv_reference
@@ -144,17 +144,12 @@ def test_bad_parameters_name_the_problem() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> None:
-    import cupy as cp
-
     mode = name.split("-")[-1]
     for i in range(8):
         shape = random_shape(rng)
         case = make_case(rng, shape)
         params = None if i < 2 else fitting_point(rng, mode, shape)
-        outs = outputs_of_two_runs(name, case, params)
-        err = rel_l2(outs[0], case.ref)
-        assert err <= TOLERANCE[mode], (case.shape, params, err)
-        assert bool(cp.array_equal(outs[0], outs[1])), (case.shape, params, "runs differ")
+        check_two_runs(name, case, params, TOLERANCE[mode])
 
 
 @pytest.mark.gpu

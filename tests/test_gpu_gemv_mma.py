@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
+from conv_cases import check_classifier_layers, check_two_runs, make_case, outputs_of_two_runs
 from cuda_emulator import BLOCK_SHIM, CUDA_SHIM, GEMV_SHIM, MMA_SHIM, run_gemv_emulator
 
 from convolab.check import rel_l2
@@ -326,8 +326,6 @@ def test_kernel_emulated_on_cpu(kernel: int, mode: str, shape: ConvShape, params
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> None:
-    import cupy as cp
-
     mode = name.split("-")[-1]
     impl = get_impl(name)
     for i in range(6):
@@ -338,10 +336,7 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
                 mode, gemv_mma.bulk_defines(mode, shape.B, impl.params_for(params))) > \
                 gemv_mma.SMEM_LIMIT:  # a ring that does not fit is refused by prepare
             params = random_point(rng, dict(impl.space))
-        outs = outputs_of_two_runs(name, case, params)
-        err = rel_l2(outs[0], case.ref)
-        assert err <= TOLERANCE[mode], (case.shape, params, err)
-        assert bool(cp.array_equal(outs[0], outs[1])), (case.shape, params, "runs differ")
+        check_two_runs(name, case, params, TOLERANCE[mode])
 
 
 @pytest.mark.gpu

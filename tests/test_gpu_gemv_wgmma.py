@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import check_classifier_layers, make_case, outputs_of_two_runs
+from conv_cases import check_classifier_layers, check_two_runs, make_case
 from cuda_emulator import (
     BLOCK_SHIM,
     CUDA_SHIM,
@@ -261,8 +261,6 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> None:
-    import cupy as cp
-
     mode = name.split("-")[-1]
     for i in range(8):
         shape = ConvShape(int(rng.integers(1, 65)), 8 * int(rng.integers(1, 600)), 1, 1,
@@ -271,11 +269,7 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
         while params is not None and gemv_wgmma.smem_bytes(
                 gemv_wgmma.defines(mode, shape.B, params)) > gemv_mma.SMEM_LIMIT:
             params = random_point(rng)  # a ring that does not fit is refused by prepare
-        case = make_case(rng, shape)
-        outs = outputs_of_two_runs(name, case, params)
-        err = rel_l2(outs[0], case.ref)
-        assert err <= TOLERANCE[mode], (shape, params, err)
-        assert bool(cp.array_equal(outs[0], outs[1])), (shape, params, "runs differ")
+        check_two_runs(name, make_case(rng, shape), params, TOLERANCE[mode])
 
 
 @pytest.mark.gpu
