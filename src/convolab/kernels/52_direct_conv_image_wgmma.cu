@@ -68,9 +68,8 @@
 #define DI_BPIX (8 * ((DI_NCOMP + (DI_K - 1) * (DI_PW + 1) + 7) / 8))  // rows a tap reads
 #define DI_BUF_BYTES (DI_BPIX * DI_ROWB)
 #define DI_CONSUMERS 256
-#define DI_THREADS (DI_CONSUMERS + 128)       // and a producer warpgroup (one thread copies)
-#define DI_WORKERS 96                           // producer threads that stage the pixels
-#define DI_STAGED_BYTES (64 * DI_HW * 4)         // a chunk as copied: 64 channel planes, fp32
+#define DI_THREADS (DI_CONSUMERS + 128)          // and a producer warpgroup (one thread copies)
+#define DI_WORKERS 96                            // producer threads that stage the pixels
 
 static_assert(DI_PW % 8 == 0, "buffer rows of whole 8-pixel groups");
 static_assert(DW_N <= 256, "one wgmma covers a warpgroup's output pixels");
