@@ -420,10 +420,10 @@ inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
 # 128-byte swizzle), start address and 8-row group stride from the descriptor, the byte at
 # logical address L read from L ^ (((L >> 7) & 7) << 4) as the hardware does (a start inside a
 # 1024-byte period included); one thread's accumulators of m64nNk16 (d[4j + r]: row 16w + g +
-# 8 (r / 2), column 8j + 2t + r % 2), summed in fp64; kind 0 fp16, 1 bf16. The instruction is
-# one of the whole warpgroup: none of its threads goes on before all have issued it (so a
-# warpgroup's release of a stage follows every one of its threads' wait for that stage), hence
-# a barrier around it. Needs MMA_SHIM's f16 / bf16, the test's shared_ptr(shared address) and
+# 8 (r / 2), column 8j + 2t + r % 2), summed in fp64; kind 0 fp16, 1 bf16 (k16), 2 tf32 (k8,
+# the low 13 bits of each fp32 dropped). The instruction is one of the whole warpgroup: none of
+# its threads goes on before all have issued it (so a warpgroup's release of a stage follows
+# every one of its threads' wait for that stage), hence a barrier around it. Needs MMA_SHIM's f16 / bf16, the test's shared_ptr(shared address) and
 # a std::barrier of 128 threads in wgss_bar[] per warpgroup.
 WGMMA_SS_SHIM = r"""
 std::barrier<>* wgss_bar[8];
@@ -431,9 +431,16 @@ inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
   if (((desc >> 62) & 3) != 1 || ((desc >> 49) & 7) != 0) std::abort();
   const unsigned start = (unsigned)(desc & 0x3FFF) << 4;
   const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
-  const unsigned at = start + (row / 8) * sbo + (row % 8) * 128 + 2 * k;
-  unsigned short bits;
-  std::memcpy(&bits, shared_ptr(at ^ (((at >> 7) & 7) << 4)), 2);
+  const unsigned size = kind == 2 ? 4 : 2;  // a tf32 value is fp32's bits
+  const unsigned at = start + (row / 8) * sbo + (row % 8) * 128 + size * k;
+  unsigned bits = 0;
+  std::memcpy(&bits, shared_ptr(at ^ (((at >> 7) & 7) << 4)), size);
+  if (kind == 2) {  // the hardware reads a tf32 value's 19 bits: unrounded fp32 is truncated
+    bits &= 0xFFFFE000u;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
   return kind == 0 ? f16(bits) : bf16(bits);
 }
 inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long db, int scale_d,
@@ -444,7 +451,7 @@ inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long 
     for (int r = 0; r < 4; ++r) {
       const int row = 16 * w + g + 8 * (r / 2), col = 8 * j + 2 * t + r % 2;
       double s = scale_d ? d[4 * j + r] : 0.0;
-      for (int k = 0; k < 16; ++k)
+      for (int k = 0; k < (kind == 2 ? 8 : 16); ++k)  // a 32-byte k-step
         s += wgss_operand(da, row, k, kind) * wgss_operand(db, col, k, kind);
       d[4 * j + r] = (float)s;
     }

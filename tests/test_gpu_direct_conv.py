@@ -42,7 +42,7 @@ from convolab.shapes import ConvShape
 
 MODES = list(direct_conv.MODES)
 NAMES = [f"direct-{m}" for m in MODES] + [f"direct-wg-{m}" for m in MODES]
-IMAGE_NAMES = [f"direct-img-{m}" for m in MODES]
+IMAGE_NAMES = [f"direct-img-{m}" for m in direct_image.MODES]
 GXX = shutil.which("g++")
 CONV1_2 = ConvShape(1, 64, 226, 226, 64, 3)
 
@@ -157,23 +157,28 @@ def test_prepare_names_an_unsupported_shape_or_wrong_weights() -> None:
 CONV5 = ConvShape(1, 512, 16, 16, 512, 3)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", list(direct_image.MODES))
 @pytest.mark.parametrize("tm", direct_image.TILES_M)
 def test_kernel_52_weights_where_the_kernel_reads_them(mode: str, tm: int,
                                                        rng: np.random.Generator) -> None:
-    shape = ConvShape(1, 70, 5, 5, 130, 3)  # 2-3 tiles, 2 chunks, the last of each part padding
+    shape = ConvShape(1, 70, 5, 5, 130, 3)  # 2-3 tiles, 2-3 chunks, the last of each padding
     w = rng.standard_normal(shape.w_shape, dtype=np.float32)
     packed = direct_image.pack_weights(w, mode, tm)
-    tiles, chunks, taps = -(-130 // tm), 2, 9
+    cc = 32 if mode == "tf32" else 64  # a chunk's channels: 128 bytes of them
+    size, per_piece = 128 // cc, cc // 8
+    tiles, chunks, taps = -(-130 // tm), -(-70 // cc), 9
     assert packed.nbytes == tiles * chunks * taps * tm * 128
     m, c, p, q = np.meshgrid(*(np.arange(n) for n in shape.w_shape), indexing="ij")
     r = m % tm
-    run = ((m // tm) * chunks + c // 64) * taps + p * 3 + q  # the run of tm rows the copier takes
-    offsets = run * tm * 128 + r * 128 + (((c % 64) // 8) ^ (r % 8)) * 16 + (c % 8) * 2
-    bits = packed.view(np.uint16)
-    assert np.array_equal(bits[offsets // 2], gemv_mma.sixteen_bit(w, mode).view(np.uint16))
+    run = ((m // tm) * chunks + c // cc) * taps + p * 3 + q  # the run of tm rows the copier takes
+    offsets = (run * tm * 128 + r * 128 + (((c % cc) // per_piece) ^ (r % 8)) * 16
+               + (c % per_piece) * size)
+    bits = packed.view(np.uint32 if mode == "tf32" else np.uint16)
+    want = (rounded(w, mode).view(np.uint32) if mode == "tf32"
+            else gemv_mma.sixteen_bit(w, mode).view(np.uint16))
+    assert np.array_equal(bits[offsets // size], want)
     rest = np.ones(bits.size, bool)
-    rest[(offsets // 2).ravel()] = False
+    rest[(offsets // size).ravel()] = False
     assert not bits[rest].any(), "bytes outside the weights must be zero"
 
 
@@ -181,7 +186,9 @@ def test_kernel_52_plan_split_and_supports() -> None:
     assert direct_image.n_pixels(CONV5) == 224
     assert [direct_image.warpgroup_n(CONV5, tm) for tm in (64, 128)] == [112, 224]
     assert [direct_image.buffer_pixels(CONV5, tm) for tm in (64, 128)] == [264, 264]
-    assert direct_image.smem_bytes(CONV5, 128, 5) <= direct_conv.SMEM_LIMIT
+    assert direct_image.smem_bytes(CONV5, 128, 5, "fp16") <= direct_conv.SMEM_LIMIT
+    assert direct_image.smem_bytes(CONV5, 128, 5, "tf32") == direct_image.smem_bytes(
+        CONV5, 128, 5, "fp16") - 32 * 16 * 16 * 4  # half the channels staged
     # (batch, TM, slices): 64-row tiles while 128-row ones fill at most half the SMs, then
     # slices while the blocks do; each slice keeps 2 chunks
     for batch, tm, split in ((1, 64, 4), (4, 64, 4), (8, 64, 2), (12, 64, 1), (16, 64, 1),
@@ -190,6 +197,13 @@ def test_kernel_52_plan_split_and_supports() -> None:
                                         sms=132)
         assert (plan.defines["DI_TM"], plan.slices) == (tm, split), batch
         assert plan.slice_chunks * split == 8 and plan.grid[:2] == (512 // tm, batch)
+    # TF32: 16 chunks of 32 channels; 64-row tiles only up to B = 4
+    for batch, tm, split in ((1, 64, 8), (4, 64, 4), (8, 128, 4), (12, 128, 2), (16, 128, 2),
+                             (32, 128, 1)):
+        plan = direct_image.launch_plan(CONV5.with_batch(batch), "tf32", direct_image.DEFAULTS,
+                                        sms=132)
+        assert (plan.defines["DI_TM"], plan.slices) == (tm, split), batch
+        assert plan.slice_chunks * split == 16 and plan.defines["DW_MODE"] == 2
     plan = direct_image.launch_plan(ConvShape(1, 130, 4, 8, 40, 1), "fp16",
                                     {"TM": 128, "STAGES": 2, "SPLIT": 8}, sms=132)
     assert (plan.slices, plan.slice_chunks) == (3, 1)  # no more slices than chunks
@@ -201,18 +215,20 @@ def test_kernel_52_plan_split_and_supports() -> None:
         direct_image.defines("fp16", CONV5, {"TM": 0, "STAGES": 9, "SPLIT": 0})
 
 
-def test_auto_takes_kernel_52_for_conv5_in_fp16() -> None:
+def test_auto_takes_kernel_52_for_conv5_in_fp16_and_tf32() -> None:
     from convolab.gpu import auto
     from convolab.registry import all_impls
 
     names = {i.name for i in all_impls("gpu")}
     for batch in (1, 2, 3, 4, 8, 12, 16, 32, 64):
         shape = CONV5.with_batch(batch)
-        choice = auto.default_choice(shape, names, "fp16").impl
-        assert choice == "direct-img-fp16", batch
-        assert not auto.default_choice(shape, names, "tf32").impl.startswith("direct")
-        assert not auto.default_choice(shape, names - {"direct-img-fp16"},
-                                       "fp16").impl.startswith("direct")
+        for mode in ("fp16", "tf32"):
+            assert auto.default_choice(shape, names, mode).impl == f"direct-img-{mode}", batch
+            assert not auto.default_choice(shape, names - {f"direct-img-{mode}"},
+                                           mode).impl.startswith("direct")
+        assert not auto.default_choice(shape, names, "fp32").impl.startswith("direct")
+        narrow = ConvShape(batch, 64, 16, 16, 512, 3)  # too few input channels
+        assert not auto.default_choice(narrow, names, "tf32").impl.startswith("direct-img")
 
 
 # ------------------------------------------------------------------------- CPU emulator
@@ -406,6 +422,8 @@ IMAGE_EMULATED = [  # (mode, shape, params): C and M off the chunk and tile, wid
     ("fp16", ConvShape(2, 100, 6, 10, 150, 3), {"TM": 64, "STAGES": 3, "SPLIT": 1}),
     ("bf16", ConvShape(1, 130, 4, 9, 40, 1), {"TM": 64, "STAGES": 3, "SPLIT": 2}),
     ("fp16", ConvShape(1, 192, 8, 6, 128, 5), {"TM": 128, "STAGES": 4, "SPLIT": 4}),
+    ("tf32", ConvShape(2, 70, 6, 10, 150, 3), {"TM": 128, "STAGES": 3, "SPLIT": 2}),
+    ("tf32", ConvShape(1, 40, 4, 7, 60, 3), {"TM": 64, "STAGES": 2, "SPLIT": 1}),
 ]
 
 
@@ -415,7 +433,7 @@ def test_kernel_52_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str
                                    tmp_path: Path, rng: np.random.Generator) -> None:
     assert direct_image.supports(shape)
     plan = direct_image.launch_plan(shape, mode, params, sms=132)
-    assert plan.slices == min(params["SPLIT"], direct_image.chunks_of(shape))
+    assert plan.slices == min(params["SPLIT"], direct_image.chunks_of(shape, mode))
     case = make_case(rng, shape)
     packed = np.ascontiguousarray(direct_image.pack_weights(case.w, mode,
                                                             plan.defines["DI_TM"]))
@@ -428,7 +446,7 @@ def test_kernel_52_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str
         {"x.bin": case.x, "w.bin": packed, "b.bin": case.b,
          "slabs.bin": np.full(plan.slices * n + 64, np.nan, np.float32)}, shape.y_shape,
         [str(v) for v in (shape.B, shape.C, shape.H, shape.W, shape.M, plan.grid[0],
-                          plan.slices, direct_image.chunks_of(shape), plan.slice_chunks,
+                          plan.slices, direct_image.chunks_of(shape, mode), plan.slice_chunks,
                           packed.nbytes, int(rng.integers(2**31)))])
     slabs = np.fromfile(tmp_path / "slabs_out.bin", np.float32)
     assert np.isnan(slabs[plan.slices * n:]).all(), "wrote past the slabs"
@@ -442,6 +460,10 @@ def test_kernel_52_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str
 
 
 def rounded(a: np.ndarray, mode: str) -> np.ndarray:
+    """fp32 values rounded to the operand type (tf32: nearest, ties away), back in fp32."""
+    if mode == "tf32":
+        u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+        return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
     bits = gemv_mma.sixteen_bit(a, mode)
     if mode == "fp16":
         return bits.astype(np.float32)
@@ -459,7 +481,7 @@ def module_of(name: str) -> ModuleType:
 
 def fits_rung(name: str, shape: ConvShape, params: dict[str, int]) -> bool:
     try:
-        module_of(name).launch_plan(shape, "fp16", params, 132)
+        module_of(name).launch_plan(shape, name.split("-")[-1], params, 132)
     except ValueError:  # the rung's refusal: no such tile, or shared memory it lacks
         return False
     return True

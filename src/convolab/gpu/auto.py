@@ -30,8 +30,9 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
     once into a channels-last ring in shared memory (`direct_wgmma.auto_choice`, docs/vgg.md
     "Kernels 50-51"): no layout pass, every filter tap a descriptor into the ring;
   * a wide convolution on small images (C and M >= 128, Ho x W rounded to 8 within 256
-    pixels: VGG's conv5_x) in FP16 on Hopper: kernel 52, the direct convolution
-    over whole images in shared memory (`direct_image.auto_choice`, docs/vgg.md "Kernel 52");
+    pixels: VGG's conv5_x) in FP16 or TF32 on Hopper: kernel 52, the direct convolution
+    over whole images in shared memory (`direct_image.auto_choice`, docs/vgg.md "Kernel 52",
+    "Kernel 52 in TF32");
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
     classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
     tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the

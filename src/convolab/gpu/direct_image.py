@@ -1,11 +1,11 @@
-"""Kernel 52 (`direct-img-fp16`, `direct-img-bf16`): a wide convolution on small images (VGG's
+"""Kernel 52 (`direct-img-fp16`, `-bf16`, `-tf32`): a wide convolution on small images (VGG's
 conv5_x) as a direct convolution over whole images in shared memory, from NCHW fp32, on
 Hopper's warpgroup MMA (kernels/52_direct_conv_image_wgmma.cu, sm_90a).
 
 A block takes TM = 64 or 128 output channels of one image (and a slice of the input channels):
-each 64-channel chunk of the image is loaded once and converted into a channels-last buffer
-whose rows are PW = W rounded up to 8 pixels, so that output pixel n = oh PW + ow reads input
-row n + p PW + q for tap (p, q): one descriptor shift a tap, no im2col gather, no layout pass.
+each chunk of 64 channels (32 in TF32: a pixel's 128-byte row either way) of the image is
+loaded once and converted into a channels-last buffer whose rows are PW = W rounded up to 8
+pixels, so that output pixel n = oh PW + ow reads input row n + p PW + q for tap (p, q): one descriptor shift a tap, no im2col gather, no layout pass.
 The weights stream through a ring of TM x 128-byte tap stages (`pack_weights`); a producer
 warpgroup copies the weights and stages and converts the pixels, so the consumers only issue
 wgmmas. With SPLIT slices the blocks write fp32 partial sums that rung 39's `wg_splitk_reduce`
@@ -30,9 +30,9 @@ from convolab.registry import ConvImpl, Run, get_impl, register
 from convolab.shapes import ConvShape, ceil_div
 
 KERNEL_FILE = "52_direct_conv_image_wgmma.cu"
-MODES = direct_conv.MODES
-ROW_BYTES = 128  # a pixel's 64 channels (a chunk), a weight row's
-CHUNK = 64  # input channels a chunk
+# kernels 50-51's 16-bit modes, and TF32 (a chunk of 32 channels, wgmma k8)
+MODES: dict[str, int] = {**direct_conv.MODES, "tf32": 2}
+ROW_BYTES = 128  # a pixel's chunk of channels, a weight row's
 TILES_M = (64, 128)  # output channels a block: its two warpgroups split pixels or channels
 THREADS = 384
 MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgmma's N
@@ -65,27 +65,40 @@ def buffer_pixels(shape: ConvShape, tm: int) -> int:
     return 8 * ceil_div(computed + (shape.K - 1) * (row_pixels(shape.W) + 1), 8)
 
 
-def smem_bytes(shape: ConvShape, tm: int, stages: int) -> int:
-    """The weight ring, two pixel buffers, a chunk as staged (64 fp32 planes) and the
-    alignment slack."""
+def chunk_channels(mode: str) -> int:
+    """Input channels a chunk: one 128-byte row a pixel, 64 16-bit or 32 tf32 values."""
+    return 32 if mode == "tf32" else 64
+
+
+def smem_bytes(shape: ConvShape, tm: int, stages: int, mode: str) -> int:
+    """The weight ring, two pixel buffers, a chunk as staged (fp32 planes) and the alignment
+    slack."""
     return (stages * tm * ROW_BYTES + 2 * buffer_pixels(shape, tm) * ROW_BYTES
-            + CHUNK * shape.H * shape.W * 4 + ALIGN_SLACK)
+            + chunk_channels(mode) * shape.H * shape.W * 4 + ALIGN_SLACK)
 
 
-def chunks_of(shape: ConvShape) -> int:
-    return ceil_div(shape.C, CHUNK)
+def chunks_of(shape: ConvShape, mode: str) -> int:
+    return ceil_div(shape.C, chunk_channels(mode))
 
 
-def tile_rows(shape: ConvShape, sms: int) -> int:
-    """TM when 0: 64-row tiles where 128-row ones would fill at most half the SMs (conv5_x up
-    to B = 16), so that twice the blocks run without slicing the chunks."""
-    return 64 if ceil_div(shape.M, 128) * shape.B * 2 <= sms else 128
+# TM when 0: 64-row tiles where 128-row ones would fill at most 1 / SMALL_TILE_FILL[mode] of the
+# SMs, so that twice the blocks run without slicing the chunks. Measured on conv5_x (H200,
+# docs/vgg.md "Kernel 52" and "Kernel 52 in TF32"): in FP16 64-row tiles win up to B = 16; in
+# TF32 (twice the chunks a block) up to B = 4, and 128-row ones from 8 (B = 8 / 12 / 16: 0.054 /
+# 0.074 / 0.078 ms against 0.060 / 0.083 / 0.084).
+SMALL_TILE_FILL: dict[str, int] = {"fp16": 2, "bf16": 2, "tf32": 8}
 
 
-def split_for(shape: ConvShape, tm: int, sms: int) -> int:
+def tile_rows(shape: ConvShape, sms: int, mode: str) -> int:
+    """TM when 0 (`SMALL_TILE_FILL`): 64 for conv5_x up to B = 16 in 16-bit modes, up to 4 in
+    TF32; 128 above."""
+    return 64 if ceil_div(shape.M, 128) * shape.B * SMALL_TILE_FILL[mode] <= sms else 128
+
+
+def split_for(shape: ConvShape, tm: int, sms: int, mode: str) -> int:
     """Slices of the chunks where the blocks fill at most half the SMs: doubled while the
     blocks stay within the SMs and each slice keeps 2 chunks."""
-    units, chunks, split = ceil_div(shape.M, tm) * shape.B, chunks_of(shape), 1
+    units, chunks, split = ceil_div(shape.M, tm) * shape.B, chunks_of(shape, mode), 1
     while units * split * 2 <= sms and chunks >= 4 * split:
         split *= 2
     return split
@@ -102,15 +115,16 @@ def defines(mode: str, shape: ConvShape, params: Mapping[str, Any],
                          f"{', '.join(str(params[k]) for k in SPACE)}")
     return {"DW_MODE": MODES[mode], "DI_K": shape.K, "DI_PW": row_pixels(shape.W),
             "DI_HO": shape.H_out, "DI_HW": shape.H * shape.W, "DI_STAGES": int(params["STAGES"]),
-            "DI_TM": int(params["TM"]) or tile_rows(shape, sms)}
+            "DI_TM": int(params["TM"]) or tile_rows(shape, sms, mode)}
 
 
 def supports(shape: ConvShape) -> bool:
     """Stride 1, an image whose output pixels one wgmma covers (Ho x PW <= 256) and whose
     channel planes are whole 16-byte pieces (H W a multiple of 4: a chunk is one bulk copy),
-    ring, buffers and staged chunk within shared memory, on a GPU that runs sm_90a code."""
+    ring, buffers and staged chunk within shared memory in every mode (a 16-bit chunk stages
+    the most), on a GPU that runs sm_90a code."""
     return (shape.S == 1 and n_pixels(shape) <= MAX_N and shape.H * shape.W % 4 == 0
-            and max(smem_bytes(shape, tm, DEFAULTS["STAGES"]) for tm in TILES_M)
+            and max(smem_bytes(shape, tm, DEFAULTS["STAGES"], "fp16") for tm in TILES_M)
             <= direct_conv.SMEM_LIMIT
             and shape.B * shape.M * shape.H_out * shape.W_out < direct_conv.INDEX_LIMIT
             and ceil_div(shape.M, 64) < 65536 and shape.B < 65536
@@ -132,38 +146,44 @@ class LaunchPlan:
 def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any], sms: int) -> LaunchPlan:
     d = defines(mode, shape, params, sms)
     tm = d["DI_TM"]
-    smem = smem_bytes(shape, tm, d["DI_STAGES"])
+    smem = smem_bytes(shape, tm, d["DI_STAGES"], mode)
     if smem > direct_conv.SMEM_LIMIT:
         raise ValueError(f"direct-img: {shape} needs {smem} B of shared memory with "
                          f"{d['DI_STAGES']} stages, over {direct_conv.SMEM_LIMIT}: fewer STAGES")
-    chunks = chunks_of(shape)
-    split = min(int(params["SPLIT"]) or split_for(shape, tm, sms), chunks)
+    chunks = chunks_of(shape, mode)
+    split = min(int(params["SPLIT"]) or split_for(shape, tm, sms, mode), chunks)
     per_slice = ceil_div(chunks, split)
     return LaunchPlan(d, (ceil_div(shape.M, tm), shape.B, ceil_div(chunks, per_slice)),
                       per_slice, smem)
 
 
 def pack_weights(w: Any, mode: str, tm: int) -> Any:
-    """(M, C, K, K) fp32 -> kernel 52's weights, uint8: for each tm-row tile, 64-channel chunk
-    and tap (p, q) in that order, one run of tm rows (output channels) x 128 bytes, channels
-    8j..8j+7 of row r in 16-byte piece j ^ (r mod 8); zero past M and C."""
+    """(M, C, K, K) fp32 -> kernel 52's weights, uint8: for each tm-row tile, chunk of cc
+    channels (`chunk_channels`) and tap (p, q) in that order, one run of tm rows (output
+    channels) x 128 bytes, channels e j..e j + e - 1 (e = cc / 8) of row r in 16-byte piece
+    j ^ (r mod 8); 16-bit values, or fp32 rounded to tf32 as the kernel rounds x; zero past M
+    and C."""
     xp = xp_of(w)
     M, C, K, _ = w.shape
-    tiles, chunks = ceil_div(M, tm), ceil_div(C, CHUNK)
-    values = gemv_mma.sixteen_bit(xp.ascontiguousarray(w.transpose(0, 2, 3, 1)), mode)
-    padded = xp.zeros((tiles * tm, K * K, chunks * CHUNK), dtype=values.dtype)
+    cc = chunk_channels(mode)
+    tiles, chunks = ceil_div(M, tm), ceil_div(C, cc)
+    taps_last = xp.ascontiguousarray(w.transpose(0, 2, 3, 1))
+    values = (wg.tf32_round(taps_last) if mode == "tf32"
+              else gemv_mma.sixteen_bit(taps_last, mode))
+    padded = xp.zeros((tiles * tm, K * K, chunks * cc), dtype=values.dtype)
     padded[:M, :, :C] = values.reshape(M, K * K, C)
-    a = padded.reshape(tiles, tm, K * K, chunks, 8, 8).transpose(0, 3, 2, 1, 4, 5)
+    a = padded.reshape(tiles, tm, K * K, chunks, 8, cc // 8).transpose(0, 3, 2, 1, 4, 5)
     return xp.ascontiguousarray(swizzle_128b(a)).view(xp.uint8).reshape(-1)
 
 
-# Where `auto` runs kernel 52 without a cache entry: FP16 layers of at least AUTO_MIN_CHANNELS
-# input and output channels that it supports, at every batch. Measured on conv5_x (H200,
-# docs/vgg.md "Kernel 52", Op Time ms against what `auto` ran before: rung 27 or 39 split-K at
-# B = 1-12, rung 39 / 40 above): B = 1 0.028 / 0.036, 3 0.033 / 0.038, 8 0.044-0.048 /
-# 0.048-0.052, 12 0.055-0.059 / 0.063, 32 0.071-0.075 / 0.085-0.089, 64 0.135-0.140 / 0.145-0.149;
-# level at 16.
-AUTO_MODES = ("fp16",)
+# Where `auto` runs kernel 52 without a cache entry: FP16 and TF32 layers of at least
+# AUTO_MIN_CHANNELS input and output channels that it supports, at every batch. Measured on
+# conv5_x (H200, Op Time ms against what `auto` ran before: rung 27 or 39 split-K at B = 1-12,
+# rung 39 / 40 above), FP16 (docs/vgg.md "Kernel 52"): B = 1 0.028 / 0.036, 3 0.033 / 0.038, 8
+# 0.044-0.048 / 0.048-0.052, 12 0.055-0.059 / 0.063, 32 0.071-0.075 / 0.085-0.089, 64
+# 0.135-0.140 / 0.145-0.149, level at 16; TF32 ("Kernel 52 in TF32"): B = 1 0.028 / 0.042, 4
+# 0.042 / 0.050, 8 0.054 / 0.069, 16 0.078 / 0.098, 32 0.108 / 0.145, 64 0.202 / 0.216.
+AUTO_MODES = ("fp16", "tf32")
 AUTO_MIN_CHANNELS = 128
 
 
@@ -211,8 +231,8 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         out_elems = shape.B * shape.M * shape.H_out * shape.W_out
         slabs = cp.empty((plan.slices if plan.slices > 1 else 0, out_elems), dtype=cp.float32)
         args = (None, w_op, b_d, None, slabs,
-                *(np.int32(v) for v in (shape.B, shape.C, shape.W, shape.M, chunks_of(shape),
-                                        plan.slice_chunks)))
+                *(np.int32(v) for v in (shape.B, shape.C, shape.W, shape.M,
+                                        chunks_of(shape, mode), plan.slice_chunks)))
         if plan.slices == 1:
             conv = BoundLaunch(kernel, plan.grid, (THREADS,), args, per_call=(0, 3),
                                shared_mem=plan.smem)
@@ -243,13 +263,14 @@ for _mode in MODES:
     register(ConvImpl(
         name=f"direct-img-{_mode}", rung=52, device="gpu", kernel_file=KERNEL_FILE,
         demonstrates=f"a wide convolution on small images (conv5_x) as a direct convolution "
-                     f"over whole images in shared memory (sm_90a): each 64-channel chunk of an "
-                     f"image loaded once from NCHW fp32 into a channels-last {_mode} buffer with "
+                     f"over whole images in shared memory (sm_90a): each {chunk_channels(_mode)}-"
+                     f"channel chunk of an image loaded once from NCHW fp32 into a channels-last "
+                     f"{_mode} buffer with "
                      f"rows padded to 8 pixels, every filter tap one wgmma descriptor shift, the "
                      f"weights streamed by the bulk copy engine; no im2col gather, no layout "
                      f"pass",
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["auto_choice", "buffer_pixels", "defines", "launch_plan", "n_pixels", "pack_weights",
-           "smem_bytes", "split_for", "supports"]
+__all__ = ["auto_choice", "buffer_pixels", "chunk_channels", "defines", "launch_plan", "n_pixels",
+           "pack_weights", "smem_bytes", "split_for", "supports"]

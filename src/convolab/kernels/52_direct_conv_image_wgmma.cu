@@ -26,10 +26,13 @@
 // bias) to its slab of a workspace in NCHW order; rung 39's wg_splitk_reduce adds them in slice
 // order (the last slice of each (tile, image) adding them in-kernel instead ran 10 us slower at
 // B = 1-16 on conv5_x: docs/vgg.md, "Kernel 52").
+// In TF32 (DW_MODE 2) a chunk is 32 channels: a pixel's 128-byte row holds 32 tf32 values, a
+// weight row likewise, and a k-step of 32 bytes is wgmma's k8 instead of k16; nothing else
+// changes (twice the chunks, each staged in half the bytes).
 //
 // Launch: grid (M / DI_TM, B, slices), 384 threads (two consumer warpgroups, a producer one).
 // Dynamic shared memory: DI_STAGES weight stages of DI_TM x 128 bytes, two pixel buffers of
-// DI_BPIX x 128 bytes, the staged chunk (64 H W floats), 1 KB to align them (gpu/direct_image.py
+// DI_BPIX x 128 bytes, the staged chunk (DI_CC H W floats), 1 KB to align them (gpu/direct_image.py
 // `smem_bytes`).
 
 #include "common.cuh"
@@ -37,7 +40,7 @@
 #include "wgmma_core.cuh"
 
 #ifndef DW_MODE
-#define DW_MODE 0  // operands: 0 fp16, 1 bf16
+#define DW_MODE 0  // operands: 0 fp16, 1 bf16, 2 tf32 (fp32 rounded)
 #endif
 #ifndef DI_K
 #define DI_K 3  // filter size
@@ -63,7 +66,9 @@
 #define DW_N (DI_TM == 128 ? DI_NPIX : 16 * ((DI_NPIX + 31) / 32))  // a warpgroup's: the N
 #define DI_NCOMP (DI_TM == 128 ? DW_N : 2 * DW_N)  // pixels both warpgroups compute
 #define DI_TAPS (DI_K * DI_K)
-#define DI_ROWB 128                              // a pixel's 64 channels, a weight row's
+#define DI_ROWB 128                              // a pixel's chunk of channels, a weight row's
+#define DI_CC (DW_MODE == 2 ? 32 : 64)           // input channels a chunk: 128 bytes of them
+#define DI_PIECE (DI_CC / 8)                     // channels a 16-byte piece
 #define DI_STAGE_BYTES (DI_TM * DI_ROWB)         // one tap of a tile's weights
 #define DI_BPIX (8 * ((DI_NCOMP + (DI_K - 1) * (DI_PW + 1) + 7) / 8))  // rows a tap reads
 #define DI_BUF_BYTES (DI_BPIX * DI_ROWB)
@@ -81,18 +86,24 @@ static_assert(DI_HW % 4 == 0, "channel planes of whole 16-byte pieces: one bulk 
 #include "warp_roles.cuh"    // bar_sync, setmaxnreg
 
 // The staged chunk (channel planes of DI_HW fp32, `valid` of them) into a pixel buffer by the
-// DI_WORKERS threads: input pixel (y, x) at row y DI_PW + x, channels 8j..8j+7 in 16-byte piece
-// j ^ (row mod 8), zero past the valid channels.
+// DI_WORKERS threads: input pixel (y, x) at row y DI_PW + x, channels DI_PIECE j.. DI_PIECE j +
+// DI_PIECE - 1 in 16-byte piece j ^ (row mod 8), zero past the valid channels.
 __device__ __forceinline__ void di_convert(unsigned char* buf, const float* staged, int valid,
                                            int W, int worker) {
   for (int t = worker; t < DI_HW * 8; t += DI_WORKERS) {
     const int j = t / DI_HW, px = t % DI_HW, row = (px / W) * DI_PW + px % W;
-    float v[8];
+    float v[DI_PIECE];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = 8 * j + e < valid ? staged[(8 * j + e) * DI_HW + px] : 0.f;
-    *reinterpret_cast<uint4*>(buf + row * DI_ROWB + ((j ^ (row & 7)) << 4)) =
-        make_uint4(pack_16bit<DW_MODE>(v[0], v[1]), pack_16bit<DW_MODE>(v[2], v[3]),
-                   pack_16bit<DW_MODE>(v[4], v[5]), pack_16bit<DW_MODE>(v[6], v[7]));
+    for (int e = 0; e < DI_PIECE; ++e)
+      v[e] = DI_PIECE * j + e < valid ? staged[(DI_PIECE * j + e) * DI_HW + px] : 0.f;
+    uint4* at = reinterpret_cast<uint4*>(buf + row * DI_ROWB + ((j ^ (row & 7)) << 4));
+#if DW_MODE == 2
+    *at = make_uint4(__float_as_uint(tf32_round(v[0])), __float_as_uint(tf32_round(v[1])),
+                     __float_as_uint(tf32_round(v[2])), __float_as_uint(tf32_round(v[3])));
+#else
+    *at = make_uint4(pack_16bit<DW_MODE>(v[0], v[1]), pack_16bit<DW_MODE>(v[2], v[3]),
+                     pack_16bit<DW_MODE>(v[4], v[5]), pack_16bit<DW_MODE>(v[6], v[7]));
+#endif
   }
 }
 
@@ -148,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
       const int worker = ptid - 32;
       const unsigned staged_at = bufs + 2 * DI_BUF_BYTES;
       for (int c = 0; c < chunks; ++c) {
-        const int c0 = 64 * (c_begin + c), valid = min(64, C - c0);
+        const int c0 = DI_CC * (c_begin + c), valid = min(DI_CC, C - c0);
         if (worker == 0) {  // after every worker's reads of the last chunk (bar_sync below)
           const unsigned bytes = valid * DI_HW * 4;
           wg_proxy_fence();  // those generic reads before the copy engine's writes
@@ -183,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
           wg_desc(buf + (n_base + (t / DI_K) * DI_PW + t % DI_K) * DI_ROWB);
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < 4; ++kk)  // k-steps of 32 bytes: 16 fp16 / bf16 or 8 tf32 values
         dw_mma(acc, wg_desc_add(da, 32 * kk), wg_desc_add(db, 32 * kk), i + kk);
       wg_commit();
       wg_wait<1>();  // step i - 1's wgmmas retired: its stage (and at t = 0 its buffer) go back

@@ -1,24 +1,30 @@
-// The warpgroup MMA m64nNk16 with both operands by descriptor, N = DW_N (16..256 in steps of
-// 16) and operand type DW_MODE, for the direct convolutions (51_direct_conv_wgmma.cu,
-// 52_direct_conv_image_wgmma.cu include it after their configuration). Kept apart so that the
+// The warpgroup MMA m64nNk16 (k8 in tf32) with both operands by descriptor, N = DW_N (16..256
+// in steps of 16) and operand type DW_MODE (0 fp16, 1 bf16, 2 tf32: kernel 52 only), for the
+// direct convolutions (51_direct_conv_wgmma.cu, 52_direct_conv_image_wgmma.cu include it after
+// their configuration). Kept apart so that the
 // kernels' CPU emulator (tests/test_gpu_direct_conv.py) can stand in for it.
 
 #pragma once
 
+// The immediate scales of a and b, and (16-bit types only) no transpose: both K-major.
 #if DW_MODE == 0
 #define DW_TYPES "k16.f32.f16.f16"
-#else
+#define DW_TAIL ", p, 1, 1, 0, 0;\n}\n"
+#elif DW_MODE == 1
 #define DW_TYPES "k16.f32.bf16.bf16"
+#define DW_TAIL ", p, 1, 1, 0, 0;\n}\n"
+#else
+#define DW_TYPES "k8.f32.tf32.tf32"
+#define DW_TAIL ", p, 1, 1;\n}\n"
 #endif
 // scale-d is a predicate operand: 0 ignores the accumulators (the first k-step of a pass).
 #define DW_MMA(N, REGS, IA, IB, IS)                                                       \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                     \
-  "wgmma.mma_async.sync.aligned.m64n" #N DW_TYPES " {" REGS "}, %" #IA ", %" #IB          \
-  ", p, 1, 1, 0, 0;\n}\n"
+  "wgmma.mma_async.sync.aligned.m64n" #N DW_TYPES " {" REGS "}, %" #IA ", %" #IB DW_TAIL
 #define DW_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
                  "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 
-// d (+)= A x B for one 64 x DW_N x 16 step. d[4j + r] is, for warp w of the warpgroup, row
+// d (+)= A x B for one 64 x DW_N x 32-byte k-step. d[4j + r] is, for warp w of the warpgroup, row
 // 16w + g + 8 (r / 2) and column 8j + 2t + r % 2 (g = lane / 4, t = lane % 4).
 __device__ __forceinline__ void dw_mma(float (&d)[DW_N / 2], unsigned long long da,
                                        unsigned long long db, int scale_d) {
