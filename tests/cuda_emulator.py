@@ -423,8 +423,9 @@ inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
 # 8 (r / 2), column 8j + 2t + r % 2), summed in fp64; kind 0 fp16, 1 bf16 (k16), 2 tf32 (k8,
 # the low 13 bits of each fp32 dropped). The instruction is one of the whole warpgroup: none of
 # its threads goes on before all have issued it (so a warpgroup's release of a stage follows
-# every one of its threads' wait for that stage), hence a barrier around it. Needs MMA_SHIM's f16 / bf16, the test's shared_ptr(shared address) and
-# a std::barrier of 128 threads in wgss_bar[] per warpgroup.
+# every one of its threads' wait for that stage), hence a barrier around it. Needs MMA_SHIM's
+# f16 / bf16, the test's shared_ptr(shared address) and a std::barrier of 128 threads in
+# wgss_bar[] per warpgroup.
 WGMMA_SS_SHIM = r"""
 std::barrier<>* wgss_bar[8];
 inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
