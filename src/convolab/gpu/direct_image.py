@@ -2,14 +2,15 @@
 conv5_x) as a direct convolution over whole images in shared memory, from NCHW fp32, on
 Hopper's warpgroup MMA (kernels/52_direct_conv_image_wgmma.cu, sm_90a).
 
-A block takes TM = 64 or 128 output channels of one image (and a slice of the input channels):
-each chunk of 64 channels (32 in TF32: a pixel's 128-byte row either way) of the image is
-loaded once and converted into a channels-last buffer whose rows are PW = W rounded up to 8
-pixels, so that output pixel n = oh PW + ow reads input row n + p PW + q for tap (p, q): one
-descriptor shift a tap, no im2col gather, no layout pass. The weights stream through a ring of
-TM x 128-byte tap stages (`pack_weights`); a producer warpgroup copies the weights and stages
-and converts the pixels, so the consumers only issue wgmmas. With SPLIT slices the blocks write fp32 partial sums that rung 39's `wg_splitk_reduce`
-adds in slice order. Everything above `prepare` is pure Python, tested on the CPU.
+A block takes TM = 64 or 128 output channels of one image (and a slice of the input channels): each
+chunk of 64 channels (32 in TF32: a pixel's 128-byte row either way) of the image is loaded once and
+converted into a channels-last buffer whose rows are PW = W rounded up to 8 pixels, so that output
+pixel n = oh PW + ow reads input row n + p PW + q for tap (p, q): one descriptor shift a tap, no
+im2col gather, no layout pass. The weights stream through a ring of TM x 128-byte tap stages
+(`pack_weights`); a producer warpgroup copies the weights and stages and converts the pixels, so the
+consumers only issue wgmmas. With SPLIT slices the blocks write fp32 partial sums that rung 39's
+`wg_splitk_reduce` adds in slice order. Everything above `prepare` is pure Python, tested on the
+CPU.
 """
 
 from __future__ import annotations
