@@ -205,17 +205,14 @@ def test_kernel_52_plan_split_and_supports() -> None:
         assert (plan.defines["DI_TM"], plan.slices) == (tm, split), batch
         assert plan.slice_chunks * split == 16 and plan.defines["DW_MODE"] == 2
     plan = direct_image.launch_plan(ConvShape(1, 130, 4, 8, 40, 1), "fp16",
-                                    {"TM": 128, "STAGES": 2, "SPLIT": 8, "CLUSTER": 1}, sms=132)
+                                    {"TM": 128, "STAGES": 2, "SPLIT": 8}, sms=132)
     assert (plan.slices, plan.slice_chunks) == (3, 1)  # no more slices than chunks
     assert direct_image.supports(CONV5.with_batch(64))
     assert not direct_image.supports(ConvShape(1, 512, 30, 30, 512, 3))  # 28 x 32 pixels
     assert not direct_image.supports(ConvShape(1, 64, 7, 7, 64, 3))  # 49-pixel planes
     assert not direct_image.supports(ConvShape(1, 64, 16, 16, 64, 3, 2))
-    plan = direct_image.launch_plan(CONV5.with_batch(3), "fp16",
-                                    {**direct_image.DEFAULTS, "CLUSTER": 2}, sms=132)
-    assert plan.grid[1] == 4 and plan.defines["DI_CLUSTER"] == 2  # a spare block
-    with pytest.raises(ValueError, match="TM, STAGES, SPLIT and CLUSTER"):
-        direct_image.defines("fp16", CONV5, {"TM": 0, "STAGES": 9, "SPLIT": 0, "CLUSTER": 1})
+    with pytest.raises(ValueError, match="TM, STAGES and SPLIT"):
+        direct_image.defines("fp16", CONV5, {"TM": 0, "STAGES": 9, "SPLIT": 0})
 
 
 def test_auto_takes_kernel_52_for_conv5_in_fp16_and_tf32() -> None:
@@ -328,7 +325,7 @@ def emulated_source(kernel_file: str) -> str:
     for include, text in (('#include "common.cuh"', ""), ("#include <cuda_bf16.h>", ""),
                           ('#include "wgmma_core.cuh"', descriptors),
                           ('#include "direct_wgmma.cuh"', DW_SHIM), ('#include "mbarrier.cuh"', ""),
-                          ('#include "warp_roles.cuh"', ""), ('#include "cluster.cuh"', "")):
+                          ('#include "warp_roles.cuh"', "")):
         source = source.replace(include, text)
     source, n = re.subn(r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];",
                         r"unsigned char* \1 = emu_smem;", source)
@@ -435,7 +432,6 @@ IMAGE_EMULATED = [  # (mode, shape, params): C and M off the chunk and tile, wid
 def test_kernel_52_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
                                    tmp_path: Path, rng: np.random.Generator) -> None:
     assert direct_image.supports(shape)
-    params = {**direct_image.DEFAULTS, **params}
     plan = direct_image.launch_plan(shape, mode, params, sms=132)
     assert plan.slices == min(params["SPLIT"], direct_image.chunks_of(shape, mode))
     case = make_case(rng, shape)
@@ -532,8 +528,8 @@ def test_vgg_conv1_2(name: str, rng: np.random.Generator) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", IMAGE_NAMES)
-@pytest.mark.parametrize("batch,cluster", [(3, 1), (32, 1), (8, 2), (5, 2)])
-def test_kernel_52_on_conv5(name: str, batch: int, cluster: int,
-                            rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("batch", [3, 32])
+def test_kernel_52_on_conv5(name: str, batch: int, rng: np.random.Generator) -> None:
     case = make_case(rng, ConvShape(batch, 512, 16, 16, 512, 3))
-    check_two_runs(name, case, {"CLUSTER": cluster}, TOLERANCE[name.split("-")[-1]])
+    outs = outputs_of_two_runs(name, case)
+    assert rel_l2(outs[0], case.ref) <= TOLERANCE[name.split("-")[-1]]

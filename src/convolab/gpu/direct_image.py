@@ -40,11 +40,10 @@ MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgm
 ALIGN_SLACK = 1024
 DEFAULT_SMS = gemv_mma.DEFAULT_SMS
 # TM: output channels a block (0: chosen, `tile_rows`); STAGES: weight taps in the ring; SPLIT:
-# slices of the input-channel chunks (0: chosen, `split_for`); CLUSTER: images a thread-block
-# cluster, whose blocks take turns copying a weight tap for all of them (multicast).
+# slices of the input-channel chunks (0: chosen, `split_for`).
 SPACE: dict[str, tuple[int, ...]] = {"TM": (0, 64, 128), "STAGES": (2, 3, 4, 5),
-                                     "SPLIT": (0, 1, 2, 4, 8), "CLUSTER": (1, 2)}
-DEFAULTS: dict[str, int] = {"TM": 0, "STAGES": 4, "SPLIT": 0, "CLUSTER": 1}
+                                     "SPLIT": (0, 1, 2, 4, 8)}
+DEFAULTS: dict[str, int] = {"TM": 0, "STAGES": 4, "SPLIT": 0}
 
 
 def row_pixels(W: int) -> int:
@@ -112,13 +111,12 @@ def defines(mode: str, shape: ConvShape, params: Mapping[str, Any],
     if mode not in MODES:
         raise ValueError(f"direct-img: unknown mode {mode!r}; known: {', '.join(MODES)}")
     if any(int(params[k]) not in SPACE[k] for k in SPACE):
-        raise ValueError(f"direct-img: TM, STAGES, SPLIT and CLUSTER must be in "
+        raise ValueError(f"direct-img: TM, STAGES and SPLIT must be in "
                          f"{', '.join(str(SPACE[k]) for k in SPACE)}, got "
                          f"{', '.join(str(params[k]) for k in SPACE)}")
     return {"DW_MODE": MODES[mode], "DI_K": shape.K, "DI_PW": row_pixels(shape.W),
             "DI_HO": shape.H_out, "DI_HW": shape.H * shape.W, "DI_STAGES": int(params["STAGES"]),
-            "DI_TM": int(params["TM"]) or tile_rows(shape, sms, mode),
-            "DI_CLUSTER": int(params["CLUSTER"])}
+            "DI_TM": int(params["TM"]) or tile_rows(shape, sms, mode)}
 
 
 def supports(shape: ConvShape) -> bool:
@@ -156,9 +154,7 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any], sms: int
     chunks = chunks_of(shape, mode)
     split = min(int(params["SPLIT"]) or split_for(shape, tm, sms, mode), chunks)
     per_slice = ceil_div(chunks, split)
-    # a batch the cluster does not divide: a spare block (kernel: it stores nothing)
-    images = ceil_div(shape.B, d["DI_CLUSTER"]) * d["DI_CLUSTER"]
-    return LaunchPlan(d, (ceil_div(shape.M, tm), images, ceil_div(chunks, per_slice)),
+    return LaunchPlan(d, (ceil_div(shape.M, tm), shape.B, ceil_div(chunks, per_slice)),
                       per_slice, smem)
 
 
@@ -200,16 +196,15 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
     return f"direct-img-{mode}", {}
 
 
-# What CI's nvcc check builds: each mode at conv5_x in both tiles and in clusters of two images,
-# and in fp16 a 5 x 5 filter on a 13 x 12 image with the most stages.
+# What CI's nvcc check builds: each mode at conv5_x in both tiles, and in fp16 a 5 x 5 filter
+# on a 13 x 12 image with the most stages.
 def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
         conv5 = ConvShape(1, 512, 16, 16, 512, 3)
         out = [defines(mode, conv5, {**DEFAULTS, "TM": tm}) for tm in TILES_M]
-        out.append(defines(mode, conv5, {**DEFAULTS, "TM": 128, "CLUSTER": 2}))
         if mode == "fp16":
             out.append(defines(mode, ConvShape(1, 100, 13, 12, 70, 5),
-                               {"TM": 128, "STAGES": 5, "SPLIT": 0, "CLUSTER": 1}))
+                               {"TM": 128, "STAGES": 5, "SPLIT": 0}))
         return out
 
     return variants

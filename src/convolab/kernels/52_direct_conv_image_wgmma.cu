@@ -30,12 +30,11 @@
 // weight row likewise, and a k-step of 32 bytes is wgmma's k8 instead of k16; nothing else
 // changes (twice the chunks, each staged in half the bytes).
 //
-// Launch: grid (M / DI_TM, B rounded up to DI_CLUSTER, slices), 384 threads (two consumer warpgroups, a producer one).
+// Launch: grid (M / DI_TM, B, slices), 384 threads (two consumer warpgroups, a producer one).
 // Dynamic shared memory: DI_STAGES weight stages of DI_TM x 128 bytes, two pixel buffers of
 // DI_BPIX x 128 bytes, the staged chunk (DI_CC H W floats), 1 KB to align them (gpu/direct_image.py
 // `smem_bytes`).
 
-#include "cluster.cuh"
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "wgmma_core.cuh"
@@ -57,9 +56,6 @@
 #endif
 #ifndef DI_STAGES
 #define DI_STAGES 4  // weight stages (taps) in the ring
-#endif
-#ifndef DI_CLUSTER
-#define DI_CLUSTER 1  // images a cluster (1 or 2): a weight stage is copied once for all of them
 #endif
 #ifndef DI_TM
 #define DI_TM 128  // output channels a block: 128 (a warpgroup 64 of them, all pixels) or 64 (all
@@ -85,7 +81,6 @@ static_assert(DW_N <= 256, "one wgmma covers a warpgroup's output pixels");
 static_assert(DI_TM == 64 || DI_TM == 128, "tiles of 64 or 128 output channels");
 static_assert(DI_STAGES >= 2, "a stage in flight while one is read");
 static_assert(DI_HW % 4 == 0, "channel planes of whole 16-byte pieces: one bulk copy a chunk");
-static_assert(DI_CLUSTER == 1 || DI_CLUSTER == 2, "one image a block, one or two a cluster");
 
 #include "direct_wgmma.cuh"  // dw_mma: the wgmma, its PTX
 #include "warp_roles.cuh"    // bar_sync, setmaxnreg
@@ -112,24 +107,7 @@ __device__ __forceinline__ void di_convert(unsigned char* buf, const float* stag
   }
 }
 
-#if DI_CLUSTER > 1
-#define DI_CLUSTER_DIMS __cluster_dims__(1, DI_CLUSTER, 1)
-#else
-#define DI_CLUSTER_DIMS
-#endif
-
-// Stage s of the weight ring is free again in this block and, in a cluster, in every block of
-// it (each of the cluster's consumer warpgroups arrives on every block's `empty`), so whichever
-// block copies the next tap into it finds it free everywhere.
-__device__ __forceinline__ void release_stage(unsigned empty_s) {
-#if DI_CLUSTER > 1
-  for (unsigned r = 0; r < DI_CLUSTER; ++r) mbar_arrive_remote(empty_s, r);
-#else
-  mbar_arrive(empty_s);
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
     direct_conv_image(const float* __restrict__ x, const unsigned char* __restrict__ wp,
                       const float* __restrict__ bias, float* __restrict__ y,
                       float* __restrict__ slabs, int B, int C, int W, int M, int chunks_total,
@@ -146,17 +124,14 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
   const unsigned full = static_cast<unsigned>(__cvta_generic_to_shared(bars));
   const unsigned empty = full + 8 * DI_STAGES, b_full = empty + 8 * DI_STAGES;
   const unsigned b_empty = b_full + 16, staged_bar = b_empty + 16;
-  // In clusters a batch they do not divide leaves the last cluster a spare block: it computes on
-  // the last image again (its turns copying weights are the other block's stages) and stores
-  // nothing.
-  const int tile = blockIdx.x, b = blockIdx.y, b_in = min(b, B - 1);
+  const int tile = blockIdx.x, b = blockIdx.y;
   const int c_begin = blockIdx.z * slice_chunks;
   const int chunks = min(chunks_total - c_begin, slice_chunks), steps = chunks * DI_TAPS;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < DI_STAGES; ++s) {
       mbar_init(full + 8 * s, 1);   // the copier's expect_tx
-      mbar_init(empty + 8 * s, 2 * DI_CLUSTER);  // one arrival a consumer warpgroup
+      mbar_init(empty + 8 * s, 2);  // one arrival a consumer warpgroup
     }
     for (int k = 0; k < 2; ++k) {
       mbar_init(b_full + 8 * k, DI_WORKERS);  // every worker, after its part of the buffer
@@ -165,11 +140,7 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
     mbar_init(staged_bar, 1);
     fence_barrier_init();
   }
-#if DI_CLUSTER > 1
-  cluster_sync();  // every block's barriers exist before the others arrive or copy on them
-#else
   __syncthreads();  // the barriers exist before anything arrives on them
-#endif
 
   if (threadIdx.x >= DI_CONSUMERS) {  // the producer warpgroup
     set_max_regs_dec<56>();
@@ -177,21 +148,12 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
     if (ptid == 0) {  // the weights, one tap a stage
       const unsigned char* src =
           wp + ((size_t)tile * chunks_total + c_begin) * DI_TAPS * DI_STAGE_BYTES;
-#if DI_CLUSTER > 1
-      const unsigned rank = cluster_rank();  // the blocks take turns copying a tap for all
-#endif
       for (int i = 0; i < steps; ++i) {
         const int s = i % DI_STAGES;
         if (i >= DI_STAGES) mbar_wait(empty + 8 * s, ((i / DI_STAGES) - 1) & 1);
         mbar_expect_tx(full + 8 * s, DI_STAGE_BYTES);
-#if DI_CLUSTER > 1
-        if (i % DI_CLUSTER == rank)
-          bulk_copy_multicast(ring + s * DI_STAGE_BYTES, src + (size_t)i * DI_STAGE_BYTES,
-                              DI_STAGE_BYTES, full + 8 * s, (1u << DI_CLUSTER) - 1);
-#else
         bulk_copy(ring + s * DI_STAGE_BYTES, src + (size_t)i * DI_STAGE_BYTES, DI_STAGE_BYTES,
                   full + 8 * s);
-#endif
       }
     } else if (ptid >= 32) {  // the pixels: stage a chunk, convert it into a free buffer
       const int worker = ptid - 32;
@@ -202,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
           const unsigned bytes = valid * DI_HW * 4;
           wg_proxy_fence();  // those generic reads before the copy engine's writes
           mbar_expect_tx(staged_bar, bytes);
-          bulk_copy(staged_at, x + ((size_t)b_in * C + c0) * DI_HW, bytes, staged_bar);
+          bulk_copy(staged_at, x + ((size_t)b * C + c0) * DI_HW, bytes, staged_bar);
         }
         mbar_wait(staged_bar, c & 1);
         if (c >= 2) mbar_wait(b_empty + 8 * (c & 1), ((c / 2) - 1) & 1);
@@ -212,9 +174,6 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
         bar_sync(2, DI_WORKERS);  // every worker done with the staged chunk: the next copy
       }
     }
-#if DI_CLUSTER > 1
-    cluster_sync();  // the other block's last arrivals on this block's barriers have landed
-#endif
     return;
   }
 
@@ -240,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
       wg_commit();
       wg_wait<1>();  // step i - 1's wgmmas retired: its stage (and at t = 0 its buffer) go back
       if ((threadIdx.x & 127) == 0 && i > 0) {
-        release_stage(empty + 8 * ((i - 1) % DI_STAGES));
+        mbar_arrive(empty + 8 * ((i - 1) % DI_STAGES));
         if (t == 0) mbar_arrive(b_empty + 8 * ((c - 1) & 1));
       }
     }
@@ -257,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int m = DI_TM * tile + a_row + 16 * warp + g + 8 * h;
-    if (m >= M || b >= B) continue;
+    if (m >= M) continue;
     const float bm = sliced ? 0.f : bias[m];
     float* row = out + ((size_t)b * M + m) * pix;
 #pragma unroll
@@ -273,7 +232,4 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1) DI_CLUSTER_DIMS
       }
     }
   }
-#if DI_CLUSTER > 1
-  cluster_sync();  // no block leaves while the other may still arrive on its barriers
-#endif
 }
