@@ -35,7 +35,13 @@ KERNEL_FILE = "52_direct_conv_image_wgmma.cu"
 MODES: dict[str, int] = {**direct_conv.MODES, "tf32": 2}
 ROW_BYTES = 128  # a pixel's chunk of channels, a weight row's
 TILES_M = (64, 128)  # output channels a block: its two warpgroups split pixels or channels
-THREADS = 384
+CONSUMERS = 256  # two warpgroups issue the wgmmas
+
+
+def threads(tm: int) -> int:
+    """A block: the consumers and one producer warpgroup beside 128-row tiles (whose
+    accumulators take the registers), two beside 64-row tiles (more threads converting)."""
+    return CONSUMERS + (128 if tm == 128 else 256)
 MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgmma's N
 ALIGN_SLACK = 1024
 DEFAULT_SMS = gemv_mma.DEFAULT_SMS
@@ -235,15 +241,16 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
                 *(np.int32(v) for v in (shape.B, shape.C, shape.W, shape.M,
                                         chunks_of(shape, mode), plan.slice_chunks)))
         if plan.slices == 1:
-            conv = BoundLaunch(kernel, plan.grid, (THREADS,), args, per_call=(0, 3),
-                               shared_mem=plan.smem)
+            conv = BoundLaunch(kernel, plan.grid, (threads(plan.defines["DI_TM"]),), args,
+                               per_call=(0, 3), shared_mem=plan.smem)
 
             return conv  # a BoundLaunch is the run: x and y bound per call
         # rung 39's ordered sum of the slabs (NCHW order, bias added), built for its NCHW split
         rung39 = get_impl(wg.RUNG39.prefix + "fp16").params_for({"SPLIT": 2})
         reduce = get_kernel(wg.FILE, "wg_splitk_reduce",
                             wg.wgmma_defines("fp16", rung39, wg.RUNG39))
-        conv = BoundLaunch(kernel, plan.grid, (THREADS,), (*args[:3], slabs, *args[4:]),
+        conv = BoundLaunch(kernel, plan.grid, (threads(plan.defines["DI_TM"]),),
+                           (*args[:3], slabs, *args[4:]),
                            per_call=(0,), shared_mem=plan.smem)  # y unused: the slabs stand in
         pix = shape.H_out * shape.W_out
         sum_slabs = BoundLaunch(

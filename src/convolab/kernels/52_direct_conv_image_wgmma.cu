@@ -17,11 +17,11 @@
 //   the same 64 channels and half the pixels each (N = 112), for twice the blocks at small
 //   batch; one producer thread streams the weights, packed per (DI_TM-row tile, chunk, tap) as
 //   runs of DI_TM x 128 bytes, into a ring by the bulk copy engine (full / empty mbarriers;
-//   setmaxnreg moves the producers' registers to the consumers);
-// - the rest of the producer warpgroup stages the next chunk (64 channels of an NCHW image are
-//   one contiguous run: one bulk copy of 64 KB for 16 x 16 pixels) and converts it into the
-//   second pixel buffer while the consumers compute on the first (full / empty mbarriers per
-//   buffer), so the consumers only issue wgmmas.
+//   with 128-row tiles setmaxnreg moves the producers' registers to the consumers);
+// - the other producer threads (96, or 224 with 64-row tiles) stage the next chunk (64 channels
+//   of an NCHW image are one contiguous run: one bulk copy of 64 KB for 16 x 16 pixels) and
+//   convert it into the second pixel buffer while the consumers compute on the first (full /
+//   empty mbarriers per buffer), so the consumers only issue wgmmas.
 // With gridDim.z > 1 each block takes a slice of the chunks and writes fp32 partial sums (no
 // bias) to its slab of a workspace in NCHW order; rung 39's wg_splitk_reduce adds them in slice
 // order (the last slice of each (tile, image) adding them in-kernel instead ran 10 us slower at
@@ -30,10 +30,11 @@
 // weight row likewise, and a k-step of 32 bytes is wgmma's k8 instead of k16; nothing else
 // changes (twice the chunks, each staged in half the bytes).
 //
-// Launch: grid (M / DI_TM, B, slices), 384 threads (two consumer warpgroups, a producer one).
+// Launch: grid (M / DI_TM, B, slices), DI_THREADS threads (two consumer warpgroups, then one
+// producer warpgroup with 128-row tiles, two with 64-row ones).
 // Dynamic shared memory: DI_STAGES weight stages of DI_TM x 128 bytes, two pixel buffers of
-// DI_BPIX x 128 bytes, the staged chunk (DI_CC H W floats), 1 KB to align them (gpu/direct_image.py
-// `smem_bytes`).
+// DI_BPIX x 128 bytes, the staged chunk (DI_CC H W floats), 1 KB to align them
+// (gpu/direct_image.py `smem_bytes`).
 
 #include "common.cuh"
 #include "mbarrier.cuh"
@@ -74,8 +75,13 @@
 #define DI_BPIX (8 * ((DI_NCOMP + (DI_K - 1) * (DI_PW + 1) + 7) / 8))  // rows a tap reads
 #define DI_BUF_BYTES (DI_BPIX * DI_ROWB)
 #define DI_CONSUMERS 256
-#define DI_THREADS (DI_CONSUMERS + 128)          // and a producer warpgroup (one thread copies)
-#define DI_WORKERS 96                            // producer threads that stage the pixels
+// Producers: one warpgroup beside 128-row tiles, whose accumulators need the registers that
+// setmaxnreg moves to the consumers; two beside 64-row tiles (half the accumulators, 128
+// registers a thread for all 512), so that 224 threads convert instead of 96.
+#define DI_PRODUCERS (DI_TM == 128 ? 128 : 256)
+#define DI_THREADS (DI_CONSUMERS + DI_PRODUCERS)
+#define DI_WORKERS (DI_PRODUCERS - 32)           // producer threads that stage the pixels (one
+                                                 // thread of the first warp copies weights)
 
 static_assert(DI_PW % 8 == 0, "buffer rows of whole 8-pixel groups");
 static_assert(DW_N <= 256, "one wgmma covers a warpgroup's output pixels");
@@ -167,8 +173,10 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
   }
   __syncthreads();  // the barriers exist before anything arrives on them
 
-  if (threadIdx.x >= DI_CONSUMERS) {  // the producer warpgroup
+  if (threadIdx.x >= DI_CONSUMERS) {  // the producer warpgroup(s)
+#if DI_TM == 128
     set_max_regs_dec<56>();
+#endif
     const int ptid = threadIdx.x - DI_CONSUMERS;
     if (ptid == 0) {  // the weights, one tap a stage
       const unsigned char* src =
@@ -202,7 +210,9 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
     return;
   }
 
+#if DI_TM == 128
   set_max_regs_inc<224>();  // 128 x 56 + 256 x 224 <= 64K: the accumulators
+#endif
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   // this warpgroup's weight rows in a stage and first output pixel
   const int a_row = DI_TM == 128 ? 64 * wg : 0, n_base = DI_TM == 128 ? 0 : wg * DW_N;
