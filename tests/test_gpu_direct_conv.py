@@ -382,6 +382,8 @@ DI_MAIN = r"""
 #include <algorithm>
 #include <numeric>
 #include <random>
+// the block the host launches (direct_image.threads) is the one the kernel is written for
+static_assert(DI_THREADS == EMU_THREADS, "launch and kernel disagree on the block's threads");
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int B = atoi(argv[2]), C = atoi(argv[3]), H = atoi(argv[4]), W = atoi(argv[5]);
@@ -442,7 +444,8 @@ def test_kernel_52_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str
             + DI_MAIN)
     out, _ = run_fused_emulator(
         tmp_path, main, emulated_source(direct_image.KERNEL_FILE),
-        ["-fno-strict-aliasing", *define_flags(plan.defines)],
+        ["-fno-strict-aliasing", *define_flags(plan.defines),
+         f"-DEMU_THREADS={direct_image.threads(plan.defines['DI_TM'])}"],
         {"x.bin": case.x, "w.bin": packed, "b.bin": case.b,
          "slabs.bin": np.full(plan.slices * n + 64, np.nan, np.float32)}, shape.y_shape,
         [str(v) for v in (shape.B, shape.C, shape.H, shape.W, shape.M, plan.grid[0],

@@ -7,7 +7,7 @@ chunk of 64 channels (32 in TF32: a pixel's 128-byte row either way) of the imag
 converted into a channels-last buffer whose rows are PW = W rounded up to 8 pixels, so that output
 pixel n = oh PW + ow reads input row n + p PW + q for tap (p, q): one descriptor shift a tap, no
 im2col gather, no layout pass. The weights stream through a ring of TM x 128-byte tap stages
-(`pack_weights`); a producer warpgroup copies the weights and stages and converts the pixels, so the
+(`pack_weights`); producer warps copy the weights and stage and convert the pixels, so the
 consumers only issue wgmmas. With SPLIT slices the blocks write fp32 partial sums that rung 39's
 `wg_splitk_reduce` adds in slice order. Everything above `prepare` is pure Python, tested on the
 CPU.
@@ -36,12 +36,6 @@ MODES: dict[str, int] = {**direct_conv.MODES, "tf32": 2}
 ROW_BYTES = 128  # a pixel's chunk of channels, a weight row's
 TILES_M = (64, 128)  # output channels a block: its two warpgroups split pixels or channels
 CONSUMERS = 256  # two warpgroups issue the wgmmas
-
-
-def threads(tm: int) -> int:
-    """A block: the consumers and one producer warpgroup beside 128-row tiles (whose
-    accumulators take the registers), two beside 64-row tiles (more threads converting)."""
-    return CONSUMERS + (128 if tm == 128 else 256)
 MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgmma's N
 ALIGN_SLACK = 1024
 DEFAULT_SMS = gemv_mma.DEFAULT_SMS
@@ -50,6 +44,12 @@ DEFAULT_SMS = gemv_mma.DEFAULT_SMS
 SPACE: dict[str, tuple[int, ...]] = {"TM": (0, 64, 128), "STAGES": (2, 3, 4, 5),
                                      "SPLIT": (0, 1, 2, 4, 8)}
 DEFAULTS: dict[str, int] = {"TM": 0, "STAGES": 4, "SPLIT": 0}
+
+
+def threads(tm: int) -> int:
+    """A block: the consumers and one producer warpgroup beside 128-row tiles (whose
+    accumulators take the registers), two beside 64-row tiles (more threads converting)."""
+    return CONSUMERS + (128 if tm == 128 else 256)
 
 
 def row_pixels(W: int) -> int:
