@@ -96,8 +96,8 @@ static_assert(DI_HW % 4 == 0, "channel planes of whole 16-byte pieces: one bulk 
 // DI_WORKERS threads: input pixel (y, x) at row y DI_PW + x, channels DI_PIECE j.. DI_PIECE j +
 // DI_PIECE - 1 in 16-byte piece j ^ (row mod 8), zero past the valid channels. A thread takes
 // DI_PPT pixels, so that a channel's values for them are one 8- or 16-byte load (planes of
-// DI_HW, a multiple of 4 floats), 16 values in registers in either mode (the producers run in
-// 56 registers).
+// DI_HW, a multiple of 4 floats), 16 values in registers in either mode (beside 128-row tiles
+// the producers run in 56 registers).
 __device__ __forceinline__ void di_store_piece(unsigned char* buf, int row, int j,
                                                const float (&f)[DI_PIECE]) {
   uint4* at = reinterpret_cast<uint4*>(buf + row * DI_ROWB + ((j ^ (row & 7)) << 4));
