@@ -93,7 +93,7 @@ def chunks_of(shape: ConvShape, mode: str) -> int:
 # docs/vgg.md "Kernel 52" and "Kernel 52 in TF32"): in FP16 64-row tiles win up to B = 16; in
 # TF32 (twice the chunks a block) up to B = 4, and 128-row ones from 8 (B = 8 / 12 / 16: 0.054 /
 # 0.074 / 0.078 ms against 0.060 / 0.083 / 0.084).
-SMALL_TILE_FILL: dict[str, int] = {"fp16": 2, "bf16": 2, "tf32": 8}
+SMALL_TILE_FILL: dict[str, int] = {mode: 8 if mode == "tf32" else 2 for mode in MODES}
 
 
 def tile_rows(shape: ConvShape, sms: int, mode: str) -> int:
