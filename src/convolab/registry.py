@@ -40,6 +40,7 @@ _PROVIDERS: tuple[str, ...] = (
     "convolab.gpu.gemv_mma",
     "convolab.gpu.gemv_cluster",
     "convolab.gpu.gemv_wgmma",
+    "convolab.gpu.gemv_wgmma_cluster",
     "convolab.gpu.direct_conv",
     "convolab.gpu.direct_wgmma",
     "convolab.gpu.direct_image",

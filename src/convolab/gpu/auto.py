@@ -9,9 +9,11 @@ enough for the mode, or whose parameters the rung no longer knows, is not truste
 heuristic below is used instead.
 
 Heuristic with no cache entry (`default_choice`), a model of the shape:
-  * a small linear layer (under gemv_mma.BIG_LAYER weights: fc7, not fc6) in FP16 or TF32 at
-    B <= 64: kernel 48, one launch whose k slices are a thread-block cluster
-    (`gemv_cluster.auto_choice`, docs/vgg.md "Kernel 48");
+  * a small linear layer (under gemv_mma.BIG_LAYER weights: fc7, not fc6) in TF32 at B <= 64
+    on Hopper: kernel 54, the warpgroup MMA with x copied straight into its operand and the k
+    slices a thread-block cluster (`gemv_wgmma_cluster.auto_choice`, docs/vgg.md "Kernel
+    54"); in FP16 (and TF32 without wgmma): kernel 48, one launch whose k slices are a
+    thread-block cluster (`gemv_cluster.auto_choice`, docs/vgg.md "Kernel 48");
   * a large linear layer (fc6) in FP16 from B = 17 on Hopper: kernel 49, the GEMV on the
     warpgroup MMA fed by a producer warpgroup (`gemv_wgmma.auto_choice`, docs/vgg.md
     "Kernel 49");
@@ -68,6 +70,7 @@ from convolab.gpu import (
     gemv_cluster,
     gemv_mma,
     gemv_wgmma,
+    gemv_wgmma_cluster,
     implicit_gemm,
     tune,
 )
@@ -105,9 +108,10 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     """The no-cache heuristic (see the module docstring); only names in `eligible`."""
     n_out = shape.B * shape.M * shape.H_out * shape.W_out
     wishes: list[Choice] = []
-    cluster = gemv_cluster.auto_choice(shape, mode)
-    if cluster is not None:
-        wishes.append(Choice(*cluster))
+    for cluster in (gemv_wgmma_cluster.auto_choice(shape, mode),
+                    gemv_cluster.auto_choice(shape, mode)):
+        if cluster is not None:
+            wishes.append(Choice(*cluster))
     wgmma_gemv = gemv_wgmma.auto_choice(shape, mode)
     if wgmma_gemv is not None:
         wishes.append(Choice(*wgmma_gemv))

@@ -20,7 +20,7 @@ from convolab.backend import require_cupy
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 # Kernel files built for an architecture-specific target instead of the device's own: the
-# warpgroup MMA (wgmma) of rungs 39, 40, 44-47, 49, 51 and 52 exists on sm_90a only, and such
+# warpgroup MMA (wgmma) of rungs 39, 40, 44-47, 49, 51, 52 and 54 exists on sm_90a only, and such
 # code runs on nothing else.
 ARCH_SPECIFIC: dict[str, str] = {"39_implicit_gemm_wgmma.cu": "sm_90a",
                                  "40_implicit_gemm_wgmma_pipelined.cu": "sm_90a",
@@ -30,7 +30,8 @@ ARCH_SPECIFIC: dict[str, str] = {"39_implicit_gemm_wgmma.cu": "sm_90a",
                                  "47_fused_first_pair_wgmma_ws.cu": "sm_90a",
                                  "49_gemv_wgmma_bulk.cu": "sm_90a",
                                  "51_direct_conv_wgmma.cu": "sm_90a",
-                                 "52_direct_conv_image_wgmma.cu": "sm_90a"}
+                                 "52_direct_conv_image_wgmma.cu": "sm_90a",
+                                 "54_gemv_wgmma_cluster_tf32.cu": "sm_90a"}
 
 
 def nvcc_target(filename: str) -> tuple[str, ...]:
