@@ -350,15 +350,20 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 """
 
 
-# mbarrier.cuh with its semantics (kernels 49, 52), keyed by the barrier's shared address:
+# mbarrier.cuh with its semantics (kernels 49, 52, 54), keyed by the barrier's shared address:
 # arrivals and transaction bytes pending, then a phase completes; a wait for parity p returns
 # once the phase of that parity has completed, and aborts after 20 s (a deadlock: the roles wait
-# on one another). Copies land at once. Needs the test's shared_ptr(shared address).
+# on one another). Copies land at once. Needs the test's shared_ptr(shared address). Where
+# blocks run at once (a cluster's), the test defines EMU_BAR_KEY(bar) before it: the key of a
+# barrier of the calling thread's block (by default the shared address alone).
 MBARRIER_SHIM = r"""
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <unordered_map>
+#ifndef EMU_BAR_KEY
+#define EMU_BAR_KEY(bar) (bar)
+#endif
 // mbarrier.cuh with its semantics: arrivals and transaction bytes pending, then a phase
 // completes; a wait for parity p returns once the phase of that parity has completed.
 struct EmuBar { unsigned count = 0, pending = 0; long long tx = 0; unsigned phase = 0; };
@@ -374,12 +379,12 @@ inline void bar_settle(EmuBar& b) {
 }
 inline void mbar_init(unsigned bar, unsigned count) {
   std::lock_guard<std::mutex> lk(bar_mutex);
-  emu_bars[bar] = EmuBar{count, count, 0, 0};
+  emu_bars[EMU_BAR_KEY(bar)] = EmuBar{count, count, 0, 0};
 }
 inline void fence_barrier_init() {}
 inline void mbar_arrive(unsigned bar) {
   std::lock_guard<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(bar);
+  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
   if (b.pending == 0) std::abort();  // an arrival the count has no room for
   --b.pending;
   bar_settle(b);
@@ -387,14 +392,14 @@ inline void mbar_arrive(unsigned bar) {
 inline void mbar_expect_tx(unsigned bar, unsigned bytes) {
   {
     std::lock_guard<std::mutex> lk(bar_mutex);
-    emu_bars.at(bar).tx += bytes;
+    emu_bars.at(EMU_BAR_KEY(bar)).tx += bytes;
   }
   mbar_arrive(bar);
 }
 inline void mbar_wait(unsigned bar, unsigned parity) {
   std::unique_lock<std::mutex> lk(bar_mutex);
   if (!bar_cv.wait_for(lk, std::chrono::seconds(20),
-                       [&] { return (emu_bars.at(bar).phase & 1) != parity; })) {
+                       [&] { return (emu_bars.at(EMU_BAR_KEY(bar)).phase & 1) != parity; })) {
     fprintf(stderr, "thread %u: no phase of parity %u completes on barrier %u\n", threadIdx.x,
             parity, bar);
     std::abort();  // a deadlock: the roles wait on one another
@@ -404,7 +409,7 @@ inline void mbar_wait(unsigned bar, unsigned parity) {
 inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
   std::memcpy(shared_ptr(dst), src, bytes);
   std::lock_guard<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(bar);
+  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
   b.tx -= bytes;
   bar_settle(b);
 }
@@ -425,8 +430,13 @@ inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
 # its threads goes on before all have issued it (so a warpgroup's release of a stage follows
 # every one of its threads' wait for that stage), hence a barrier around it. Needs MMA_SHIM's
 # f16 / bf16, the test's shared_ptr(shared address) and a std::barrier of 128 threads in
-# wgss_bar[] per warpgroup.
+# wgss_bar[] per warpgroup: slot EMU_WGSS_SLOT, by default the warpgroup of the block
+# (threadIdx.x / 128); where blocks run at once, the test defines it before this (one slot a
+# warpgroup of every block running).
 WGMMA_SS_SHIM = r"""
+#ifndef EMU_WGSS_SLOT
+#define EMU_WGSS_SLOT (threadIdx.x / 128)
+#endif
 std::barrier<>* wgss_bar[8];
 inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
   if (((desc >> 62) & 3) != 1 || ((desc >> 49) & 7) != 0) std::abort();
@@ -446,7 +456,7 @@ inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
 }
 inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long db, int scale_d,
                      int kind) {
-  wgss_bar[threadIdx.x / 128]->arrive_and_wait();
+  wgss_bar[EMU_WGSS_SLOT]->arrive_and_wait();
   const int tid = threadIdx.x % 128, w = tid / 32, g = tid % 32 / 4, t = tid % 4;
   for (int j = 0; j < n / 8; ++j)
     for (int r = 0; r < 4; ++r) {
@@ -456,7 +466,7 @@ inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long 
         s += wgss_operand(da, row, k, kind) * wgss_operand(db, col, k, kind);
       d[4 * j + r] = (float)s;
     }
-  wgss_bar[threadIdx.x / 128]->arrive_and_wait();
+  wgss_bar[EMU_WGSS_SLOT]->arrive_and_wait();
 }
 """
 
