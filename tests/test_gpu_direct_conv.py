@@ -198,12 +198,19 @@ def test_kernel_52_plan_split_and_supports() -> None:
         assert (plan.defines["DI_TM"], plan.slices) == (tm, split), batch
         assert plan.slice_chunks * split == 8 and plan.grid[:2] == (512 // tm, batch)
     # TF32: 16 chunks of 32 channels; 64-row tiles only up to B = 4
-    for batch, tm, split in ((1, 64, 8), (4, 64, 4), (8, 128, 4), (12, 128, 2), (16, 128, 2),
+    for batch, tm, split in ((1, 64, 8), (4, 64, 4), (8, 64, 2), (12, 128, 2), (16, 128, 2),
                              (32, 128, 1)):
         plan = direct_image.launch_plan(CONV5.with_batch(batch), "tf32", direct_image.DEFAULTS,
                                         sms=132)
         assert (plan.defines["DI_TM"], plan.slices) == (tm, split), batch
         assert plan.slice_chunks * split == 16 and plan.defines["DW_MODE"] == 2
+    # the slices of a (tile, image) are one cluster: its size compiled in, its tile of sums in
+    # shared memory
+    for batch in (1, 8, 12):
+        plan = direct_image.launch_plan(CONV5.with_batch(batch), "fp16", {}, sms=132)
+        assert plan.defines.get("DI_SPLIT", 1) == plan.slices
+        assert plan.smem >= plan.defines["DI_TM"] * direct_image.sum_row(
+            CONV5, plan.defines["DI_TM"]) * 4
     plan = direct_image.launch_plan(ConvShape(1, 130, 4, 8, 40, 1), "fp16",
                                     {"TM": 128, "STAGES": 2, "SPLIT": 8}, sms=132)
     assert (plan.slices, plan.slice_chunks) == (3, 1)  # no more slices than chunks
@@ -213,6 +220,31 @@ def test_kernel_52_plan_split_and_supports() -> None:
     assert not direct_image.supports(ConvShape(1, 64, 16, 16, 64, 3, 2))
     with pytest.raises(ValueError, match="TM, STAGES and SPLIT"):
         direct_image.defines("fp16", CONV5, {"TM": 0, "STAGES": 9, "SPLIT": 0})
+
+
+def test_a_split_whose_clusters_do_not_fit_is_halved() -> None:
+    """The H200's answers: 30 clusters of 4 and 15 of 8 with one block an SM, 66 of 2."""
+    asked: list[int] = []
+
+    def capacity(plan: direct_image.LaunchPlan) -> int:
+        asked.append(plan.slices)
+        return {2: 66, 4: 30, 8: 15}[plan.slices]
+
+    def chosen(batch: int, mode: str, params: dict[str, int] | None = None) -> int:
+        asked.clear()
+        plan = direct_image.fitting_plan(CONV5.with_batch(batch), mode, params or {}, 132,
+                                         capacity)
+        assert plan.defines.get("DI_SPLIT", 1) == plan.slices
+        return plan.slices
+
+    assert chosen(2, "fp16") == 4 and asked == [4]  # 64 blocks in 16 clusters of 4
+    assert chosen(4, "fp16") == 2 and asked == [4, 2]  # 128 blocks would need 32 clusters
+    assert chosen(2, "tf32") == 4 and asked == [8, 4]  # 128 blocks in clusters of 8: 15 fit
+    assert chosen(8, "fp16") == 2 and asked == [2]  # 128 blocks in 64 pairs
+    assert chosen(32, "fp16") == 1 and asked == []  # no cluster: nothing to ask
+    assert chosen(4, "fp16", {"SPLIT": 4}) == 4 and asked == []  # a split asked for is kept
+    assert direct_image.fitting_plan(CONV5.with_batch(4), "fp16", {}, 132,
+                                     lambda plan: None).slices == 4  # the driver cannot say
 
 
 def test_auto_takes_kernel_52_for_conv5_in_fp16_and_tf32() -> None:
@@ -325,7 +357,7 @@ def emulated_source(kernel_file: str) -> str:
     for include, text in (('#include "common.cuh"', ""), ("#include <cuda_bf16.h>", ""),
                           ('#include "wgmma_core.cuh"', descriptors),
                           ('#include "direct_wgmma.cuh"', DW_SHIM), ('#include "mbarrier.cuh"', ""),
-                          ('#include "warp_roles.cuh"', "")):
+                          ('#include "warp_roles.cuh"', ""), ('#include "cluster.cuh"', "")):
         source = source.replace(include, text)
     source, n = re.subn(r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];",
                         r"unsigned char* \1 = emu_smem;", source)

@@ -7,6 +7,7 @@ answer takes over wherever a plan launches (see `occupancy`).
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from convolab.backend import cupy_or_none
@@ -62,3 +63,31 @@ def occupancy(kernel: Any, threads: int, smem_dynamic: int) -> int:
             kernel.kernel.ptr, threads, smem_dynamic))
     except (ImportError, AttributeError):
         return resident_blocks(int(kernel.num_regs), threads, smem_dynamic)
+
+
+class _LaunchConfig(ctypes.Structure):
+    """The driver's CUlaunchConfig: grid, block, dynamic shared memory, stream, attributes."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+def max_active_clusters(kernel: Any, grid: tuple[int, ...], threads: int,
+                        smem_dynamic: int) -> int | None:
+    """Thread-block clusters of a compiled kernel (its cluster shape compiled in, as
+    `__cluster_dims__` sets it) the GPU runs at once, from the driver
+    (cuOccupancyMaxActiveClusters); None where the driver cannot answer. A cluster's blocks
+    share one GPC: with one block an SM, clusters of 4 or 8 leave a GPC's remainder SMs idle,
+    so fewer than SMs / size run at once."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    config = _LaunchConfig((ctypes.c_uint * 3)(*(tuple(grid) + (1, 1))[:3]),
+                           (ctypes.c_uint * 3)(threads, 1, 1), smem_dynamic, None, None, 0)
+    count = ctypes.c_int(0)
+    status = cuda.cuOccupancyMaxActiveClusters(ctypes.byref(count),
+                                               ctypes.c_void_p(kernel.kernel.ptr),
+                                               ctypes.byref(config))
+    return int(count.value) if status == 0 else None

@@ -8,9 +8,10 @@ converted into a channels-last buffer whose rows are PW = W rounded up to 8 pixe
 pixel n = oh PW + ow reads input row n + p PW + q for tap (p, q): one descriptor shift a tap, no
 im2col gather, no layout pass. The weights stream through a ring of TM x 128-byte tap stages
 (`pack_weights`); producer warps copy the weights and stage and convert the pixels, so the
-consumers only issue wgmmas. With SPLIT slices the blocks write fp32 partial sums that rung 39's
-`wg_splitk_reduce` adds in slice order. Everything above `prepare` is pure Python, tested on the
-CPU.
+consumers only issue wgmmas. With SPLIT slices the slices of a (tile, image) are one thread-block
+cluster that adds its fp32 sums through distributed shared memory in rank order; a chosen split
+whose clusters would not all run at once is halved (`clusters_fit`). Everything above `prepare`
+is pure Python, tested on the CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from convolab.gpu import implicit_gemm_wgmma as wg
 from convolab.gpu.compile import get_kernel
 from convolab.gpu.gemv_wgmma import swizzle_128b
 from convolab.precision import TOLERANCE
-from convolab.registry import ConvImpl, Run, get_impl, register
+from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
 
 KERNEL_FILE = "52_direct_conv_image_wgmma.cu"
@@ -72,6 +73,11 @@ def buffer_pixels(shape: ConvShape, tm: int) -> int:
     return 8 * ceil_div(computed + (shape.K - 1) * (row_pixels(shape.W) + 1), 8)
 
 
+def sum_row(shape: ConvShape, tm: int) -> int:
+    """Floats a row of the cluster's tile of sums: the pixels computed, plus 4."""
+    return warpgroup_n(shape, tm) * (1 if tm == 128 else 2) + 4
+
+
 def chunk_channels(mode: str) -> int:
     """Input channels a chunk: one 128-byte row a pixel, 64 16-bit or 32 tf32 values."""
     return 32 if mode == "tf32" else 64
@@ -90,14 +96,15 @@ def chunks_of(shape: ConvShape, mode: str) -> int:
 
 # TM when 0: 64-row tiles where 128-row ones would fill at most 1 / SMALL_TILE_FILL[mode] of the
 # SMs, so that twice the blocks run without slicing the chunks. Measured on conv5_x (H200,
-# docs/vgg.md "Kernel 52" and "Kernel 52 in TF32"): in FP16 64-row tiles win up to B = 16; in
-# TF32 (twice the chunks a block) up to B = 4, and 128-row ones from 8 (B = 8 / 12 / 16: 0.054 /
-# 0.074 / 0.078 ms against 0.060 / 0.083 / 0.084).
-SMALL_TILE_FILL: dict[str, int] = {mode: 8 if mode == "tf32" else 2 for mode in MODES}
+# docs/vgg.md "Kernel 52" and "Kernel 52's slices summed in a cluster"): in FP16 64-row tiles
+# win up to B = 16; in TF32 (twice the chunks a block) up to B = 8 (38.5 us event against
+# 52.8), 128-row ones from 12 (B = 12 / 16: 54.9 / 54.7 against 69.0 / 70.1); at B = 4 the
+# 64-row tiles' split is halved to fit its clusters (38.3 against 35.3).
+SMALL_TILE_FILL: dict[str, int] = {mode: 4 if mode == "tf32" else 2 for mode in MODES}
 
 
 def tile_rows(shape: ConvShape, sms: int, mode: str) -> int:
-    """TM when 0 (`SMALL_TILE_FILL`): 64 for conv5_x up to B = 16 in 16-bit modes, up to 4 in
+    """TM when 0 (`SMALL_TILE_FILL`): 64 for conv5_x up to B = 16 in 16-bit modes, up to 8 in
     TF32; 128 above."""
     return 64 if ceil_div(shape.M, 128) * shape.B * SMALL_TILE_FILL[mode] <= sms else 128
 
@@ -113,7 +120,9 @@ def split_for(shape: ConvShape, tm: int, sms: int, mode: str) -> int:
 
 def defines(mode: str, shape: ConvShape, params: Mapping[str, Any],
             sms: int = DEFAULT_SMS) -> dict[str, int]:
-    """The -D set of one configuration; ValueError names what is wrong with it."""
+    """The -D set of one configuration (parameters missing from `params`: DEFAULTS');
+    ValueError names what is wrong with it."""
+    params = {**DEFAULTS, **params}
     if mode not in MODES:
         raise ValueError(f"direct-img: unknown mode {mode!r}; known: {', '.join(MODES)}")
     if any(int(params[k]) not in SPACE[k] for k in SPACE):
@@ -151,6 +160,7 @@ class LaunchPlan:
 
 
 def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any], sms: int) -> LaunchPlan:
+    params = {**DEFAULTS, **params}
     d = defines(mode, shape, params, sms)
     tm = d["DI_TM"]
     smem = smem_bytes(shape, tm, d["DI_STAGES"], mode)
@@ -160,8 +170,11 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any], sms: int
     chunks = chunks_of(shape, mode)
     split = min(int(params["SPLIT"]) or split_for(shape, tm, sms, mode), chunks)
     per_slice = ceil_div(chunks, split)
-    return LaunchPlan(d, (ceil_div(shape.M, tm), shape.B, ceil_div(chunks, per_slice)),
-                      per_slice, smem)
+    slices = ceil_div(chunks, per_slice)
+    if slices > 1:  # the slices one cluster, summing in shared memory
+        d["DI_SPLIT"] = slices
+        smem = max(smem, ALIGN_SLACK + tm * sum_row(shape, tm) * 4)
+    return LaunchPlan(d, (ceil_div(shape.M, tm), shape.B, slices), per_slice, smem)
 
 
 def pack_weights(w: Any, mode: str, tm: int) -> Any:
@@ -221,48 +234,50 @@ def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
 # --------------------------------------------------------------------------------------
 
 
+def fitting_plan(shape: ConvShape, mode: str, params: Mapping[str, Any], sms: int,
+                 capacity: Callable[[LaunchPlan], int | None]) -> LaunchPlan:
+    """`launch_plan`, its chosen split halved until every cluster runs at once: `capacity(plan)`
+    is how many clusters of the plan's kernel the GPU holds (None: unknown, taken as enough).
+    A cluster's blocks share a GPC, so clusters of 4 or 8 of one block an SM fit fewer than
+    SMs / size: on the H200 30 of 4 and 15 of 8, and conv5_x at 128 blocks in clusters of 4 ran
+    a second wave (docs/vgg.md, "Kernel 52's slices summed in a cluster")."""
+    plan = launch_plan(shape, mode, params, sms)
+    while not int({**DEFAULTS, **params}["SPLIT"]) and plan.slices > 1:
+        fit = capacity(plan)
+        if fit is None or fit * plan.slices >= plan.grid[0] * plan.grid[1] * plan.grid[2]:
+            break
+        plan = launch_plan(shape, mode, {**params, "SPLIT": plan.slices // 2}, sms)
+    return plan
+
+
 def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Run]:
     name = f"direct-img-{mode}"
 
     def prepare(shape: ConvShape, w: Any, b: Any, params: Mapping[str, Any]) -> Run:
         cp = require_cupy()
-        from convolab.gpu.device import sm_count
+        from convolab.gpu.device import max_active_clusters, sm_count
         from convolab.gpu.launch import BoundLaunch
 
         w32 = direct_conv.checked_weights(name, shape, w, supports(shape))
-        plan = launch_plan(shape, mode, params, sm_count())
-        kernel = get_kernel(KERNEL_FILE, "direct_conv_image", plan.defines)
-        kernel.max_dynamic_shared_size_bytes = plan.smem
+        def compiled(plan: LaunchPlan) -> Any:
+            kernel = get_kernel(KERNEL_FILE, "direct_conv_image", plan.defines)
+            kernel.max_dynamic_shared_size_bytes = plan.smem
+            return kernel
+
+        def capacity(plan: LaunchPlan) -> int | None:
+            return max_active_clusters(compiled(plan), plan.grid, threads(plan.defines["DI_TM"]),
+                                       plan.smem)
+
+        plan = fitting_plan(shape, mode, params, sm_count(), capacity)
+        kernel = compiled(plan)
         w_op = pack_weights(w32, mode, plan.defines["DI_TM"])
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
-        out_elems = shape.B * shape.M * shape.H_out * shape.W_out
-        slabs = cp.empty((plan.slices if plan.slices > 1 else 0, out_elems), dtype=cp.float32)
-        args = (None, w_op, b_d, None, slabs,
-                *(np.int32(v) for v in (shape.B, shape.C, shape.W, shape.M,
-                                        chunks_of(shape, mode), plan.slice_chunks)))
-        if plan.slices == 1:
-            conv = BoundLaunch(kernel, plan.grid, (threads(plan.defines["DI_TM"]),), args,
-                               per_call=(0, 3), shared_mem=plan.smem)
-
-            return conv  # a BoundLaunch is the run: x and y bound per call
-        # rung 39's ordered sum of the slabs (NCHW order, bias added), built for its NCHW split
-        rung39 = get_impl(wg.RUNG39.prefix + "fp16").params_for({"SPLIT": 2})
-        reduce = get_kernel(wg.FILE, "wg_splitk_reduce",
-                            wg.wgmma_defines("fp16", rung39, wg.RUNG39))
         conv = BoundLaunch(kernel, plan.grid, (threads(plan.defines["DI_TM"]),),
-                           (*args[:3], slabs, *args[4:]),
-                           per_call=(0,), shared_mem=plan.smem)  # y unused: the slabs stand in
-        pix = shape.H_out * shape.W_out
-        sum_slabs = BoundLaunch(
-            reduce, (min(ceil_div(out_elems, wg.REDUCE_BLOCK), 65535),), (wg.REDUCE_BLOCK,),
-            (slabs, b_d, None, *(np.int32(v) for v in (shape.M, shape.B * pix, pix,
-                                                       plan.slices))), per_call=(2,))
-
-        def run_split(x: Any, y: Any) -> None:
-            conv(x)
-            sum_slabs(y)
-
-        return run_split
+                           (None, w_op, b_d, None,
+                            *(np.int32(v) for v in (shape.C, shape.W, shape.M,
+                                                    chunks_of(shape, mode), plan.slice_chunks))),
+                           per_call=(0, 3), shared_mem=plan.smem)
+        return conv  # a BoundLaunch is the run: x and y bound per call
 
     return prepare
 
@@ -280,5 +295,6 @@ for _mode in MODES:
         prepare=_prepare(_mode), supports=supports, space=SPACE, defaults=DEFAULTS,
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
-__all__ = ["auto_choice", "buffer_pixels", "chunk_channels", "defines", "launch_plan", "n_pixels",
-           "pack_weights", "smem_bytes", "split_for", "supports"]
+__all__ = ["auto_choice", "buffer_pixels", "chunk_channels", "defines", "fitting_plan",
+           "launch_plan", "n_pixels", "pack_weights", "smem_bytes", "split_for", "sum_row",
+           "supports"]

@@ -22,20 +22,22 @@
 //   of an NCHW image are one contiguous run: one bulk copy of 64 KB for 16 x 16 pixels) and
 //   convert it into the second pixel buffer while the consumers compute on the first (full /
 //   empty mbarriers per buffer), so the consumers only issue wgmmas.
-// With gridDim.z > 1 each block takes a slice of the chunks and writes fp32 partial sums (no
-// bias) to its slab of a workspace in NCHW order; rung 39's wg_splitk_reduce adds them in slice
-// order (the last slice of each (tile, image) adding them in-kernel instead ran 10 us slower at
-// B = 1-16 on conv5_x: docs/vgg.md, "Kernel 52").
+// With DI_SPLIT > 1 slices of the chunks, the blocks of a (tile, image) are one thread-block
+// cluster: each parks its fp32 sums in its own shared memory and the cluster adds them through
+// distributed shared memory in rank order, plus the bias (one launch; partial sums in global
+// memory added by a second kernel ran 6-13 us slower at B = 1-8 on conv5_x: docs/vgg.md,
+// "Kernel 52's slices summed in a cluster").
 // In TF32 (DW_MODE 2) a chunk is 32 channels: a pixel's 128-byte row holds 32 tf32 values, a
 // weight row likewise, and a k-step of 32 bytes is wgmma's k8 instead of k16; nothing else
 // changes (twice the chunks, each staged in half the bytes).
 //
-// Launch: grid (M / DI_TM, B, slices), DI_THREADS threads (two consumer warpgroups, then one
-// producer warpgroup with 128-row tiles, two with 64-row ones).
+// Launch: grid (M / DI_TM, B, DI_SPLIT), clusters of (1, 1, DI_SPLIT), DI_THREADS threads (two
+// consumer warpgroups, then one producer warpgroup with 128-row tiles, two with 64-row ones).
 // Dynamic shared memory: DI_STAGES weight stages of DI_TM x 128 bytes, two pixel buffers of
-// DI_BPIX x 128 bytes, the staged chunk (DI_CC H W floats), 1 KB to align them
-// (gpu/direct_image.py `smem_bytes`).
+// DI_BPIX x 128 bytes, the staged chunk (DI_CC H W floats), 1 KB to align them, at least the
+// tile of sums with DI_SPLIT > 1 (gpu/direct_image.py `smem_bytes`).
 
+#include "cluster.cuh"
 #include "common.cuh"
 #include "mbarrier.cuh"
 #include "wgmma_core.cuh"
@@ -57,6 +59,9 @@
 #endif
 #ifndef DI_STAGES
 #define DI_STAGES 4  // weight stages (taps) in the ring
+#endif
+#ifndef DI_SPLIT
+#define DI_SPLIT 1  // > 1: the slices of a (tile, image) are one cluster that sums them itself
 #endif
 #ifndef DI_TM
 #define DI_TM 128  // output channels a block: 128 (a warpgroup 64 of them, all pixels) or 64 (all
@@ -88,6 +93,8 @@ static_assert(DW_N <= 256, "one wgmma covers a warpgroup's output pixels");
 static_assert(DI_TM == 64 || DI_TM == 128, "tiles of 64 or 128 output channels");
 static_assert(DI_STAGES >= 2, "a stage in flight while one is read");
 static_assert(DI_HW % 4 == 0, "channel planes of whole 16-byte pieces: one bulk copy a chunk");
+static_assert(DI_SPLIT >= 1 && DI_SPLIT <= 8, "a portable cluster holds at most 8 blocks");
+#define DI_SUM_ROW (DI_NCOMP + 4)  // the tile of sums [channel][pixel], rows 16-byte aligned
 
 #include "direct_wgmma.cuh"  // dw_mma: the wgmma, its PTX
 #include "warp_roles.cuh"    // bar_sync, setmaxnreg
@@ -138,11 +145,47 @@ __device__ __forceinline__ void di_convert(unsigned char* buf, const float* stag
   }
 }
 
+#if DI_SPLIT > 1
+// The cluster's sum, by every thread of each block (after the consumers parked their sums): the
+// block of rank r takes every DI_SPLIT-th output channel of the tile from r, adds its pixels'
+// quads over the cluster's blocks in rank order (the same sum every run) and the bias, and
+// stores the valid pixels in NCHW.
+__device__ __forceinline__ void cluster_sum(unsigned char* smem, const float* __restrict__ bias,
+                                            float* __restrict__ y, int M, int W, int tile,
+                                            int b) {
+  const float* sums = reinterpret_cast<const float*>(smem);
+  const int Wo = W - DI_K + 1, rank = blockIdx.z;
+  constexpr int QUADS = DI_HO * DI_PW / 4;  // a channel's pixel quads, dropped pixels included
+  cluster_sync();  // every block's sums are parked
+  for (int q = threadIdx.x;; q += DI_THREADS) {
+    const int r = rank + DI_SPLIT * (q / QUADS), n = 4 * (q % QUADS);
+    if (r >= DI_TM) break;
+    const int m = DI_TM * tile + r, oh = n / DI_PW, ow = n % DI_PW;
+    if (m >= M || ow >= Wo) continue;
+    const float* at = sums + r * DI_SUM_ROW + n;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < DI_SPLIT; ++k) {
+      const float4 v = cluster_load4(cluster_address(at, k));
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    const float bm = bias[m], v[4] = {s.x, s.y, s.z, s.w};
+    float* out = y + (((size_t)b * M + m) * DI_HO + oh) * Wo;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (ow + e < Wo) out[ow + e] = v[e] + bm;
+  }
+  cluster_sync();  // no block leaves while another still reads its sums
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
+#if DI_SPLIT > 1
+    __cluster_dims__(1, 1, DI_SPLIT)
+#endif
     direct_conv_image(const float* __restrict__ x, const unsigned char* __restrict__ wp,
-                      const float* __restrict__ bias, float* __restrict__ y,
-                      float* __restrict__ slabs, int B, int C, int W, int M, int chunks_total,
-                      int slice_chunks) {
+                      const float* __restrict__ bias, float* __restrict__ y, int C, int W,
+                      int M, int chunks_total, int slice_chunks) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // full[s] / empty[s]: weight stages; b_full[k] / b_empty[k]: pixel buffers; staged: the copy
   __shared__ __align__(8) unsigned long long bars[2 * DI_STAGES + 5];
@@ -207,6 +250,9 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
         bar_sync(2, DI_WORKERS);  // every worker done with the staged chunk: the next copy
       }
     }
+#if DI_SPLIT > 1
+    cluster_sum(smem, bias, y, M, W, tile, b);  // the cluster's barriers span every thread
+#endif
     return;
   }
 
@@ -243,17 +289,34 @@ extern "C" __global__ void __launch_bounds__(DI_THREADS, 1)
 #pragma unroll
   for (int i = 0; i < DW_N / 2; ++i) WG_HOLD(acc[i]);
 
+#if DI_SPLIT > 1
+  {
+    // Every stage, buffer and the staged chunk are consumed (all the producers' writes came
+    // before the last buffer's "full"), and once both warpgroups' wgmmas retired (the barrier)
+    // the smem becomes this block's tile of sums.
+    bar_sync(1, DI_CONSUMERS);
+    float* sums = reinterpret_cast<float*>(smem);
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* row = sums + (a_row + 16 * warp + g + 8 * h) * DI_SUM_ROW + n_base + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < DW_N / 8; ++j)
+        *reinterpret_cast<float2*>(row + 8 * j) = make_float2(acc[4 * j + 2 * h],
+                                                              acc[4 * j + 2 * h + 1]);
+    }
+  }
+  cluster_sum(smem, bias, y, M, W, tile, b);
+  return;
+#endif
   // Output pixel n = oh DI_PW + ow of channel m; ow >= Wo and oh >= Ho are dropped.
   const int Wo = W - DI_K + 1, pix = DI_HO * Wo, g = lane >> 2, t4 = lane & 3;
-  const bool sliced = gridDim.z > 1;
-  const size_t slab = (size_t)B * M * pix;
-  float* out = sliced ? slabs + blockIdx.z * slab : y;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int m = DI_TM * tile + a_row + 16 * warp + g + 8 * h;
     if (m >= M) continue;
-    const float bm = sliced ? 0.f : bias[m];
-    float* row = out + ((size_t)b * M + m) * pix;
+    const float bm = bias[m];
+    float* row = y + ((size_t)b * M + m) * pix;
 #pragma unroll
     for (int j = 0; j < DW_N / 8; ++j) {
       const int n = n_base + 8 * j + 2 * t4, oh = n / DI_PW, ow = n % DI_PW;
