@@ -215,12 +215,15 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
     return f"direct-img-{mode}", {}
 
 
-# What CI's nvcc check builds: each mode at conv5_x in both tiles, and in fp16 a 5 x 5 filter
-# on a 13 x 12 image with the most stages.
+# What CI's nvcc check builds: each mode at conv5_x in both tiles unsplit (B = 64) and as
+# clusters of 4 slices (B = 1), and in fp16 a 5 x 5 filter on a 13 x 12 image with the most
+# stages.
 def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
         conv5 = ConvShape(1, 512, 16, 16, 512, 3)
-        out = [defines(mode, conv5, {**DEFAULTS, "TM": tm}) for tm in TILES_M]
+        out = [launch_plan(conv5.with_batch(batch), mode, {"TM": tm, "SPLIT": split},
+                           DEFAULT_SMS).defines
+               for tm in TILES_M for batch, split in ((64, 1), (1, 4))]
         if mode == "fp16":
             out.append(defines(mode, ConvShape(1, 100, 13, 12, 70, 5),
                                {"TM": 128, "STAGES": 5, "SPLIT": 0}))
