@@ -1,11 +1,16 @@
 """The CUDA-on-the-CPU prelude of the kernel emulator tests: a head kernel's source, with this
 prelude and a test's own main(), compiles with g++ and runs each block's threads as std::threads
 (std::barrier for __syncthreads), so index arithmetic and shared-memory use are checked where
-no GPU is. Each test adds what its kernel needs beyond it (warp shuffles, cp.async)."""
+no GPU is. Each test adds what its kernel needs beyond it (warp shuffles, cp.async). For
+thread-block clusters (kernels 52, 54) CLUSTER_SHIM and CLUSTER_RUN_SHIM run a cluster's blocks
+at once, each with its own shared memory and barriers, on a schedule that makes ordering
+mistakes show."""
 
+import functools
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -243,25 +248,34 @@ inline GemvIo read_gemv_io(const char* dir, int B, int M, int K, int tiles, int 
           read<float>(dir, "partial.bin", (size_t)slices * B * M), read<float>(dir, "y.bin", ny),
           read<unsigned char>(dir, "w.bin", w_bytes), read<int>(dir, "tickets.bin", tiles), ny};
 }
-// `launches` launches of a (tiles, slices) grid: y poisoned with NaN, then block(bx, by) for
-// every block in a fresh random order (blocks finish in any order); y_out<i>.bin after each,
+// `launches` launches of `units` units (blocks, or clusters that run at once): y's ny floats
+// poisoned with NaN, then unit(u) for every unit in a fresh random order (they finish in any
+// order); y_out<i>.bin after each.
+template <class F>
+void run_unit_launches(const char* dir, float* y, size_t ny, int units, int launches,
+                       unsigned seed, F unit) {
+  std::mt19937 order_rng(seed);
+  std::vector<int> order(units);
+  std::iota(order.begin(), order.end(), 0);
+  char path[1024];
+  for (int launch = 0; launch < launches; ++launch) {
+    std::fill(y, y + ny, NAN);
+    std::shuffle(order.begin(), order.end(), order_rng);
+    for (const int u : order) unit(u);
+    snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
+    FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
+  }
+}
+// `launches` launches of a (tiles, slices) grid (run_unit_launches, block(bx, by) the unit);
 // tickets_out.bin at the end.
 template <class F>
 void run_launches(const char* dir, const GemvIo& io, int tiles, int slices, int launches,
                   unsigned seed, F block) {
   gridDim.x = tiles;
   gridDim.y = slices;
-  std::mt19937 order_rng(seed);
-  std::vector<int> order(tiles * slices);
-  std::iota(order.begin(), order.end(), 0);
+  run_unit_launches(dir, io.y, io.ny, tiles * slices, launches, seed,
+                    [&](int blk) { block(blk % tiles, blk / tiles); });
   char path[1024];
-  for (int launch = 0; launch < launches; ++launch) {
-    std::fill(io.y, io.y + io.ny, NAN);
-    std::shuffle(order.begin(), order.end(), order_rng);
-    for (const int blk : order) block(blk % tiles, blk / tiles);
-    snprintf(path, sizeof path, "%s/y_out%d.bin", dir, launch);
-    FILE* f = fopen(path, "wb"); fwrite(io.y, 4, io.ny, f); fclose(f);
-  }
   snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
   FILE* f = fopen(path, "wb"); fwrite(io.tickets, 4, tiles, f); fclose(f);
 }
@@ -355,18 +369,32 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 # once the phase of that parity has completed, and aborts after 20 s (a deadlock: the roles wait
 # on one another). Copies land at once. Needs the test's shared_ptr(shared address). Where
 # blocks run at once (a cluster's), the test defines EMU_BAR_KEY(bar) before it: the key of a
-# barrier of the calling thread's block (by default the shared address alone).
+# barrier of the calling thread's block (by default the shared address alone). It may also
+# define EMU_PARK_SLOT() (the calling thread's slot, or -1) and EMU_PARKED(slot, d): a thread
+# that has to wait is counted, d = 1, as it starts, and d = -1 as the phase it waits for
+# completes (not as late as it wakes up).
 MBARRIER_SHIM = r"""
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 #ifndef EMU_BAR_KEY
 #define EMU_BAR_KEY(bar) (bar)
 #endif
+#ifndef EMU_PARK_SLOT
+#define EMU_PARK_SLOT() (-1)
+#define EMU_PARKED(slot, d) ((void)0)
+#endif
 // mbarrier.cuh with its semantics: arrivals and transaction bytes pending, then a phase
 // completes; a wait for parity p returns once the phase of that parity has completed.
-struct EmuBar { unsigned count = 0, pending = 0; long long tx = 0; unsigned phase = 0; };
+struct EmuWaiter { int slot; unsigned parity; };
+struct EmuBar {
+  unsigned count = 0, pending = 0;
+  long long tx = 0;
+  unsigned phase = 0;
+  std::vector<EmuWaiter> waiters;  // counted ones
+};
 std::mutex bar_mutex;
 std::condition_variable bar_cv;
 std::unordered_map<unsigned, EmuBar> emu_bars;
@@ -374,6 +402,11 @@ inline void bar_settle(EmuBar& b) {
   if (b.pending == 0 && b.tx == 0) {
     ++b.phase;
     b.pending = b.count;
+    std::erase_if(b.waiters, [&](const EmuWaiter& w) {
+      if ((b.phase & 1) == w.parity) return false;
+      EMU_PARKED(w.slot, -1);
+      return true;
+    });
     bar_cv.notify_all();
   }
 }
@@ -398,6 +431,14 @@ inline void mbar_expect_tx(unsigned bar, unsigned bytes) {
 }
 inline void mbar_wait(unsigned bar, unsigned parity) {
   std::unique_lock<std::mutex> lk(bar_mutex);
+  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
+  if ((b.phase & 1) == parity) {
+    const int slot = EMU_PARK_SLOT();
+    if (slot >= 0) {
+      EMU_PARKED(slot, 1);
+      b.waiters.push_back({slot, parity});
+    }
+  }
   if (!bar_cv.wait_for(lk, std::chrono::seconds(20),
                        [&] { return (emu_bars.at(EMU_BAR_KEY(bar)).phase & 1) != parity; })) {
     fprintf(stderr, "thread %u: no phase of parity %u completes on barrier %u\n", threadIdx.x,
@@ -432,12 +473,16 @@ inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
 # f16 / bf16, the test's shared_ptr(shared address) and a std::barrier of 128 threads in
 # wgss_bar[] per warpgroup: slot EMU_WGSS_SLOT, by default the warpgroup of the block
 # (threadIdx.x / 128); where blocks run at once, the test defines it before this (one slot a
-# warpgroup of every block running).
+# warpgroup of every block running). EMU_WGSS_ISSUE(slot), if the test defines it, runs on
+# each thread as it issues a wgmma (CLUSTER_SHIM's schedule of a block's warpgroups).
 WGMMA_SS_SHIM = r"""
 #ifndef EMU_WGSS_SLOT
 #define EMU_WGSS_SLOT (threadIdx.x / 128)
 #endif
-std::barrier<>* wgss_bar[8];
+#ifndef EMU_WGSS_ISSUE
+#define EMU_WGSS_ISSUE(slot) ((void)0)
+#endif
+std::barrier<>* wgss_bar[16];
 inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
   if (((desc >> 62) & 3) != 1 || ((desc >> 49) & 7) != 0) std::abort();
   const unsigned start = (unsigned)(desc & 0x3FFF) << 4;
@@ -456,6 +501,7 @@ inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
 }
 inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long db, int scale_d,
                      int kind) {
+  EMU_WGSS_ISSUE(EMU_WGSS_SLOT);
   wgss_bar[EMU_WGSS_SLOT]->arrive_and_wait();
   const int tid = threadIdx.x % 128, w = tid / 32, g = tid % 32 / 4, t = tid % 4;
   for (int j = 0; j < n / 8; ++j)
@@ -470,6 +516,306 @@ inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long 
 }
 """
 
+
+# Thread-block clusters on the CPU (kernels 52, 54; after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM and
+# GEMV_SHIM, before MBARRIER_SHIM and WGMMA_SS_SHIM, whose barrier keys, wgmma slots and hooks it
+# sets; CLUSTER_RUN_SHIM after those runs a cluster): the EMU_CLUSTER blocks of a cluster run at
+# once, each with its own shared memory (a shared address is the offset into it: the static
+# arrays that `static_shared_in_block` moved there in its first EMU_STATIC bytes, the dynamic
+# shared memory `emu_smem` EMU_DYN_PAD bytes after them, holding EMU_SMEM_BYTES), block
+# barrier, named barriers (EMU_NAMED_BARS: {id, threads} pairs; bar.sync / bar.arrive must name
+# that count), mbarriers (keyed by rank and address, each in the block's static or dynamic
+# shared memory) and wgmma barriers (slots: EMU_WG_ISSUERS a block, by rank; only its first
+# EMU_WG_ISSUERS warpgroups issue wgmmas). EMU_RANK is the block's rank in its cluster as the
+# kernel computes it (blockIdx.x with __cluster_dims__(N, 1, 1), .z with (1, 1, N)).
+# cluster.cuh's address of another block's memory carries the rank in its high byte, its load
+# reads that block's memory (16-byte aligned, inside it), its barrier spans the cluster's
+# threads. setmaxnreg does nothing; each wgmma completes when issued.
+# Two schedules make ordering mistakes show every run rather than now and then:
+# - rank 0 runs ahead: the other blocks leave a cluster barrier only once every thread of rank 0
+#   has reached its next one or left (its memory poisoned: run_cluster), so a block that reads
+#   another's sums before they are parked, or leaves while others still read its own, shows;
+# - a block's wgmma-issuing warpgroups go in a chain, led by warpgroup rank mod EMU_WG_ISSUERS
+#   (with two, the first leads in even ranks, the second in odd ones), each of the others
+#   trailing the one before it (g - 1, cyclically): it issues its n-th wgmma only once that one
+#   has issued its (n + 1)-th (so has read its n-th's operands) or can go no further (each of
+#   its threads parked: at a barrier, on an mbarrier phase not yet complete, or gone), so that
+#   what the leading warpgroup writes after its last wgmma lands before the trailing one's last
+#   reads its operands.
+# Either wait gives up after 2 s (a schedule the kernel's own waits do not allow).
+CLUSTER_SHIM = r"""
+#include <atomic>
+#include <memory>
+#if !defined(EMU_RANK) || !defined(EMU_CLUSTER) || !defined(EMU_DYN_PAD) || !defined(EMU_SMEM_BYTES)
+#error "CLUSTER_SHIM needs EMU_RANK, EMU_CLUSTER, EMU_DYN_PAD and EMU_SMEM_BYTES"
+#endif
+#ifndef EMU_STATIC
+#define EMU_STATIC 0
+#endif
+#ifndef EMU_WG_ISSUERS
+#define EMU_WG_ISSUERS 1
+#endif
+#define EMU_DYN ((EMU_STATIC + 15) / 16 * 16 + EMU_DYN_PAD)
+#define EMU_BLOCK_BYTES (EMU_DYN + EMU_SMEM_BYTES)
+static_assert(EMU_CLUSTER >= 1 && EMU_CLUSTER <= 8 && EMU_WG_ISSUERS * EMU_CLUSTER <= 16);
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+thread_local unsigned char* tl_smem;   // this block's shared memory
+thread_local unsigned char* emu_smem;  // its dynamic shared memory
+thread_local std::barrier<>* tl_block_bar;
+unsigned char* cluster_smem[EMU_CLUSTER];
+std::barrier<>* cluster_bar;
+std::barrier<>* named_bar[EMU_CLUSTER][16];
+int named_threads[EMU_CLUSTER][16];
+int block_threads;  // a block's threads
+inline unsigned emu_rank() {
+  const unsigned r = EMU_RANK;
+  if (r >= EMU_CLUSTER || cluster_smem[r] != tl_smem) std::abort();
+  return r;
+}
+inline unsigned __cvta_generic_to_shared(const void* p) {
+  const unsigned char* at = static_cast<const unsigned char*>(p);
+  if (at < tl_smem || at > tl_smem + EMU_BLOCK_BYTES) std::abort();  // not this block's
+  return (unsigned)(at - tl_smem);
+}
+inline unsigned char* shared_ptr(unsigned a) {
+  if (a >= EMU_BLOCK_BYTES) std::abort();
+  return tl_smem + a;
+}
+inline unsigned emu_bar_key(unsigned bar) {
+  if (bar % 8 || bar + 8 > EMU_BLOCK_BYTES || (bar + 8 > EMU_STATIC && bar < EMU_DYN))
+    std::abort();
+  return emu_rank() << 24 | bar;
+}
+#define EMU_BAR_KEY(bar) emu_bar_key(bar)
+inline unsigned emu_wgss_slot() {
+  if (threadIdx.x >= 128 * EMU_WG_ISSUERS) std::abort();
+  return EMU_WG_ISSUERS * emu_rank() + threadIdx.x / 128;
+}
+#define EMU_WGSS_SLOT emu_wgss_slot()
+// The warpgroups' schedule: wgmmas issued, threads parked, by slot.
+std::atomic<int> wg_issued[16], wg_parked[16];
+inline int emu_park_slot() {
+  return threadIdx.x < 128 * EMU_WG_ISSUERS ? (int)emu_wgss_slot() : -1;
+}
+inline void emu_park(int d) {
+  if (const int slot = emu_park_slot(); slot >= 0) wg_parked[slot] += d;
+}
+#define EMU_PARK_SLOT() emu_park_slot()
+#define EMU_PARKED(slot, d) (wg_parked[slot] += (d))
+inline void emu_wgss_issue(unsigned slot) {
+  if (threadIdx.x % 128) return;  // the warpgroup's other threads wait for this one at its wgmma
+  const int mine = wg_issued[slot].load();
+  const unsigned n = EMU_WG_ISSUERS, rank = slot / n, g = slot % n;
+  if (g != rank % n) {  // not the block's leading warpgroup: trail the one before it
+    const unsigned lead = rank * n + (g + n - 1) % n;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (wg_issued[lead].load() < mine + 2 && wg_parked[lead].load() < 128 &&
+           std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  wg_issued[slot] = mine + 1;
+}
+#define EMU_WGSS_ISSUE(slot) emu_wgss_issue(slot)
+inline void emu_syncthreads() {
+  emu_park(1);
+  tl_block_bar->arrive_and_wait();
+  emu_park(-1);
+}
+#define __syncthreads() emu_syncthreads()
+inline unsigned cluster_address(const void* p, unsigned rank) {
+  if (rank >= EMU_CLUSTER) std::abort();
+  return rank << 24 | __cvta_generic_to_shared(p);
+}
+inline float4 cluster_load4(unsigned addr) {
+  const unsigned rank = addr >> 24, at = addr & 0xFFFFFFu;
+  if (rank >= EMU_CLUSTER || at % 16 || at + 16 > EMU_BLOCK_BYTES) std::abort();
+  float4 v;
+  std::memcpy(&v, cluster_smem[rank] + at, 16);
+  return v;
+}
+// Rank 0 ahead: lead_reached[k], rank 0's threads that reached their k-th cluster barrier or left
+// before it.
+std::atomic<int> lead_reached[16];
+std::mutex lead_mutex;
+std::condition_variable lead_cv;
+thread_local int tl_cluster_syncs;  // cluster barriers this thread reached
+inline void emu_lead_reached(int k) {
+  if (++lead_reached[k] == block_threads) {
+    std::lock_guard<std::mutex> lk(lead_mutex);
+    lead_cv.notify_all();
+  }
+}
+inline void cluster_sync() {
+  const unsigned r = emu_rank();
+  const int k = ++tl_cluster_syncs;
+  if (k >= 15) std::abort();
+  if (r == 0) emu_lead_reached(k);
+  emu_park(1);
+  cluster_bar->arrive_and_wait();
+  if (r != 0) {
+    std::unique_lock<std::mutex> lk(lead_mutex);
+    lead_cv.wait_for(lk, std::chrono::seconds(2),
+                     [&] { return lead_reached[k + 1].load() == block_threads; });
+  }
+  emu_park(-1);
+}
+// A thread's end: rank 0's reaches every later cluster barrier; a warpgroup's is parked for good.
+inline void emu_thread_leaves() {
+  if (emu_rank() == 0)
+    for (int k = tl_cluster_syncs + 1; k < 16; ++k) emu_lead_reached(k);
+  emu_park(1);
+}
+#define __cluster_dims__(...)
+template <int R> inline void set_max_regs_dec() {}
+template <int R> inline void set_max_regs_inc() {}
+inline std::barrier<>* emu_named(int id, int threads) {
+  const unsigned r = emu_rank();
+  if (id < 1 || id > 15 || !named_bar[r][id] || named_threads[r][id] != threads) std::abort();
+  return named_bar[r][id];
+}
+inline void bar_sync(int id, int threads) {
+  std::barrier<>* b = emu_named(id, threads);
+  emu_park(1);
+  b->arrive_and_wait();
+  emu_park(-1);
+}
+inline void bar_arrive(int id, int threads) { (void)emu_named(id, threads)->arrive(); }
+#define WG_HOLD(x) ((void)0)
+inline void wg_fence() {}
+inline void wg_commit() {}
+template <int N> inline void wg_wait() {}
+inline void wg_proxy_fence() {}
+"""
+
+# After MBARRIER_SHIM: an arriving thread may fall behind the threads its arrival releases, so
+# each of the kernel's arrivals is followed by a pause: what a thread writes after its arrival
+# lands after the waiters go on (x rounded after `full` is signalled shows).
+LAG_SHIM = r"""
+inline void emu_arrive_then_lag(unsigned bar) {
+  mbar_arrive(bar);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+#define mbar_arrive emu_arrive_then_lag
+"""
+
+# One cluster's run (after CLUSTER_SHIM, MBARRIER_SHIM and WGMMA_SS_SHIM): run_cluster(threads,
+# body) runs body(rank) on every thread of each of the EMU_CLUSTER blocks at once (body sets
+# blockIdx, EMU_RANK among it, and calls the kernel), each block's barriers fresh and its memory
+# poisoned with NaN (0xFF) before it runs and again when its last thread leaves (a block that
+# has left has no shared memory: a read of it after shows).
+CLUSTER_RUN_SHIM = r"""
+#ifndef EMU_NAMED_BARS
+#define EMU_NAMED_BARS
+#endif
+template <class F> void run_cluster(int threads, F body) {
+  struct { int id, threads; } named[] = {{0, 0}, EMU_NAMED_BARS};
+  std::vector<std::vector<unsigned char>> mem(EMU_CLUSTER);
+  std::vector<std::unique_ptr<std::barrier<>>> bars;
+  std::vector<std::barrier<>*> block(EMU_CLUSTER);
+  std::atomic<int> running[EMU_CLUSTER];
+  std::barrier<> cluster(EMU_CLUSTER * threads);
+  cluster_bar = &cluster;
+  block_threads = threads;
+  std::fill(wgss_bar, wgss_bar + 16, nullptr);
+  for (int i = 0; i < 16; ++i) wg_issued[i] = 0, wg_parked[i] = 0, lead_reached[i] = 0;
+  for (int r = 0; r < EMU_CLUSTER; ++r) {
+    mem[r].assign(EMU_BLOCK_BYTES, 0xFF);  // NaN in fp16, bf16 and fp32: what nothing wrote shows
+    cluster_smem[r] = mem[r].data();
+    bars.emplace_back(new std::barrier<>(threads));
+    block[r] = bars.back().get();
+    for (int g = 0; g < EMU_WG_ISSUERS; ++g) {
+      bars.emplace_back(new std::barrier<>(128));
+      wgss_bar[EMU_WG_ISSUERS * r + g] = bars.back().get();
+    }
+    for (int id = 0; id < 16; ++id) named_bar[r][id] = nullptr, named_threads[r][id] = 0;
+    for (const auto& n : named)
+      if (n.threads) {
+        bars.emplace_back(new std::barrier<>(n.threads));
+        named_bar[r][n.id] = bars.back().get(), named_threads[r][n.id] = n.threads;
+      }
+    running[r] = threads;
+  }
+  std::vector<std::thread> ts;
+  for (int r = 0; r < EMU_CLUSTER; ++r)
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, r, t] {
+        threadIdx.x = t;
+        tl_smem = mem[r].data(), emu_smem = tl_smem + EMU_DYN;
+        tl_block_bar = block[r];
+        body(r);
+        if (--running[r] == 0) std::memset(mem[r].data(), 0xFF, EMU_BLOCK_BYTES);
+        emu_thread_leaves();  // after the poison: rank 0's last thread lets the others go on
+      });
+  for (auto& t : ts) t.join();
+}
+"""
+
+
+def static_shared_in_block(source: str) -> tuple[str, str]:
+    """`source` with each static `__shared__ __align__(a) T name[n];` made a pointer into the
+    running block's own shared memory (CLUSTER_SHIM's tl_smem: blocks that run at once must not
+    share one array), the arrays one after another from its start at their alignment; and the
+    #define of EMU_STATIC (their bytes) to put before CLUSTER_SHIM."""
+    end = "0"
+
+    def one(match: re.Match[str]) -> str:
+        nonlocal end
+        align, kind, name, count = match.groups()
+        at = f"(({end}) + {align} - 1) / {align} * {align}"
+        end = f"({at} + sizeof({kind}) * ({count}))"
+        return f"{kind}* {name} = reinterpret_cast<{kind}*>(tl_smem + {at});"
+
+    source = re.sub(r"__shared__ __align__\((\d+)\) ((?:\w+ )*?\w+) (\w+)\[([^\]]+)\];", one,
+                    source)
+    assert "__shared__" not in source, "a static shared array of another form"
+    return source, f"#define EMU_STATIC ({end})\n"
+
+
+@functools.cache
+def sanitizer_flags() -> tuple[str, ...]:
+    """AddressSanitizer where g++ has it: a read or write past x, the weights, the bias or a
+    block's shared memory aborts the emulator."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "a.cpp").write_text("int main() {}\n")
+        flags = ("-fsanitize=address",)
+        build = subprocess.run([str(shutil.which("g++")), *flags, "-o", f"{tmp}/a",
+                                f"{tmp}/a.cpp"], capture_output=True, timeout=120)
+        return flags if build.returncode == 0 else ()
+
+
+# AddressSanitizer's options (the inputs are never freed; its verdict within the stderr tail),
+# for a main() built with sanitizer_flags().
+ASAN_OPTIONS = r"""
+extern "C" const char* __asan_default_options() { return "detect_leaks=0:print_legend=0"; }
+"""
+
+
+def build_emulator(tmp_path: Path, main: str, kernel_source: str, flags: list[str]) -> Path:
+    """`main` (which includes kernel.inc: kernel_source) built with g++ -O1, the -D `flags` and
+    AddressSanitizer where g++ has it; the executable's path."""
+    assert "asm" not in kernel_source, "inline PTX the emulator does not know"
+    (tmp_path / "kernel.inc").write_text(kernel_source)
+    (tmp_path / "emu.cpp").write_text(main)
+    exe = tmp_path / "emu"
+    build = subprocess.run([str(shutil.which("g++")), "-std=c++20", "-O1", "-fno-strict-aliasing",
+                            "-pthread", "-w", *sanitizer_flags(), *flags, "-o", str(exe),
+                            str(tmp_path / "emu.cpp")], capture_output=True, text=True,
+                           timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    return exe
+
+
+def two_launches(tmp_path: Path, n: int) -> np.ndarray:
+    """The output of an emulator's two launches (run_unit_launches' y_out0.bin, y_out1.bin, each
+    n floats and a NaN tail): asserts that they agree bit for bit and that nothing was written
+    past the output; returns the first's n floats."""
+    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
+    assert ys[0].size == ys[1].size > n
+    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
+    assert np.isnan(ys[0][n:]).all(), "wrote past the output"
+    return ys[0][:n]
 
 # The main() of the fused conv + pool rungs' emulators (28, 44), after the kernel's source: it
 # reads x.bin, w.bin, b.bin and y.bin (args: dir, batch, grid, w_unscale), prints the kernel's
@@ -556,8 +902,5 @@ def run_gemv_emulator(exe: Path, tmp_path: Path, case: Any, packed: np.ndarray,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
-    ys = [np.fromfile(tmp_path / f"y_out{i}.bin", np.float32) for i in range(2)]
-    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two launches differ"
-    assert np.isnan(ys[0][shape.B * shape.M:]).all(), "wrote past the output"
-    return ys[0][: shape.B * shape.M].reshape(shape.y_shape)
+    return two_launches(tmp_path, shape.B * shape.M).reshape(shape.y_shape)
 

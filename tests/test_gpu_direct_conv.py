@@ -4,18 +4,25 @@ input row converted once into a channels-last ring in shared memory.
 CPU tests: every weight is found where the kernel's ldmatrix reads it (offsets computed here
 from the layout the kernel states: tap (p, q), row m, piece j ^ (m mod 8)), everything else
 zero; the tiles chosen cover the output row and what does not fit is refused with the reason;
-`supports` follows the limits; and the kernel source run on the CPU by an emulator (a
-std::thread a CUDA thread, ldmatrix and mma.sync from their PTX fragment layouts, shared memory
-poisoned with NaN before every block) in both modes, with runs of rows crossing images, rows in
-several passes, odd widths and C, M off the tile multiples. GPU tests: every mode against the
-fp64 reference on fresh random shapes and tile points, outputs poisoned, runs bit-identical;
-VGG's conv1_2 at batch 2.
+`supports` follows the limits; and the kernel sources run on the CPU by emulators (a
+std::thread a CUDA thread, ldmatrix and mma.sync from their PTX fragment layouts, the wgmma
+reading its operands through the descriptors and the 128-byte swizzle, shared memory poisoned
+with NaN before every block): kernels 50-51 in both modes, with runs of rows crossing images,
+rows in several passes, odd widths and C, M off the tile multiples; kernel 52 in fp16, bf16 and
+tf32, both tiles, K = 1 / 3 / 5, widths off 8, C and M off the chunk and the tile, with no split
+and with its slices one cluster of 2, 3 or 4 blocks run at once (each with its own shared
+memory, mbarriers and barriers; rank 0 running ahead of the others, one consumer warpgroup
+trailing the other), the clusters in a random order and the launch run twice: bit-identical,
+nothing written past the output, accurate for the mode and fp32-accurate against the rounded
+operands. GPU tests: every mode against the fp64 reference on fresh random shapes and tile
+points, outputs poisoned, runs bit-identical; VGG's conv1_2 at batch 2.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -23,13 +30,21 @@ import numpy as np
 import pytest
 from conv_cases import check_two_runs, make_case, outputs_of_two_runs
 from cuda_emulator import (
+    ASAN_OPTIONS,
     BLOCK_SHIM,
+    CLUSTER_RUN_SHIM,
+    CLUSTER_SHIM,
     CUDA_SHIM,
     GEMV_SHIM,
+    LAG_SHIM,
     MBARRIER_SHIM,
     MMA_SHIM,
+    SENTINEL,
     WGMMA_SS_SHIM,
+    build_emulator,
     run_fused_emulator,
+    static_shared_in_block,
+    two_launches,
 )
 
 from convolab.check import rel_l2
@@ -265,12 +280,11 @@ def test_auto_takes_kernel_52_for_conv5_in_fp16_and_tf32() -> None:
 
 # ------------------------------------------------------------------------- CPU emulator
 
-# Shared memory (emu_smem: a shared address is the offset into it), ldmatrix, float2, and for
-# kernel 51 its wgmma (cuda_emulator.WGMMA_SS_SHIM) and wgmma_core.cuh's bookkeeping: each wgmma
-# completes when issued (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM, GEMV_SHIM).
+# Kernels 50-51's shared memory (emu_smem: a shared address is the offset into it), ldmatrix,
+# float2, and for kernel 51 its wgmma (cuda_emulator.WGMMA_SS_SHIM) and wgmma_core.cuh's
+# bookkeeping: each wgmma completes when issued (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM,
+# GEMV_SHIM).
 DC_SHIM = r"""
-#undef __shared__
-#define __shared__ static  // one array for all of a block's threads
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
 alignas(1024) unsigned char emu_smem[1 << 18];
@@ -295,12 +309,7 @@ inline void wg_fence() {}
 inline void wg_commit() {}
 template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
-// warp_roles.cuh: setmaxnreg does nothing here; named barrier id of the threads the test set
-template <int R> inline void set_max_regs_dec() {}
-template <int R> inline void set_max_regs_inc() {}
-std::barrier<>* named_bar[16];
-inline void bar_sync(int id, int) { named_bar[id]->arrive_and_wait(); }
-""" + MBARRIER_SHIM + WGMMA_SS_SHIM
+""" + WGMMA_SS_SHIM
 
 DW_SHIM = r"""
 inline void dw_mma(float (&d)[DW_N / 2], unsigned long long da, unsigned long long db,
@@ -407,89 +416,89 @@ def test_kernel_emulated_on_cpu(rung: int, mode: str, shape: ConvShape, params: 
     assert rel_l2(got, ref) <= TOLERANCE["fp32"], rel_l2(got, ref)
 
 
-# Kernel 52's main (argv: dir, B, C, H, W, M, tiles, slices, chunks, chunks a slice, weight
-# bytes, seed): every block in a fresh random order (slices finish in any order), shared
-# memory poisoned with NaN first; y_out.bin and slabs_out.bin.
-DI_MAIN = r"""
-#include <algorithm>
-#include <numeric>
-#include <random>
+# Kernel 52 on the CPU: cuda_emulator's CLUSTER_SHIM (the rank blockIdx.z; both consumer
+# warpgroups issue wgmmas, one trailing the other: the second in even ranks, the first in odd
+# ones; rank 0 ahead at the cluster barriers; `bars` moved into each block's own shared memory
+# by static_shared_in_block, the dynamic shared memory EMU_DYN_PAD bytes after it, so that the
+# 1 KB alignment takes some of the slack), LAG_SHIM, and the named barriers: 1 the consumers',
+# 2 the pixel workers'. argv: dir, B, C, H, W, M, tiles, chunks, chunks a slice, weight bytes,
+# seed. Two launches, each the (tile, image) clusters (or, without a split, the blocks) in a
+# fresh random order, every cluster's blocks at once; y_out0.bin, y_out1.bin.
+DI_SHIM = r"""
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+"""
+DI_MAIN = ASAN_OPTIONS + r"""
+#define EMU_NAMED_BARS {1, DI_CONSUMERS}, {2, DI_WORKERS}
+""" + CLUSTER_RUN_SHIM + r"""
 // the block the host launches (direct_image.threads) is the one the kernel is written for
 static_assert(DI_THREADS == EMU_THREADS, "launch and kernel disagree on the block's threads");
+static_assert(DI_SPLIT == EMU_CLUSTER, "the cluster is the slices");
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int B = atoi(argv[2]), C = atoi(argv[3]), H = atoi(argv[4]), W = atoi(argv[5]);
-  const int M = atoi(argv[6]), tiles = atoi(argv[7]), slices = atoi(argv[8]);
-  const int chunks = atoi(argv[9]), per_slice = atoi(argv[10]), w_bytes = atoi(argv[11]);
+  const int M = atoi(argv[6]), tiles = atoi(argv[7]), chunks = atoi(argv[8]);
+  const int per_slice = atoi(argv[9]), w_bytes = atoi(argv[10]);
   const size_t n = (size_t)B * M * (H - DI_K + 1) * (W - DI_K + 1);
   float* x = read<float>(dir, "x.bin", (size_t)B * C * H * W);
   unsigned char* w = read<unsigned char>(dir, "w.bin", w_bytes);
   float* bias = read<float>(dir, "b.bin", M);
   float* y = read<float>(dir, "y.bin", n + 64);
-  float* slabs = read<float>(dir, "slabs.bin", slices * n + 64);
-  printf("0\n");
-  gridDim.x = tiles, gridDim.y = B, gridDim.z = slices;
-  std::vector<int> order(tiles * B * slices);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937(atoi(argv[12])));
-  for (const int blk : order) {
-    std::memset(emu_smem, 0xFF, sizeof emu_smem);
-    std::barrier<> group0(128), group1(128), consumers(DI_CONSUMERS), workers(DI_WORKERS);
-    wgss_bar[0] = &group0, wgss_bar[1] = &group1;
-    named_bar[1] = &consumers, named_bar[2] = &workers;
-    run_block(blk % tiles, DI_THREADS, [=] {
-      blockIdx.y = blk / tiles % B, blockIdx.z = blk / (tiles * B);
-      direct_conv_image(x, w, bias, y, slabs, B, C, W, M, chunks, per_slice);
+  gridDim.x = tiles, gridDim.y = B, gridDim.z = DI_SPLIT;
+  run_unit_launches(dir, y, n + 64, tiles * B, 2, atoi(argv[11]), [&](int unit) {
+    run_cluster(DI_THREADS, [&](int r) {
+      blockIdx.x = unit % tiles, blockIdx.y = unit / tiles, blockIdx.z = r;
+      direct_conv_image(x, w, bias, y, C, W, M, chunks, per_slice);
     });
-  }
-  char path[1024];
-  snprintf(path, sizeof path, "%s/y_out.bin", dir);
-  FILE* f = fopen(path, "wb"); fwrite(y, 4, n + 64, f); fclose(f);
-  snprintf(path, sizeof path, "%s/slabs_out.bin", dir);
-  f = fopen(path, "wb"); fwrite(slabs, 4, slices * n + 64, f); fclose(f);
+  });
 }
 """
 
-IMAGE_EMULATED = [  # (mode, shape, params): C and M off the chunk and tile, widths off 8 (rows
-    # padded), K = 1 / 3 / 5, both tiles, stages fewer than taps, one to three slices
-    ("fp16", ConvShape(2, 100, 6, 10, 150, 3), {"TM": 128, "STAGES": 2, "SPLIT": 1}),
-    ("fp16", ConvShape(2, 100, 6, 10, 150, 3), {"TM": 64, "STAGES": 3, "SPLIT": 1}),
-    ("bf16", ConvShape(1, 130, 4, 9, 40, 1), {"TM": 64, "STAGES": 3, "SPLIT": 2}),
-    ("fp16", ConvShape(1, 192, 8, 6, 128, 5), {"TM": 128, "STAGES": 4, "SPLIT": 4}),
-    ("tf32", ConvShape(2, 70, 6, 10, 150, 3), {"TM": 128, "STAGES": 3, "SPLIT": 2}),
-    ("tf32", ConvShape(1, 40, 4, 7, 60, 3), {"TM": 64, "STAGES": 2, "SPLIT": 1}),
+IMAGE_EMULATED = [  # (mode, shape, params, slices): C and M off the chunk and tile, widths off 8
+    # (rows padded), K = 1 / 3 / 5, both tiles, stages fewer than taps; no split, clusters of 2
+    # (the last slice shorter), 3 and 4 slices
+    ("fp16", ConvShape(2, 100, 6, 10, 150, 3), {"TM": 128, "STAGES": 2, "SPLIT": 1}, 1),
+    ("bf16", ConvShape(1, 130, 4, 9, 40, 1), {"TM": 64, "STAGES": 3, "SPLIT": 2}, 2),
+    ("fp16", ConvShape(1, 150, 6, 10, 70, 3), {"TM": 64, "STAGES": 2, "SPLIT": 4}, 3),
+    ("fp16", ConvShape(1, 250, 8, 6, 100, 5), {"TM": 128, "STAGES": 4, "SPLIT": 4}, 4),
+    ("tf32", ConvShape(2, 70, 6, 10, 150, 3), {"TM": 128, "STAGES": 3, "SPLIT": 2}, 2),
+    ("tf32", ConvShape(1, 100, 4, 7, 60, 3), {"TM": 64, "STAGES": 2, "SPLIT": 4}, 4),
+    ("bf16", ConvShape(1, 150, 7, 12, 90, 5), {"TM": 128, "STAGES": 3, "SPLIT": 4}, 3),
 ]
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
-@pytest.mark.parametrize("mode,shape,params", IMAGE_EMULATED)
+@pytest.mark.parametrize("mode,shape,params,slices", IMAGE_EMULATED)
 def test_kernel_52_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
-                                   tmp_path: Path, rng: np.random.Generator) -> None:
+                                   slices: int, tmp_path: Path, rng: np.random.Generator) -> None:
     assert direct_image.supports(shape)
     plan = direct_image.launch_plan(shape, mode, params, sms=132)
-    assert plan.slices == min(params["SPLIT"], direct_image.chunks_of(shape, mode))
+    d, tm = plan.defines, plan.defines["DI_TM"]
+    assert plan.slices == slices and d.get("DI_SPLIT", 1) == plan.slices
+    source, static = static_shared_in_block(emulated_source(direct_image.KERNEL_FILE))
+    main = (static + CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + DI_SHIM + CLUSTER_SHIM
+            + MBARRIER_SHIM + WGMMA_SS_SHIM + LAG_SHIM + '#include "kernel.inc"\n' + DI_MAIN)
+    dyn = 16 * int(rng.integers(0, 64))  # where dynamic shared memory starts: not on 1 KB
+    exe = build_emulator(tmp_path, main, source,
+                         [*define_flags(d), f"-DEMU_THREADS={direct_image.threads(tm)}",
+                          "-DEMU_RANK=blockIdx.z", f"-DEMU_CLUSTER={plan.slices}",
+                          "-DEMU_WG_ISSUERS=2", f"-DEMU_DYN_PAD={dyn}",
+                          f"-DEMU_SMEM_BYTES={plan.smem}"])
     case = make_case(rng, shape)
-    packed = np.ascontiguousarray(direct_image.pack_weights(case.w, mode,
-                                                            plan.defines["DI_TM"]))
+    packed = np.ascontiguousarray(direct_image.pack_weights(case.w, mode, tm))
     n = int(np.prod(shape.y_shape))
-    main = (CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + DC_SHIM + '#include "kernel.inc"\n'
-            + DI_MAIN)
-    out, _ = run_fused_emulator(
-        tmp_path, main, emulated_source(direct_image.KERNEL_FILE),
-        ["-fno-strict-aliasing", *define_flags(plan.defines),
-         f"-DEMU_THREADS={direct_image.threads(plan.defines['DI_TM'])}"],
-        {"x.bin": case.x, "w.bin": packed, "b.bin": case.b,
-         "slabs.bin": np.full(plan.slices * n + 64, np.nan, np.float32)}, shape.y_shape,
-        [str(v) for v in (shape.B, shape.C, shape.H, shape.W, shape.M, plan.grid[0],
-                          plan.slices, direct_image.chunks_of(shape, mode), plan.slice_chunks,
-                          packed.nbytes, int(rng.integers(2**31)))])
-    slabs = np.fromfile(tmp_path / "slabs_out.bin", np.float32)
-    assert np.isnan(slabs[plan.slices * n:]).all(), "wrote past the slabs"
-    if plan.slices > 1:  # the slabs, summed in slice order with bias (wg_splitk_reduce's sum)
-        assert np.isnan(out).all(), "a sliced launch writes its slab, not y"
-        parts = slabs[:plan.slices * n].reshape(plan.slices, *shape.y_shape)
-        out = parts.sum(axis=0, dtype=np.float32) + case.b[None, :, None, None]
+    for name, a in (("x", case.x), ("w", packed), ("b", case.b),
+                    ("y", np.full(n + SENTINEL, np.nan, np.float32))):
+        a.tofile(tmp_path / f"{name}.bin")
+    args = (shape.B, shape.C, shape.H, shape.W, shape.M, plan.grid[0],
+            direct_image.chunks_of(shape, mode), plan.slice_chunks, packed.nbytes,
+            int(rng.integers(2**31)))
+    run = subprocess.run([str(exe), str(tmp_path), *map(str, args)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = two_launches(tmp_path, n).reshape(shape.y_shape)  # bit-identical, nothing past y
     assert rel_l2(out, case.ref) <= TOLERANCE[mode], rel_l2(out, case.ref)
+    # against the products of the rounded operands: only the fp32 sums' error is left
     ref = conv_reference(rounded(case.x, mode), rounded(case.w, mode), case.b)
     assert rel_l2(out, ref) <= TOLERANCE["fp32"], rel_l2(out, ref)
 

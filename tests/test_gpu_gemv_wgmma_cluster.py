@@ -8,7 +8,8 @@ most 8 (the cluster is exactly the slices); bad parameters and shapes are refuse
 the kernel source run on the CPU by an emulator (a cluster's blocks at once as std::threads,
 each with its own shared memory poisoned with NaN, block barrier and mbarriers, so that the
 producers and the consumer warpgroup really wait on each other; the wgmma reading its operands
-through the descriptors and the 128-byte swizzle; the sums read across the cluster) with B, M
+through the descriptors and the 128-byte swizzle; the sums read across the cluster, rank 0
+running ahead of the others at each cluster barrier: cuda_emulator's CLUSTER_SHIM) with B, M
 and C off the tiles, slices of more chunks than the ring holds, MT 1 and 2, N 16, 48 and 64,
 one block or a cluster of 2, 3 or 8, the clusters in a random order and the launch run twice:
 bit-identical, nothing written past the output, TF32-accurate, and fp32-accurate against the
@@ -20,22 +21,24 @@ accuracy against its TF32-rounded operands (x rounded as the weights, not trunca
 
 from __future__ import annotations
 
-import functools
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conv_cases import check_classifier_layers, check_two_runs, make_case, outputs_of_two_runs
 from cuda_emulator import (
+    ASAN_OPTIONS,
     BLOCK_SHIM,
+    CLUSTER_RUN_SHIM,
+    CLUSTER_SHIM,
     CUDA_SHIM,
     GEMV_SHIM,
+    LAG_SHIM,
     MBARRIER_SHIM,
     MMA_SHIM,
     WGMMA_SS_SHIM,
+    build_emulator,
     run_gemv_emulator,
 )
 from test_gpu_direct_conv import emulated_source as wgmma_emulated_source
@@ -137,78 +140,13 @@ def test_auto_takes_kernel_54_for_small_layers_in_tf32() -> None:
 
 # ------------------------------------------------------------------------- CPU emulator
 
-# Kernel 54's cluster on the CPU (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM, GEMV_SHIM; before
-# MBARRIER_SHIM and WGMMA_SS_SHIM, whose barrier keys and wgmma slots it sets): the GT_SPLIT
-# blocks of a cluster run at once, each with its own shared memory (a shared address is the
-# offset into it; the dynamic shared memory starts EMU_DYN bytes in, so that the ring's 1 KB
-# alignment takes some of the slack, and holds EMU_SMEM_BYTES), block barrier, mbarriers (keyed
-# by rank and address, each inside the block's memory) and wgmma barrier (slot: the rank; only
-# the consumer warpgroup issues wgmmas). cluster.cuh's loads read the other blocks' memory and
-# its barrier spans the cluster. wgmma_core.cuh's bookkeeping: each wgmma completes when issued.
-CLUSTER_SHIM = r"""
-#include <atomic>
-#include <memory>
-#define EMU_BLOCK_BYTES (EMU_DYN + EMU_SMEM_BYTES)
-thread_local unsigned char* tl_smem;   // this block's shared memory
-thread_local unsigned char* emu_smem;  // its dynamic shared memory: the kernel's gt_raw
-thread_local std::barrier<>* tl_block_bar;
-unsigned char* cluster_smem[8];
-std::barrier<>* cluster_bar;
-#define __syncthreads() tl_block_bar->arrive_and_wait()
-inline unsigned __cvta_generic_to_shared(const void* p) {
-  return (unsigned)((const unsigned char*)p - tl_smem);
-}
-inline unsigned char* shared_ptr(unsigned a) {
-  if (a >= EMU_BLOCK_BYTES) std::abort();
-  return tl_smem + a;
-}
-inline unsigned emu_bar_key(unsigned bar) {
-  if (bar % 8 || bar < EMU_DYN || bar + 8 > EMU_BLOCK_BYTES) std::abort();
-  return blockIdx.x << 24 | bar;
-}
-#define EMU_BAR_KEY(bar) emu_bar_key(bar)
-inline unsigned emu_wgss_slot() {
-  if (threadIdx.x >= 128) std::abort();
-  return blockIdx.x;
-}
-#define EMU_WGSS_SLOT emu_wgss_slot()
-inline unsigned cluster_address(const void* p, unsigned rank) {
-  if (rank >= GT_SPLIT) std::abort();
-  return rank << 24 | __cvta_generic_to_shared(p);
-}
-inline float4 cluster_load4(unsigned addr) {
-  if ((addr & 0xFFFFFFu) + 16 > EMU_BLOCK_BYTES) std::abort();
-  float4 v;
-  std::memcpy(&v, cluster_smem[addr >> 24] + (addr & 0xFFFFFFu), 16);
-  return v;
-}
-inline void cluster_sync() { cluster_bar->arrive_and_wait(); }
-#define __cluster_dims__(...)
-#define WG_HOLD(x) ((void)0)
-inline void wg_fence() {}
-inline void wg_commit() {}
-template <int N> inline void wg_wait() {}
-inline void wg_proxy_fence() {}
-"""
-
-# After MBARRIER_SHIM: an arriving thread may fall behind the threads its arrival releases, so
-# each of the kernel's arrivals is followed by a pause: what a thread writes after its arrival
-# lands after the waiters go on (x rounded after `full` is signalled shows).
-LAG_SHIM = r"""
-inline void emu_arrive_then_lag(unsigned bar) {
-  mbar_arrive(bar);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));
-}
-#define mbar_arrive emu_arrive_then_lag
-"""
-
-# argv as run_gemv_emulator passes it (dir, B, M, K, chunks, chunks a slice, tiles, slices = 1,
-# launches, w bytes, seed): run_launches' units are the clusters, one a row tile, in a random
-# order. A block's shared memory is poisoned with NaN before it runs and again when its last
-# thread leaves (a block that has left has none: a read of it after shows).
-GT_MAIN = r"""
-// AddressSanitizer's options: the inputs are never freed; its verdict within the stderr tail
-extern "C" const char* __asan_default_options() { return "detect_leaks=0:print_legend=0"; }
+# Kernel 54's cluster on the CPU: cuda_emulator's CLUSTER_SHIM (the rank blockIdx.x; only the
+# consumer warpgroup issues wgmmas; the dynamic shared memory starts EMU_DYN_PAD bytes in, so
+# that the ring's 1 KB alignment takes some of the slack), its LAG_SHIM, and run_cluster for
+# each row tile's cluster. argv as run_gemv_emulator passes it (dir, B, M, K, chunks, chunks a
+# slice, tiles, slices = 1, launches, w bytes, seed): run_launches' units are the clusters, one
+# a row tile, in a random order.
+GT_MAIN = ASAN_OPTIONS + r"""
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]);
@@ -217,45 +155,13 @@ int main(int argc, char** argv) {
   const GemvIo io = read_gemv_io(dir, B, M, K, tiles, 1, atol(argv[10]));
   run_launches(dir, io, tiles, 1, atoi(argv[9]), atoi(argv[11]), [&](int tile, int) {
     gridDim.x = GT_SPLIT, gridDim.y = tiles;
-    std::vector<std::vector<unsigned char>> mem(GT_SPLIT);
-    std::vector<std::unique_ptr<std::barrier<>>> block, group;
-    std::atomic<int> running[GT_SPLIT];
-    std::barrier<> cluster(GT_SPLIT * GT_THREADS);
-    cluster_bar = &cluster;
-    for (int r = 0; r < GT_SPLIT; ++r) {
-      mem[r].assign(EMU_BLOCK_BYTES, 0xFF);  // NaN: what no copy or store wrote shows
-      cluster_smem[r] = mem[r].data();
-      block.emplace_back(new std::barrier<>(GT_THREADS));
-      group.emplace_back(new std::barrier<>(128));
-      wgss_bar[r] = group.back().get();
-      running[r] = GT_THREADS;
-    }
-    std::vector<std::thread> ts;
-    for (int r = 0; r < GT_SPLIT; ++r)
-      for (int t = 0; t < GT_THREADS; ++t)
-        ts.emplace_back([&, r, t] {
-          threadIdx.x = t, blockIdx.x = r, blockIdx.y = tile;
-          tl_smem = mem[r].data(), emu_smem = tl_smem + EMU_DYN;
-          tl_block_bar = block[r].get();
-          gemv_wgmma_tf32(io.x, io.w, io.bias, io.y, B, M, K, chunks_total, slice_chunks);
-          if (--running[r] == 0) std::memset(mem[r].data(), 0xFF, EMU_BLOCK_BYTES);
-        });
-    for (auto& t : ts) t.join();
+    run_cluster(GT_THREADS, [&](int r) {
+      blockIdx.x = r, blockIdx.y = tile;
+      gemv_wgmma_tf32(io.x, io.w, io.bias, io.y, B, M, K, chunks_total, slice_chunks);
+    });
   });
 }
 """
-
-
-@functools.cache
-def sanitizer_flags() -> tuple[str, ...]:
-    """AddressSanitizer where g++ has it: a read or write past x, the weights, the bias or a
-    block's shared memory aborts the emulator."""
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "a.cpp").write_text("int main() {}\n")
-        flags = ("-fsanitize=address",)
-        build = subprocess.run([str(GXX), *flags, "-o", f"{tmp}/a", f"{tmp}/a.cpp"],
-                               capture_output=True, timeout=120)
-        return flags if build.returncode == 0 else ()
 
 
 def emulated_source() -> str:
@@ -288,17 +194,11 @@ def test_kernel_emulated_on_cpu(shape: ConvShape, params: dict[str, int], slices
     assert (plan.split, d["DW_N"]) == (slices, n)
     assert plan.slice_chunks > d["GT_STAGES"] and shape.C % 32 and shape.M % (64 * d["GT_MT"])
     dyn = 16 * int(rng.integers(1, 64))  # where dynamic shared memory starts: not on 1 KB
-    (tmp_path / "kernel.inc").write_text(emulated_source())
-    (tmp_path / "emu.cpp").write_text(CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + CLUSTER_SHIM
-                                      + MBARRIER_SHIM + WGMMA_SS_SHIM + LAG_SHIM
-                                      + '#include "kernel.inc"\n' + GT_MAIN)
-    exe = tmp_path / "emu"
-    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
-                            "-w", *sanitizer_flags(), *define_flags(d), f"-DEMU_DYN={dyn}",
-                            f"-DEMU_SMEM_BYTES={plan.smem}", "-o", str(exe),
-                            str(tmp_path / "emu.cpp")], capture_output=True, text=True,
-                           timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
+    main = (CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + CLUSTER_SHIM + MBARRIER_SHIM
+            + WGMMA_SS_SHIM + LAG_SHIM + CLUSTER_RUN_SHIM + '#include "kernel.inc"\n' + GT_MAIN)
+    exe = build_emulator(tmp_path, main, emulated_source(),
+                         [*define_flags(d), "-DEMU_RANK=blockIdx.x", f"-DEMU_CLUSTER={slices}",
+                          f"-DEMU_DYN_PAD={dyn}", f"-DEMU_SMEM_BYTES={plan.smem}"])
     case = make_case(rng, shape)
     packed = np.ascontiguousarray(gt.pack_weights(case.w.reshape(shape.M, -1), d["GT_MT"]))
     got = run_gemv_emulator(exe, tmp_path, case, packed, (plan.chunks, plan.slice_chunks),

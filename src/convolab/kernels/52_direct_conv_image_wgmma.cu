@@ -146,10 +146,12 @@ __device__ __forceinline__ void di_convert(unsigned char* buf, const float* stag
 }
 
 #if DI_SPLIT > 1
-// The cluster's sum, by every thread of each block (after the consumers parked their sums): the
+// The cluster's sum, by each block's threads (after the consumers parked their sums; beside
+// 128-row tiles the consumers alone: the producers' 56 registers only wait at the barriers): the
 // block of rank r takes every DI_SPLIT-th output channel of the tile from r, adds its pixels'
 // quads over the cluster's blocks in rank order (the same sum every run) and the bias, and
 // stores the valid pixels in NCHW.
+#define DI_SUMMERS (DI_TM == 128 ? DI_CONSUMERS : DI_THREADS)
 __device__ __forceinline__ void cluster_sum(unsigned char* smem, const float* __restrict__ bias,
                                             float* __restrict__ y, int M, int W, int tile,
                                             int b) {
@@ -157,7 +159,7 @@ __device__ __forceinline__ void cluster_sum(unsigned char* smem, const float* __
   const int Wo = W - DI_K + 1, rank = blockIdx.z;
   constexpr int QUADS = DI_HO * DI_PW / 4;  // a channel's pixel quads, dropped pixels included
   cluster_sync();  // every block's sums are parked
-  for (int q = threadIdx.x;; q += DI_THREADS) {
+  for (int q = threadIdx.x; threadIdx.x < DI_SUMMERS; q += DI_SUMMERS) {
     const int r = rank + DI_SPLIT * (q / QUADS), n = 4 * (q % QUADS);
     if (r >= DI_TM) break;
     const int m = DI_TM * tile + r, oh = n / DI_PW, ow = n % DI_PW;
