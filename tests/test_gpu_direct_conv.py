@@ -204,15 +204,15 @@ def test_kernel_52_plan_split_and_supports() -> None:
     assert direct_image.smem_bytes(CONV5, 128, 5, "fp16") <= direct_conv.SMEM_LIMIT
     assert direct_image.smem_bytes(CONV5, 128, 5, "tf32") == direct_image.smem_bytes(
         CONV5, 128, 5, "fp16") - 32 * 16 * 16 * 4  # half the channels staged
-    # (batch, TM, slices): 64-row tiles while 128-row ones fill at most half the SMs, then
-    # slices while the blocks do; each slice keeps 2 chunks
-    for batch, tm, split in ((1, 64, 4), (4, 64, 4), (8, 64, 2), (12, 64, 1), (16, 64, 1),
+    # (batch, TM, slices): 64-row tiles while 128-row ones fill at most a quarter of the SMs,
+    # then slices while the blocks fill at most half of them; each slice keeps 2 chunks
+    for batch, tm, split in ((1, 64, 4), (4, 64, 4), (8, 64, 2), (12, 128, 2), (16, 128, 2),
                              (32, 128, 1), (64, 128, 1)):
         plan = direct_image.launch_plan(CONV5.with_batch(batch), "fp16", direct_image.DEFAULTS,
                                         sms=132)
         assert (plan.defines["DI_TM"], plan.slices) == (tm, split), batch
         assert plan.slice_chunks * split == 8 and plan.grid[:2] == (512 // tm, batch)
-    # TF32: 16 chunks of 32 channels; 64-row tiles only up to B = 4
+    # TF32: 16 chunks of 32 channels, the same tiles
     for batch, tm, split in ((1, 64, 8), (4, 64, 4), (8, 64, 2), (12, 128, 2), (16, 128, 2),
                              (32, 128, 1)):
         plan = direct_image.launch_plan(CONV5.with_batch(batch), "tf32", direct_image.DEFAULTS,

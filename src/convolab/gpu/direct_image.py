@@ -94,19 +94,19 @@ def chunks_of(shape: ConvShape, mode: str) -> int:
     return ceil_div(shape.C, chunk_channels(mode))
 
 
-# TM when 0: 64-row tiles where 128-row ones would fill at most 1 / SMALL_TILE_FILL[mode] of the
-# SMs, so that twice the blocks run without slicing the chunks. Measured on conv5_x (H200,
-# docs/vgg.md "Kernel 52" and "Kernel 52's slices summed in a cluster"): in FP16 64-row tiles
-# win up to B = 16; in TF32 (twice the chunks a block) up to B = 8 (38.5 us event against
-# 52.8), 128-row ones from 12 (B = 12 / 16: 54.9 / 54.7 against 69.0 / 70.1); at B = 4 the
-# 64-row tiles' split is halved to fit its clusters (38.3 against 35.3).
-SMALL_TILE_FILL: dict[str, int] = {mode: 4 if mode == "tf32" else 2 for mode in MODES}
+# TM when 0: 64-row tiles where 128-row ones would fill at most 1 / SMALL_TILE_FILL of the SMs,
+# so that twice the blocks run without slicing the chunks so much. Measured on conv5_x (H200,
+# docs/vgg.md "Kernel 52's slices summed in a cluster", event us): 64-row tiles up to B = 8
+# (FP16 B = 8 27.6 against 36.5, TF32 38.5 against 52.8), 128-row ones, sliced in clusters of 2,
+# from 12 (FP16 B = 12 / 16 37.7 / 40.1 against 45.5 / 47.6, TF32 54.9 / 54.7 against 69.0 /
+# 70.1); at B = 4 in TF32 the 64-row tiles' split is halved to fit its clusters (38.3 against
+# 35.3).
+SMALL_TILE_FILL = 4
 
 
-def tile_rows(shape: ConvShape, sms: int, mode: str) -> int:
-    """TM when 0 (`SMALL_TILE_FILL`): 64 for conv5_x up to B = 16 in 16-bit modes, up to 8 in
-    TF32; 128 above."""
-    return 64 if ceil_div(shape.M, 128) * shape.B * SMALL_TILE_FILL[mode] <= sms else 128
+def tile_rows(shape: ConvShape, sms: int) -> int:
+    """TM when 0 (`SMALL_TILE_FILL`): 64 for conv5_x up to B = 8, 128 above."""
+    return 64 if ceil_div(shape.M, 128) * shape.B * SMALL_TILE_FILL <= sms else 128
 
 
 def split_for(shape: ConvShape, tm: int, sms: int, mode: str) -> int:
@@ -131,7 +131,7 @@ def defines(mode: str, shape: ConvShape, params: Mapping[str, Any],
                          f"{', '.join(str(params[k]) for k in SPACE)}")
     return {"DW_MODE": MODES[mode], "DI_K": shape.K, "DI_PW": row_pixels(shape.W),
             "DI_HO": shape.H_out, "DI_HW": shape.H * shape.W, "DI_STAGES": int(params["STAGES"]),
-            "DI_TM": int(params["TM"]) or tile_rows(shape, sms, mode)}
+            "DI_TM": int(params["TM"]) or tile_rows(shape, sms)}
 
 
 def supports(shape: ConvShape) -> bool:
