@@ -904,3 +904,16 @@ def run_gemv_emulator(exe: Path, tmp_path: Path, case: Any, packed: np.ndarray,
     assert (np.fromfile(tmp_path / "tickets_out.bin", np.int32) == 0).all()
     return two_launches(tmp_path, shape.B * shape.M).reshape(shape.y_shape)
 
+
+
+def cluster_sum_source() -> str:
+    """cluster.cuh's sum over a cluster's blocks (`cluster_sum4`, no PTX of its own): what an
+    emulated kernel gets in place of `#include "cluster.cuh"`, after the shims of its
+    primitives (cluster_address, cluster_load4, cluster_sync)."""
+    from convolab.gpu.compile import KERNEL_DIR
+
+    header = (KERNEL_DIR / "cluster.cuh").read_text()
+    found = re.search(r"template <int RANKS>\n__device__ __forceinline__ float4 "
+                      r"cluster_sum4\(.*?\n}\n", header, re.DOTALL)
+    assert found, "cluster.cuh's cluster_sum4"
+    return found.group(0)

@@ -42,6 +42,7 @@ from cuda_emulator import (
     SENTINEL,
     WGMMA_SS_SHIM,
     build_emulator,
+    cluster_sum_source,
     run_fused_emulator,
     static_shared_in_block,
     two_launches,
@@ -366,7 +367,8 @@ def emulated_source(kernel_file: str) -> str:
     for include, text in (('#include "common.cuh"', ""), ("#include <cuda_bf16.h>", ""),
                           ('#include "wgmma_core.cuh"', descriptors),
                           ('#include "direct_wgmma.cuh"', DW_SHIM), ('#include "mbarrier.cuh"', ""),
-                          ('#include "warp_roles.cuh"', ""), ('#include "cluster.cuh"', "")):
+                          ('#include "warp_roles.cuh"', ""),
+                          ('#include "cluster.cuh"', cluster_sum_source())):
         source = source.replace(include, text)
     source, n = re.subn(r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];",
                         r"unsigned char* \1 = emu_smem;", source)

@@ -39,6 +39,7 @@ from cuda_emulator import (
     MMA_SHIM,
     WGMMA_SS_SHIM,
     build_emulator,
+    cluster_sum_source,
     run_gemv_emulator,
 )
 from test_gpu_direct_conv import emulated_source as wgmma_emulated_source
@@ -167,9 +168,10 @@ int main(int argc, char** argv) {
 def emulated_source() -> str:
     """Kernel 54 as test_gpu_direct_conv leaves a wgmma kernel for the emulator (its PTX to the
     shims, dw_mma on wgss_mma, wgmma_core.cuh's descriptor functions kept: the encoding the
-    kernel really uses; its dynamic shared memory `emu_smem`), cluster.cuh left to
-    CLUSTER_SHIM."""
-    source = wgmma_emulated_source(gt.KERNEL_FILE).replace('#include "cluster.cuh"', "")
+    kernel really uses; its dynamic shared memory `emu_smem`), cluster.cuh's primitives left
+    to CLUSTER_SHIM."""
+    source = wgmma_emulated_source(gt.KERNEL_FILE).replace('#include "cluster.cuh"',
+                                                           cluster_sum_source())
     assert "asm" not in source, "inline PTX the emulator does not know"
     assert "#include" not in source and "__shared__" not in source
     return source

@@ -251,12 +251,7 @@ gemv_cluster(const float* __restrict__ x, const uint4* __restrict__ w,
   for (int q = blockIdx.x * SHARE + threadIdx.x; q < q_end; q += TC_THREADS) {
     const int n = q / (TC_BM / 4), m = m0 + 4 * (q % (TC_BM / 4));
     if (n >= B) continue;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int rank = 0; rank < TC_SPLIT; ++rank) {  // in rank order: the same sum every run
-      const float4 v = cluster_load4(cluster_address(sums + 4 * q, rank));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
+    const float4 s = cluster_sum4<TC_SPLIT>(sums + 4 * q);
     float* out = y + (size_t)n * M;
     if (m < M) out[m] = s.x + bias[m];
     if (m + 1 < M) out[m + 1] = s.y + bias[m + 1];

@@ -164,13 +164,7 @@ __device__ __forceinline__ void cluster_sum(unsigned char* smem, const float* __
     if (r >= DI_TM) break;
     const int m = DI_TM * tile + r, oh = n / DI_PW, ow = n % DI_PW;
     if (m >= M || ow >= Wo) continue;
-    const float* at = sums + r * DI_SUM_ROW + n;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int k = 0; k < DI_SPLIT; ++k) {
-      const float4 v = cluster_load4(cluster_address(at, k));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
+    const float4 s = cluster_sum4<DI_SPLIT>(sums + r * DI_SUM_ROW + n);
     const float bm = bias[m], v[4] = {s.x, s.y, s.z, s.w};
     float* out = y + (((size_t)b * M + m) * DI_HO + oh) * Wo;
 #pragma unroll

@@ -190,17 +190,7 @@ gemv_wgmma_tf32(const float* __restrict__ x, const unsigned char* __restrict__ w
   const int m0 = blockIdx.y * GT_TM, q_end = min(quads, (int)(blockIdx.x + 1) * share);
   for (int q = blockIdx.x * share + threadIdx.x; q < q_end; q += GT_THREADS) {
     const int n = q / ROW_QUADS, r = 4 * (q % ROW_QUADS), m = m0 + r;
-    const float* at = sums + n * GT_SUM_ROW + r;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int rank = 0; rank < GT_SPLIT; ++rank) {  // in rank order: the same sum every run
-#if GT_SPLIT > 1
-      const float4 v = cluster_load4(cluster_address(at, rank));
-#else
-      const float4 v = *reinterpret_cast<const float4*>(at);
-#endif
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
+    const float4 s = cluster_sum4<GT_SPLIT>(sums + n * GT_SUM_ROW + r);
     float* out = y + (size_t)n * M;
     if (m < M) out[m] = s.x + bias[m];
     if (m + 1 < M) out[m + 1] = s.y + bias[m + 1];

@@ -1,6 +1,6 @@
 // Thread-block clusters (sm_90): a block's shared memory as seen from another block of its
-// cluster, loads from there, and the cluster-wide barrier. Kernel 48 adds its k slices' sums
-// with them.
+// cluster, loads from there, the cluster-wide barrier, and the sum over a cluster's blocks that
+// kernels 48, 52 and 54 add their k slices with.
 #pragma once
 
 // Distributed shared memory: this block's shared address as seen in block 'rank' of the
@@ -26,4 +26,18 @@ __device__ __forceinline__ float4 cluster_load4(unsigned addr) {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The float4 at `p` (this block's shared memory) added over blocks 0 .. RANKS - 1 of the cluster
+// in rank order, so the same sum every run; RANKS = 1: this block's own, no cluster needed.
+template <int RANKS>
+__device__ __forceinline__ float4 cluster_sum4(const float* p) {
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int rank = 0; rank < RANKS; ++rank) {
+    const float4 v = RANKS > 1 ? cluster_load4(cluster_address(p, rank))
+                               : *reinterpret_cast<const float4*>(p);
+    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+  }
+  return s;
 }
