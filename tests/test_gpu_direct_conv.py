@@ -368,7 +368,10 @@ def emulated_source(kernel_file: str) -> str:
                           ('#include "wgmma_core.cuh"', descriptors),
                           ('#include "direct_wgmma.cuh"', DW_SHIM), ('#include "mbarrier.cuh"', ""),
                           ('#include "warp_roles.cuh"', ""),
-                          ('#include "cluster.cuh"', cluster_sum_source())):
+                          ('#include "cluster.cuh"', cluster_sum_source()),
+                          ('#include "direct_image_sum.cuh"',  # kernel 52's, PTX-free
+                           (KERNEL_DIR / "direct_image_sum.cuh").read_text().replace(
+                               "#pragma once", ""))):
         source = source.replace(include, text)
     source, n = re.subn(r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];",
                         r"unsigned char* \1 = emu_smem;", source)
