@@ -10,7 +10,7 @@ im2col gather, no layout pass. The weights stream through a ring of TM x 128-byt
 (`pack_weights`); producer warps copy the weights and stage and convert the pixels, so the
 consumers only issue wgmmas. With SPLIT slices the slices of a (tile, image) are one thread-block
 cluster that adds its fp32 sums through distributed shared memory in rank order; a chosen split
-whose clusters would not all run at once is halved (`clusters_fit`). Everything above `prepare`
+whose clusters would not all run at once is halved (`fitting_plan`). Everything above `prepare`
 is pure Python, tested on the CPU.
 """
 
