@@ -7,7 +7,7 @@
 //   the wgmma's K-major B operand. The producers copy it by cp.async straight to its place in
 //   the 128-byte swizzle (16-byte piece j of row n at j ^ (n mod 8)) and only round it in place
 //   (cvt.rna, as the host rounds the weights): no conversion buffer, no second layout;
-// - the weights (rounded and packed in the same swizzle at prepare, gpu/gemv_wgmma_tf32.py)
+// - the weights (rounded and packed in the same swizzle at prepare, gpu/gemv_wgmma_cluster.py)
 //   come by the bulk copy engine, one run of bytes a chunk;
 // - one consumer warpgroup issues m64nNk8 wgmmas (N: the batch rounded up to 16) for the
 //   block's GT_MT x 64 rows, releasing each stage as its wgmmas retire;
