@@ -34,7 +34,7 @@ from convolab.shapes import ConvShape, ceil_div
 KERNEL_FILE = "52_direct_conv_image_wgmma.cu"
 # kernels 50-51's 16-bit modes, and TF32 (a chunk of 32 channels, wgmma k8)
 MODES: dict[str, int] = {**direct_conv.MODES, "tf32": 2}
-ROW_BYTES = 128  # a pixel's chunk of channels, a weight row's
+ROW_BYTES = direct_conv.ROW_BYTES  # a pixel's chunk of channels, a weight row's
 TILES_M = (64, 128)  # output channels a block: its two warpgroups split pixels or channels
 CONSUMERS = 256  # two warpgroups issue the wgmmas
 MAX_N = 256  # output pixels a block computes: Ho x PW rounded up to 16, one wgmma's N

@@ -22,7 +22,7 @@ import numpy as np
 from convolab.backend import require_cupy, xp_of
 from convolab.gpu import gemv_cluster, gemv_mma
 from convolab.gpu.compile import get_kernel
-from convolab.gpu.gemv_wgmma import swizzle_128b
+from convolab.gpu.gemv_wgmma import ROW_BYTES, swizzle_128b
 from convolab.gpu.implicit_gemm_wgmma import tf32_round, wgmma_ruled_out
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
@@ -30,8 +30,7 @@ from convolab.shapes import ConvShape, ceil_div
 
 KERNEL_FILE = "54_gemv_wgmma_cluster_tf32.cu"
 NAME = "gemv-wg-cluster-tf32"
-ROW_BYTES = 128  # a row of a chunk: 32 tf32 values, the 128-byte swizzle's span
-CHUNK_K = ROW_BYTES // 4
+CHUNK_K = ROW_BYTES // 4  # channels a chunk: one 128-byte swizzle row of tf32 values
 THREADS = 256  # a consumer warpgroup, a producer warpgroup
 ALIGN_SLACK = 1024  # the ring is aligned to 1 KB, as the swizzle needs
 BARRIER_BYTES = 3 * 8  # loaded, full, empty: one mbarrier each a stage
