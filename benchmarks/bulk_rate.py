@@ -20,6 +20,7 @@ import statistics
 from typing import Any
 
 from convolab.gpu.compile import KERNEL_DIR
+from convolab.timing import time_gpu
 
 SOURCE = r"""
 #include "mbarrier.cuh"
@@ -73,17 +74,8 @@ extern "C" __global__ void load_rate(const uint4* __restrict__ src, long long pe
 """
 
 
-def _median_ms(cp: Any, launch: Any, reps: int) -> float:
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    launch()
-    for _ in range(reps):
-        start.record()
-        launch()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+def _median_ms(launch: Any, reps: int) -> float:
+    return statistics.median(time_gpu(launch, reps=reps, warmup=1))
 
 
 def main() -> None:
@@ -115,13 +107,13 @@ def main() -> None:
         def launch(kernel: Any = kernel, smem: int = smem) -> None:
             kernel((blocks,), (32,), (buf, cp.int64(per_block), out), shared_mem=smem)
 
-        ms = _median_ms(cp, launch, args.reps)
+        ms = _median_ms(launch, args.reps)
         print(f"{size:6d} {stages:6d} {issuers:7d} {ms:8.4f} {total / ms / 1e9:6.2f}",
               flush=True)
     loads = cp.RawKernel(SOURCE, "load_rate", options=("-std=c++17", f"-I{KERNEL_DIR}"))
     for threads in (256, 512):
-        ms = _median_ms(cp, lambda t=threads: loads((blocks,), (t,), (buf, cp.int64(per_block),
-                                                                      out)), args.reps)
+        ms = _median_ms(lambda t=threads: loads((blocks,), (t,), (buf, cp.int64(per_block),
+                                                                  out)), args.reps)
         print(f"ld.global, {threads} threads a block, 8 loads in flight: {ms:.4f} ms, "
               f"{total / ms / 1e9:.2f} TB/s")
 
