@@ -302,10 +302,16 @@ def inline_headers(source: str, kernel_dir: Path, keep: tuple[str, ...] = ("comm
 
 
 # The warpgroup MMA of wgmma_core.cuh / wgmma_rs.cuh (fp16 A from registers, B by a no-swizzle
-# K-major descriptor into the emulated shared memory `emu_smem`), run synchronously: a
-# warpgroup's 128 threads post their A quads, meet at a warpgroup barrier, and each computes
-# its own accumulators in fp64 from the PTX layouts (needs BLOCK_SHIM and MMA_SHIM before it;
-# the test sets up wg_bar per warpgroup). The async bookkeeping (fence, commit, wait) is a no-op.
+# K-major descriptor into the emulated shared memory `emu_smem`) with its asynchrony: a thread's
+# wgmma is only recorded (its A quad as issued, the addresses of its accumulators, the
+# descriptor); wg_commit closes a group; wg_wait<N> runs the oldest committed groups until N
+# are left, as late as the hardware may: B is read from shared memory and the accumulators are
+# updated then. So a kernel that reads its accumulators, or rewrites the B operand's shared
+# memory, before the wait that retires the wgmma gets wrong numbers here, and a wgmma never
+# waited for never lands. Running a recorded wgmma: the warpgroup's 128 threads post their A
+# quads, meet at a warpgroup barrier, and each computes its own accumulators in fp64 from the
+# PTX layouts (needs BLOCK_SHIM and MMA_SHIM before it; the test sets up wg_bar per warpgroup).
+# What is not caught: A registers rewritten before the wait (a copy is taken at issue).
 WGMMA_SHIM = r"""
 extern unsigned char emu_smem[];
 std::barrier<>* wg_bar[8];
@@ -315,8 +321,6 @@ WgRegs wg_regs[8];
 #define WG_HOLD(x) ((void)0)
 template <int R> inline void wg_hold(float (&)[R][4]) {}
 inline void wg_fence() {}
-inline void wg_commit() {}
-template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
 inline unsigned __cvta_generic_to_shared(const void* p) {
   return (unsigned)((const unsigned char*)p - emu_smem);
@@ -328,16 +332,17 @@ inline unsigned long long wg_desc_interleaved(unsigned saddr, unsigned lbo, unsi
 inline unsigned long long wg_desc_add(unsigned long long d0, unsigned bytes) {
   return d0 + (bytes >> 4);
 }
-template <int NR>
-void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long desc,
-               int scale_d) {
+struct WgOp { float* d; int nr; unsigned a[4]; unsigned long long desc; int scale_d; };
+thread_local std::vector<WgOp> wg_issued;                // this thread's, not yet committed
+thread_local std::vector<std::vector<WgOp>> wg_groups;  // committed, oldest first
+inline void wg_run(const WgOp& op) {
   const int tid = threadIdx.x % 128;
   WgRegs& R = wg_regs[threadIdx.x / 128];
-  for (int i = 0; i < 4; ++i) R.a[tid][i] = a[i];
+  for (int i = 0; i < 4; ++i) R.a[tid][i] = op.a[i];
   wg_sync();
-  const unsigned start = (unsigned)(desc & 0x3FFF) << 4;
-  const unsigned lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4;
-  const unsigned sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+  const unsigned start = (unsigned)(op.desc & 0x3FFF) << 4;
+  const unsigned lbo = (unsigned)((op.desc >> 16) & 0x3FFF) << 4;
+  const unsigned sbo = (unsigned)((op.desc >> 32) & 0x3FFF) << 4;
   const int w = tid / 32, l = tid % 32, g = l / 4, t = l % 4;
   double A[2][16];  // this thread's rows g and g + 8 of its warp's 16
   for (int ln = 0; ln < 4; ++ln)
@@ -347,19 +352,34 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
         A[half][2 * ln + h] = f16(q[half] >> (16 * h));
         A[half][2 * ln + 8 + h] = f16(q[2 + half] >> (16 * h));
       }
-  for (int n = 0; n < NR; ++n)
+  for (int n = 0; n < op.nr; ++n)
     for (int r = 0; r < 4; ++r) {
       const int col = 8 * n + 2 * t + r % 2;
-      double s = scale_d ? d[n][r] : 0.0;
+      double s = op.scale_d ? op.d[4 * n + r] : 0.0;
       for (int k = 0; k < 16; ++k) {
         const unsigned at = start + (col / 8) * sbo + (k / 8) * lbo + (col % 8) * 16 + (k % 8) * 2;
         unsigned short bits;
         std::memcpy(&bits, emu_smem + at, 2);
         s += A[r / 2][k] * f16(bits);
       }
-      d[n][r] = (float)s;
+      op.d[4 * n + r] = (float)s;
     }
   wg_sync();
+}
+inline void wg_commit() {
+  wg_groups.push_back(std::move(wg_issued));
+  wg_issued.clear();
+}
+template <int N> inline void wg_wait() {
+  while ((int)wg_groups.size() > N) {
+    for (const WgOp& op : wg_groups.front()) wg_run(op);
+    wg_groups.erase(wg_groups.begin());
+  }
+}
+template <int NR>
+void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long desc,
+               int scale_d) {
+  wg_issued.push_back({&d[0][0], NR, {a[0], a[1], a[2], a[3]}, desc, scale_d});
 }
 """
 
