@@ -333,7 +333,7 @@ inline unsigned long long wg_desc_add(unsigned long long d0, unsigned bytes) {
   return d0 + (bytes >> 4);
 }
 struct WgOp { float* d; int nr; unsigned a[4]; unsigned long long desc; int scale_d; };
-thread_local std::vector<WgOp> wg_issued;                // this thread's, not yet committed
+thread_local std::vector<WgOp> wg_pending;               // this thread's, not yet committed
 thread_local std::vector<std::vector<WgOp>> wg_groups;  // committed, oldest first
 inline void wg_run(const WgOp& op) {
   const int tid = threadIdx.x % 128;
@@ -367,8 +367,8 @@ inline void wg_run(const WgOp& op) {
   wg_sync();
 }
 inline void wg_commit() {
-  wg_groups.push_back(std::move(wg_issued));
-  wg_issued.clear();
+  wg_groups.push_back(std::move(wg_pending));
+  wg_pending.clear();
 }
 template <int N> inline void wg_wait() {
   while ((int)wg_groups.size() > N) {
@@ -379,7 +379,7 @@ template <int N> inline void wg_wait() {
 template <int NR>
 void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long desc,
                int scale_d) {
-  wg_issued.push_back({&d[0][0], NR, {a[0], a[1], a[2], a[3]}, desc, scale_d});
+  wg_pending.push_back({&d[0][0], NR, {a[0], a[1], a[2], a[3]}, desc, scale_d});
 }
 """
 
