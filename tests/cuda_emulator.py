@@ -488,8 +488,13 @@ inline void mbar_arrive_cp_async(unsigned bar) { mbar_arrive(bar); }
 # 1024-byte period included); one thread's accumulators of m64nNk16 (d[4j + r]: row 16w + g +
 # 8 (r / 2), column 8j + 2t + r % 2), summed in fp64; kind 0 fp16, 1 bf16 (k16), 2 tf32 (k8,
 # the low 13 bits of each fp32 dropped). The instruction is one of the whole warpgroup: none of
-# its threads goes on before all have issued it (so a warpgroup's release of a stage follows
-# every one of its threads' wait for that stage), hence a barrier around it. Needs MMA_SHIM's
+# its threads goes on before all have issued it, hence a barrier around it. It is recorded, not
+# run: wg_commit closes a group and wg_wait<N> runs the oldest committed groups until N are
+# left, reading both operands from shared memory then, as late as the hardware may, and the
+# warpgroup meets after it (so a release of a stage after the wait follows every one of its
+# threads' reads). A kernel that reads its accumulators, or lets a stage be rewritten, before the
+# wait that retires its wgmmas gets wrong numbers here; wgmma_core.cuh's wg_commit and wg_wait
+# are these (the tests define only its fence, hold and proxy fence). Needs MMA_SHIM's
 # f16 / bf16, the test's shared_ptr(shared address) and a std::barrier of 128 threads in
 # wgss_bar[] per warpgroup: slot EMU_WGSS_SLOT, by default the warpgroup of the block
 # (threadIdx.x / 128); where blocks run at once, the test defines it before this (one slot a
@@ -519,20 +524,43 @@ inline double wgss_operand(unsigned long long desc, int row, int k, int kind) {
   }
   return kind == 0 ? f16(bits) : bf16(bits);
 }
+// A thread's part of one wgmma, run at the wait that retires it: its accumulators from the
+// operands as shared memory holds them then.
+struct WgssOp { float* d; int n; unsigned long long da, db; int scale_d, kind; };
+inline void wgss_run(const WgssOp& op) {
+  const int tid = threadIdx.x % 128, w = tid / 32, g = tid % 32 / 4, t = tid % 4;
+  for (int j = 0; j < op.n / 8; ++j)
+    for (int r = 0; r < 4; ++r) {
+      const int row = 16 * w + g + 8 * (r / 2), col = 8 * j + 2 * t + r % 2;
+      double s = op.scale_d ? op.d[4 * j + r] : 0.0;
+      for (int k = 0; k < (op.kind == 2 ? 8 : 16); ++k)  // a 32-byte k-step
+        s += wgss_operand(op.da, row, k, op.kind) * wgss_operand(op.db, col, k, op.kind);
+      op.d[4 * j + r] = (float)s;
+    }
+}
+thread_local std::vector<WgssOp> wgss_pending;               // issued, not yet committed
+thread_local std::vector<std::vector<WgssOp>> wgss_groups;  // committed, oldest first
 inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long db, int scale_d,
                      int kind) {
   EMU_WGSS_ISSUE(EMU_WGSS_SLOT);
   wgss_bar[EMU_WGSS_SLOT]->arrive_and_wait();
-  const int tid = threadIdx.x % 128, w = tid / 32, g = tid % 32 / 4, t = tid % 4;
-  for (int j = 0; j < n / 8; ++j)
-    for (int r = 0; r < 4; ++r) {
-      const int row = 16 * w + g + 8 * (r / 2), col = 8 * j + 2 * t + r % 2;
-      double s = scale_d ? d[4 * j + r] : 0.0;
-      for (int k = 0; k < (kind == 2 ? 8 : 16); ++k)  // a 32-byte k-step
-        s += wgss_operand(da, row, k, kind) * wgss_operand(db, col, k, kind);
-      d[4 * j + r] = (float)s;
-    }
+  wgss_pending.push_back({d, n, da, db, scale_d, kind});
   wgss_bar[EMU_WGSS_SLOT]->arrive_and_wait();
+}
+inline void wg_commit() {
+  wgss_groups.push_back(std::move(wgss_pending));
+  wgss_pending.clear();
+}
+// The oldest groups run until N are left; then the warpgroup meets, so that what any of its
+// threads does after the wait (a stage released) follows every one of its threads' reads.
+template <int N> inline void wg_wait() {
+  bool ran = false;
+  while ((int)wgss_groups.size() > N) {
+    for (const WgssOp& op : wgss_groups.front()) wgss_run(op);
+    wgss_groups.erase(wgss_groups.begin());
+    ran = true;
+  }
+  if (ran) wgss_bar[EMU_WGSS_SLOT]->arrive_and_wait();
 }
 """
 
@@ -550,7 +578,7 @@ inline void wgss_mma(float* d, int n, unsigned long long da, unsigned long long 
 # kernel computes it (blockIdx.x with __cluster_dims__(N, 1, 1), .z with (1, 1, N)).
 # cluster.cuh's address of another block's memory carries the rank in its high byte, its load
 # reads that block's memory (16-byte aligned, inside it), its barrier spans the cluster's
-# threads. setmaxnreg does nothing; each wgmma completes when issued.
+# threads. setmaxnreg does nothing; a wgmma runs at the wait that retires it (WGMMA_SS_SHIM).
 # Two schedules make ordering mistakes show every run rather than now and then:
 # - rank 0 runs ahead: the other blocks leave a cluster barrier only once every thread of rank 0
 #   has reached its next one or left (its memory poisoned: run_cluster), so a block that reads
@@ -704,8 +732,6 @@ inline void bar_sync(int id, int threads) {
 inline void bar_arrive(int id, int threads) { (void)emu_named(id, threads)->arrive(); }
 #define WG_HOLD(x) ((void)0)
 inline void wg_fence() {}
-inline void wg_commit() {}
-template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
 """
 

@@ -282,9 +282,8 @@ def test_auto_takes_kernel_52_for_conv5_in_fp16_and_tf32() -> None:
 # ------------------------------------------------------------------------- CPU emulator
 
 # Kernels 50-51's shared memory (emu_smem: a shared address is the offset into it), ldmatrix,
-# float2, and for kernel 51 its wgmma (cuda_emulator.WGMMA_SS_SHIM) and wgmma_core.cuh's
-# bookkeeping: each wgmma completes when issued (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM,
-# GEMV_SHIM).
+# float2, and for kernel 51 its wgmma (cuda_emulator.WGMMA_SS_SHIM: each runs at the wait that
+# retires it) and wgmma_core.cuh's fences (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM, GEMV_SHIM).
 DC_SHIM = r"""
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
@@ -307,8 +306,6 @@ inline void ldsm_x4(unsigned (&r)[4], unsigned saddr) { emu_ldsm(r, saddr); }
 inline void ldsm_x2(unsigned (&r)[2], unsigned saddr) { emu_ldsm(r, saddr); }
 #define WG_HOLD(x) ((void)0)
 inline void wg_fence() {}
-inline void wg_commit() {}
-template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
 """ + WGMMA_SS_SHIM
 

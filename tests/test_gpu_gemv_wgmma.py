@@ -149,12 +149,10 @@ inline unsigned __cvta_generic_to_shared(const void* p) {
   return (unsigned)((const unsigned char*)p - gw_raw);
 }
 inline unsigned char* shared_ptr(unsigned a) { return gw_raw + (int)a; }
-// wgmma_core.cuh's bookkeeping: each wgmma here completes when issued.
+// wgmma_core.cuh's fences (its commit and wait: WGMMA_SS_SHIM's, a wgmma runs at its wait).
 #define WG_HOLD(x) ((void)0)
 template <int R> inline void wg_hold(float (&)[R][4]) {}
 inline void wg_fence() {}
-inline void wg_commit() {}
-template <int N> inline void wg_wait() {}
 inline void wg_proxy_fence() {}
 """
 
