@@ -1,19 +1,19 @@
 """Rungs 39 and 40 (implicit GEMM on wgmma, sm_90a; 40 with a producer warpgroup and
 mbarriers).
 
-GPU tests: every precision of both rungs against the fp64 reference on fresh random shapes (C
-and M off the tile multiples, K 1 and 3, stride 1 and 2), outputs poisoned with NaN, at the
-defaults and at a random point of the tunable space; a 4608-term conv5_x-like sum; the
-channels-last form (`layout=nhwc`, with and without ReLU) against the same reference, converted
-for the comparison only; split-K (SPLIT 2, 3, 4 and the shape's own, 0) in both layouts against the
-reference and against the unsplit run, bit-identical when repeated; `auto` taking the rung on
-Hopper. CPU tests: the host's define rules (the unsplit define sets pinned: split-K adds sets,
-never renames one), the split rule and auto's model around it, and the kernels' index arithmetic
-replayed in NumPy — the k-slices cover the k-tiles once, the swizzled copies cover each stage
-piece once and land where the descriptor's k-steps read them under the 128-byte swizzle, the
-accumulator layout covers a warpgroup's tile once, the NHWC epilogue's staging and 16-byte
-stores cover the block's tile once, and rung 40's full/empty parities never let the producer
-refill a slot still being read.
+GPU tests: every precision of both rungs against the fp64 reference on fresh random shapes (C and M
+off the tile multiples, K 1 and 3, stride 1 and 2), outputs poisoned with NaN, at the defaults and
+at a random point of the tunable space; a 4608-term conv5_x-like sum; the channels-last form
+(`layout=nhwc`, with and without ReLU) against the same reference, converted for the comparison
+only; split-K (SPLIT 2, 3, 4 and the shape's own, 0) in both layouts against the reference and
+against the unsplit run, bit-identical when repeated; `auto` taking the rung on Hopper; 3xfp16 on
+operands far from fp16's range (its powers-of-two scales). CPU tests: the host's define rules (the
+unsplit define sets pinned: split-K adds sets, never renames one), the split rule and auto's model
+around it, and the kernels' index arithmetic replayed in NumPy — the k-slices cover the k-tiles
+once, the swizzled copies cover each stage piece once and land where the descriptor's k-steps read
+them under the 128-byte swizzle, the accumulator layout covers a warpgroup's tile once, the NHWC
+epilogue's staging and 16-byte stores cover the block's tile once, and rung 40's full/empty parities
+never let the producer refill a slot still being read.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, get_impl
 from convolab.shapes import ConvShape, ceil_div
 
-MODES = ("3xtf32", "tf32", "fp16", "bf16")
+MODES = ("3xtf32", "tf32", "fp16", "bf16")  # with a channels-last form
+ALL_MODES = (*MODES, "3xfp16")  # 3xfp16: NCHW input only (its x scale is made per call)
 RUNGS = {39: wg.RUNG39, 40: wg.RUNG40}
-NAMES = [r.prefix + m for r in RUNGS.values() for m in MODES]
+NAMES = [r.prefix + m for r in RUNGS.values() for m in ALL_MODES]
 N_SHAPES = 10
 
 # ------------------------------------------------------------------------------- CPU
@@ -101,10 +102,51 @@ def test_ci_compiles_every_pair_of_tile_values(mode: str, rung: int) -> None:
     ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "relu": 2}, 40),
     ("fp16", {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 1}, 39),   # rung 39 has no TMA path
     ("tf32", {"BM": 128, "BN": 128, "STAGES": 3, "SPLIT": -1}, 40),  # 0, 1 or the slices
+    ("3xfp16", {"BM": 128, "BN": 128, "STAGES": 3, "layout": "nhwc"}, 39),  # NCHW only
 ])
 def test_bad_defines_are_refused(mode: str, bad: dict[str, int], rung: int) -> None:
     with pytest.raises(ValueError, match="igemm-wg"):
         wg.wgmma_defines(mode, bad, RUNGS[rung])
+
+
+@pytest.mark.parametrize("rung", RUNGS)
+def test_3xfp16_builds_nchw_sets_only(rung: int) -> None:
+    """3xfp16's define sets: its own IG_MODE, two planes (3xTF32's ring and accumulators at
+    twice the k a stage), PIPE 0, no channels-last set; its tiles are 3xTF32's."""
+    r = RUNGS[rung]
+    impl = get_impl(r.prefix + "3xfp16")
+    assert impl.tolerance == TOLERANCE["3xfp16"] and impl.space == wg.space("3xtf32", r)
+    sets = impl.compile_variants()
+    assert sets and all(d["IG_MODE"] == 4 and d["PIPE"] == 0 and "WG_NHWC" not in d
+                        for d in sets)
+    assert any(d.get("WG_KSLICED") for d in sets)
+    assert (wg.layout_defines("3xfp16") in sets) == (rung == 39)
+    assert wg.tiles("3xfp16", r) == wg.tiles("3xtf32", r)
+    assert wg.planes("3xfp16") == 2 and wg.operand_dtype("3xfp16") == np.float16
+    assert wg.smem_bytes("3xfp16", 128, 192, 2) == wg.smem_bytes("3xtf32", 128, 192, 2)
+    assert ig.wgmma_k_tiles(CONV5[64], "3xfp16") * 2 == ig.wgmma_k_tiles(CONV5[64], "3xtf32")
+    with pytest.raises(ValueError, match="3xfp16 takes NCHW"):
+        wg.wgmma_defines("3xfp16", {**impl.defaults, "layout": "nhwc"}, r)
+    with pytest.raises(ValueError, match="igemm: unknown mode"):  # rung 26 has none
+        ig.igemm_defines("3xfp16", {"BM": 128, "BN": 128, "BK": 64, "STAGES": 3})
+
+
+def test_fp16_split_keeps_22_bits(rng: np.random.Generator) -> None:
+    """hi + lo of a value scaled into fp16's top binades is within 2^-22 of it (what makes
+    3xfp16 exact, precision.py), and the weights' exponent is the kernels' rule (max |w| 2^e
+    in [2^14, 2^15))."""
+    for magnitude in (1e-20, 1e-3, 1.0, 3e4, 1e20):
+        w = (rng.standard_normal(4096) * magnitude).astype(np.float32)
+        e = wg.weight_exponent(w)
+        assert 2.0**14 <= np.abs(w).max() * 2.0**e < 2.0**15, (magnitude, e)
+        scaled = np.ldexp(w, e).astype(np.float32)
+        hi, lo = wg.split_fp16(scaled)
+        assert hi.dtype == lo.dtype == np.float16
+        back = hi.astype(np.float64) + lo.astype(np.float64)
+        big = np.abs(scaled) >= 2.0**-3  # lo a normal fp16 there
+        assert np.all(np.abs(back - scaled)[big] <= np.abs(scaled[big]) * 2.0**-22), magnitude
+        assert np.all(np.abs(back - scaled) <= np.maximum(np.abs(scaled) * 2.0**-22, 2.0**-25))
+    assert wg.weight_exponent(np.zeros(3, np.float32)) == 126
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -646,7 +688,7 @@ def test_split_k_on_random_shapes(name: str, split_cases: list[Case],
     mode = wg.MODE_OF[name]
     failures = []
     points = _points(impl, split=True) + _points(impl, nhwc=True, split=True)
-    assert len(points) >= 3
+    assert len(points) >= (1 if mode == "3xfp16" else 3)
     for case in split_cases:
         for point in points:
             _, whole, _ = _run(name, case, {**point, "SPLIT": 1})
@@ -668,11 +710,11 @@ def test_split_k_on_random_shapes(name: str, split_cases: list[Case],
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rung", RUNGS)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_conv5_like_deep_k(mode: str, rung: int, rng: np.random.Generator) -> None:
     """conv5_x's 4608-term sums (C = 512, 3x3) at batch 2, on the rung's tile kinds and the
-    largest tile, NCHW and NHWC: the 3xTF32 per-k-tile fp32 adds must keep the long sum at
-    fp32 accuracy."""
+    largest tile, NCHW and NHWC (3xfp16: NCHW only): the 3x modes' per-k-tile fp32 adds must
+    keep the long sum at fp32 accuracy."""
     shape = ConvShape(2, 512, 16, 16, 512, 3)
     x = rng.standard_normal(shape.x_shape, dtype=np.float32)
     w = rng.standard_normal(shape.w_shape, dtype=np.float32) / np.float32(48)
@@ -680,22 +722,59 @@ def test_conv5_like_deep_k(mode: str, rung: int, rng: np.random.Generator) -> No
     case = Case(shape, x, w, b, conv_reference(x, w, b))
     r = RUNGS[rung]
     impl = get_impl(r.prefix + mode)
-    largest = ({"BM": 128, "BN": 192, "STAGES": 2} if mode == "3xtf32" else
+    largest = ({"BM": 128, "BN": 192, "STAGES": 2} if mode in wg.SPLIT_MODES else
                {"BM": 256, "BN": 192, "STAGES": 3, "PIPE": 1})
     narrow = [ig.WGMMA_NARROW[mode]] if rung == 39 else [{**wg.tiles(mode, r)[0], "TMA": 1}]
     for params in (*narrow, *wg.tiles(mode, r), largest):
         err = run_impl(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params}: {err:.3g}"
-    for params in (*wg.tiles(mode, r)[:2], *narrow):
+    nhwc = mode in MODES
+    for params in (*wg.tiles(mode, r)[:2], *narrow) if nhwc else ():
         err, _ = _run_nhwc(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params} nhwc: {err:.3g}"
     # split-K: 4 slices NCHW, 3 channels-last with ReLU (72 or 144 k-tiles: 18/36 and 24/48 a
     # slice), at define sets CI compiles
     tma = {"TMA": 1} if r.tma else {}
     for params in ({**wg.tiles(mode, r)[0], "SPLIT": 4},
-                   {**wg.tiles(mode, r)[1], **tma, "SPLIT": 3, "layout": "nhwc", "relu": 1}):
+                   *([{**wg.tiles(mode, r)[1], **tma, "SPLIT": 3, "layout": "nhwc", "relu": 1}]
+                     if nhwc else [])):
         err, _, _ = _run(impl.name, case, params)
         assert err <= impl.tolerance, f"{impl.name} {params}: {err:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rung", RUNGS)
+def test_3xfp16_scales_operands_far_from_fp16s_range(rung: int,
+                                                     rng: np.random.Generator) -> None:
+    """3xfp16 where unscaled fp16 would overflow (|x| ~ 1e6, |w| ~ 1e5), lose everything to
+    zero (1e-12, 1e-9) or keep only the hi parts (1e-4), an all-zero input, and a NaN in x
+    (it reaches the outputs that read it, as on the reference; the scale ignores it): every
+    output within fp32's tolerance, and each call's scale its own (calls alternate
+    magnitudes on one prepared layer)."""
+    import cupy as cp
+
+    shape = ConvShape(2, 70, 9, 9, 130, 3)
+    name = RUNGS[rung].prefix + "3xfp16"
+    impl = get_impl(name)
+    for x_mag, w_mag in ((1e6, 1e5), (1e-12, 1e-9), (1e-4, 1.0), (1.0, 1e-30), (0.0, 1.0)):
+        w = (rng.standard_normal(shape.w_shape) * w_mag).astype(np.float32)
+        b = (rng.standard_normal(shape.M) * (x_mag * w_mag * 10 or 1.0)).astype(np.float32)
+        run = impl.prepare(shape, cp.asarray(w), cp.asarray(b), impl.params_for(None))
+        for scale in (x_mag, 1.0, x_mag):
+            x = (rng.standard_normal(shape.x_shape) * scale).astype(np.float32)
+            ref = conv_reference(x, w, b)
+            y = cp.full(shape.y_shape, np.nan, dtype=cp.float32)
+            run(cp.asarray(x), y)
+            err = rel_l2(y, ref)
+            assert err <= impl.tolerance, f"{name} x ~ {scale:g}, w ~ {w_mag:g}: {err:.3g}"
+    x = rng.standard_normal(shape.x_shape).astype(np.float32)
+    x[1, 5, 4, 4] = np.nan  # read by outputs (2..4, 2..4) of image 1 (no padding)
+    y = cp.zeros(shape.y_shape, dtype=cp.float32)
+    run(cp.asarray(x), y)
+    out = cp.asnumpy(y)
+    hit = np.zeros(shape.y_shape, dtype=bool)
+    hit[1, :, 2:5, 2:5] = True
+    assert np.isnan(out[hit]).all() and np.isfinite(out[~hit]).all()
 
 
 @pytest.mark.gpu
@@ -729,21 +808,29 @@ def test_layout_tile_is_the_kernels_default() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_layout_pass_writes_the_operand_at_every_tile(mode: str,
                                                       rng: np.random.Generator) -> None:
-    """Each layout tile gives the exact operand (cast, tf32-rounded, or 3xTF32's two planes)
-    with zero pad channels: maps whose pixel count the lane's vector does not divide (15 x 15),
-    a partial last pixel tile, channels off the tile and piece multiples (C = 20, 37)."""
+    """Each layout tile gives the exact operand (cast, tf32-rounded, 3xTF32's two planes, or
+    3xfp16's two planes of x scaled by 2^e, e written where asked) with zero pad channels:
+    maps whose pixel count the lane's vector does not divide (15 x 15), a partial last pixel
+    tile, channels off the tile and piece multiples (C = 20, 37)."""
     import cupy as cp
 
     for c, h, tile in itertools.product((20, 37), (15, 16), wg_layout_tiles()):
-        x = rng.standard_normal((2, c, h, h)).astype(np.float32)
+        magnitude = rng.choice([1e-6, 1.0, 1e5]) if mode == "3xfp16" else 1.0
+        x = (rng.standard_normal((2, c, h, h)) * magnitude).astype(np.float32)
         shape = ConvShape(2, c, h, h, 8, 1)
-        got = cp.asnumpy(wg.layout_pass(shape, mode, tile)(cp.asarray(x)))
+        exponent = cp.full(1, np.nan, dtype=cp.float32)
+        got = cp.asnumpy(wg.layout_pass(shape, mode, tile, exponent if mode == "3xfp16" else None)(
+            cp.asarray(x)))
         want = np.zeros_like(got)
         nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-        if mode == "fp16":
+        if mode == "3xfp16":
+            e = wg.weight_exponent(x)  # the same rule for x, over the whole input
+            assert float(exponent.get()[0]) == e
+            want[..., :c] = wg.split_fp16(np.ldexp(nhwc, e).astype(np.float32))
+        elif mode == "fp16":
             want[0, ..., :c] = nhwc.astype(np.float16)
         elif mode == "bf16":  # round to nearest even, as bits
             u = nhwc.view(np.uint32)

@@ -25,7 +25,8 @@ from convolab.shapes import ConvShape, ceil_div
 
 MMA_FILE = "26_implicit_gemm_mma.cu"
 SPLITK_FILE = "27_implicit_gemm_splitk.cu"
-MODES: dict[str, int] = {"tf32": 0, "fp16": 1, "bf16": 2, "3xtf32": 3}
+# 3xfp16 (4) exists in the wgmma rungs only (39-40: implicit_gemm_wgmma.py).
+MODES: dict[str, int] = {"tf32": 0, "fp16": 1, "bf16": 2, "3xtf32": 3, "3xfp16": 4}
 CHANNEL_ALIGN = 8  # Cp: one 16-byte piece holds 8 fp16 or 4 fp32 channels of one tap
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one block may opt into (compute capability 9.0)
 REDUCE_BLOCK = 256
@@ -67,6 +68,7 @@ _TILES: dict[str, dict[str, tuple[int, int, int, int]]] = {
 # 4 stages 0.516). M > 64: the candidates `wgmma_tiles` weighs, first wins a tie.
 WGMMA_NARROW: dict[str, dict[str, int]] = {
     "3xtf32": {"BM": 64, "BN": 128, "STAGES": 2},
+    "3xfp16": {"BM": 64, "BN": 128, "STAGES": 2},
     "tf32": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
     "fp16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
     "bf16": {"BM": 64, "BN": 128, "STAGES": 2, "PIPE": 0},
@@ -78,6 +80,7 @@ _WG_16BIT = ({"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1},
              {"BM": 128, "BN": 96, "STAGES": 4, "PIPE": 1})
 WGMMA_WIDE: dict[str, tuple[dict[str, int], ...]] = {
     "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2}, {"BM": 128, "BN": 128, "STAGES": 3}),
+    "3xfp16": ({"BM": 128, "BN": 192, "STAGES": 2}, {"BM": 128, "BN": 128, "STAGES": 3}),
     "tf32": ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1}, *_WG_16BIT),
     "fp16": _WG_16BIT,
     "bf16": _WG_16BIT,
@@ -239,8 +242,8 @@ def smem_bytes(mode: str, bm: int, bn: int, bk: int, stages: int) -> int:
 
 def igemm_defines(mode: str, params: Mapping[str, Any]) -> dict[str, int]:
     """The -D set of one tile configuration; ValueError names what is wrong with it."""
-    if mode not in MODES:
-        raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if mode not in _TILES:  # rungs 26-27: no 3xfp16
+        raise ValueError(f"igemm: unknown mode {mode!r}; known: {', '.join(_TILES)}")
     bm, bn, bk, stages = (int(params[k]) for k in ("BM", "BN", "BK", "STAGES"))
     wm, wn = warps(bm, bn)
     row = bk * elem_bytes(mode)
@@ -430,6 +433,7 @@ def _prepare(mode: str, split: bool) -> Callable[[ConvShape, Any, Any, Mapping[s
 
 WHAT = {
     "3xtf32": "fp32-exact: operands split big+small TF32, 3 MMAs",
+    "3xfp16": "fp32-exact: operands scaled by powers of two and split hi+lo FP16, 3 MMAs",
     "tf32": "TF32 operands",
     "fp16": "FP16 operands, FP32 accumulation",
     "bf16": "BF16 operands, FP32 accumulation",

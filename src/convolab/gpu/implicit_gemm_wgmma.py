@@ -6,7 +6,12 @@ Kd = K*K*Cp, weights (M, K, K, Cp), x channels-last (B, H, W, Cp)); what differs
 loop (wgmma from 128-byte-swizzled shared memory) and that every operand is made ready for it
 outside the loop: `prepare` rounds the weights to TF32 (and for 3xTF32 stores their big and
 small parts one after the other), and `run` writes x channels-last in the same form (a
-counted kernel, always run: the rounding or split happens there). Rung 40 is rung 39 with a
+counted kernel, always run: the rounding or split happens there). 3xfp16 does the same with
+fp16 hi and lo parts of operands first scaled by a power of two (precision.py says why that is
+exact): the weights' at prepare, x's per call from max |x| (`wg_absmax`, one more launch), the
+two exponents beside the biases where the GEMM's epilogue undoes them. Its k-tile holds 64
+elements against 3xTF32's 32, and fp16's MMA runs at twice TF32's rate. It takes NCHW input
+only (a channels-last input would skip the pass that makes x's scale). Rung 40 is rung 39 with a
 producer warpgroup and per-stage mbarriers instead of a block barrier per k-tile.
 
 `SPLIT` cuts the k-tiles into that many slices, one block each (1: off, the defaults; 0: the
@@ -50,6 +55,8 @@ FILE = "39_implicit_gemm_wgmma.cu"
 ROW_BYTES = 128  # one operand row of a stage: the 128-byte swizzle span, i.e. BK*element size
 WG_N = (64, 96, 128, 192, 256)  # the wgmma N a warpgroup may run
 PLANE_LIMIT = 2**32  # the loader keeps pixel offsets within one operand plane in 32 bits
+SPLIT_MODES = ("3xtf32", "3xfp16")  # two operand planes, three wgmmas, PIPE 0
+ABSMAX_BLOCKS = 256  # wg_absmax's blocks: the kernel's WG_ABSMAX_BLOCKS
 ALIGN_SLACK = 1024  # the kernels align their ring to the swizzle's 1024-byte period
 EPILOGUE_PAD = 4  # fp32 padding of a row of the NHWC epilogue's staging tile ([n][BM + 4])
 LAYOUT_TILE = (32, 128)  # the layout pass's (channels, pixels) a block: the kernel's defaults
@@ -107,14 +114,16 @@ _SPACE_40 = {"BM": (128, 256), "BN": (128, 192), "STAGES": (3, 4), "PIPE": (1,),
              "SPLIT": SPLITS}
 _SPACE_40_3X = {"BM": (128,), "BN": (128, 192), "STAGES": (2, 3), "TMA": (0, 1),
                 "SPLIT": SPLITS}
+# 3xfp16 starts from 3xTF32's tiles (the same bytes a stage, twice its k), not yet swept.
 # Rung 40's start: 256 x 192 fills 132 SMs in one wave on conv5_x at batch 64 (2 x 66 tiles);
 # the wave model (`ig.wgmma_tiles`) weighs it against 128 x 192 and 128 x 128. A by TMA: on
 # the H100, conv5_x B=64 NHWC fp16 0.107-0.112 ms against 0.133-0.136 by cp.async (tf32
 # 0.171-0.180 against 0.222-0.228), every STAGES/PIPE within 4% (docs/vgg.md). 3xTF32 keeps
 # cp.async: its TMA path is checked, not timed.
 WGP_WIDE: dict[str, tuple[dict[str, int], ...]] = {
-    "3xtf32": ({"BM": 128, "BN": 192, "STAGES": 2, "TMA": 0},
-               {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 0}),
+    **{m: ({"BM": 128, "BN": 192, "STAGES": 2, "TMA": 0},
+           {"BM": 128, "BN": 128, "STAGES": 3, "TMA": 0})
+       for m in SPLIT_MODES},
     **{m: ({"BM": 256, "BN": 192, "STAGES": 4, "PIPE": 1, "TMA": 1},
            {"BM": 128, "BN": 192, "STAGES": 4, "PIPE": 1, "TMA": 1},
            {"BM": 128, "BN": 128, "STAGES": 4, "PIPE": 1, "TMA": 1})
@@ -126,8 +135,8 @@ FIXED = {"layout": "nchw", "relu": 0}
 
 def space(mode: str, rung: WgRung = RUNG39) -> dict[str, tuple[int, ...]]:
     if rung is RUNG40:
-        return dict(_SPACE_40_3X if mode == "3xtf32" else _SPACE_40)
-    return dict(_SPACE_3X if mode == "3xtf32" else _SPACE)
+        return dict(_SPACE_40_3X if mode in SPLIT_MODES else _SPACE_40)
+    return dict(_SPACE_3X if mode in SPLIT_MODES else _SPACE)
 
 
 def tiles(mode: str, rung: WgRung = RUNG39) -> tuple[dict[str, int], ...]:
@@ -154,8 +163,8 @@ def pipelined_plan(shape: ConvShape, mode: str, sms: int = ig.DEFAULT_SMS
 
 
 def planes(mode: str) -> int:
-    """Operand planes in memory and in each stage: big and small for 3xTF32, else one."""
-    return 2 if mode == "3xtf32" else 1
+    """Operand planes in memory and in each stage: big and small for the 3x modes, else one."""
+    return 2 if mode in SPLIT_MODES else 1
 
 
 def warpgroup_n(bm: int, bn: int) -> int:
@@ -165,7 +174,7 @@ def warpgroup_n(bm: int, bn: int) -> int:
 
 def accumulators(mode: str, bm: int, bn: int) -> int:
     """fp32 accumulators a thread holds: N/2 per 64-row wgmma (two of them at BM = 256),
-    twice that for 3xTF32's separate total."""
+    twice that for the 3x modes' separate total."""
     return (2 if bm == 256 else 1) * warpgroup_n(bm, bn) // 2 * planes(mode)
 
 
@@ -189,8 +198,11 @@ def wgmma_defines(mode: str, params: Mapping[str, Any],
     if mode not in ig.MODES:
         raise ValueError(f"igemm-wg: unknown mode {mode!r}; known: {', '.join(ig.MODES)}")
     bm, bn, stages = (int(params[k]) for k in ("BM", "BN", "STAGES"))
-    pipe = 0 if mode == "3xtf32" else int(params.get("PIPE", 1))
+    pipe = 0 if mode in SPLIT_MODES else int(params.get("PIPE", 1))
     nhwc, relu = layout_of(params) == "nhwc", int(params.get("relu", 0))
+    if nhwc and mode == "3xfp16":
+        raise ValueError("igemm-wg: 3xfp16 takes NCHW input only (layout=nchw): x's scale is "
+                         "made by the layout pass a channels-last input skips")
     tma, split = int(params.get("TMA", 0)), int(params.get("SPLIT", 1))
     if bm not in rung.bms or bn % rung.copy_rows or warpgroup_n(bm, bn) not in WG_N:
         raise ValueError(f"igemm-wg: rung {rung.rung} runs BM of {rung.bms} and each "
@@ -271,17 +283,19 @@ def define_sets(mode: str, rung: WgRung, every_tile: bool = True) -> list[dict[s
     else:
         out = pairwise_points(sp, define)
     # NHWC at the rung's first two wide tiles (the first also with ReLU, and in rung 40
-    # with TMA) and rung 39's 64-row one.
+    # with TMA) and rung 39's 64-row one; none for 3xfp16 (NCHW only).
     first, second = tiles(mode, rung)[:2]
     nhwc = [first, {**first, "relu": 1}, second]
     nhwc += [ig.WGMMA_NARROW[mode]] if rung is RUNG39 else [{**first, "TMA": 1}]
-    out += [define({**t, "layout": "nhwc"}) for t in nhwc]
+    channels_last = mode != "3xfp16"
+    out += [define({**t, "layout": "nhwc"}) for t in nhwc if channels_last]
     if rung is RUNG39:
         out.append(layout_defines(mode))
     # Split-K (one set for every factor): NCHW and NHWC at the first wide tile, NHWC with
     # ReLU at the second (in rung 40 with TMA, as auto's model runs it).
-    split = [first, {**first, "layout": "nhwc"},
-             {**second, "layout": "nhwc", "relu": 1, **({"TMA": 1} if rung.tma else {})}]
+    split = [first] + ([{**first, "layout": "nhwc"},
+                        {**second, "layout": "nhwc", "relu": 1,
+                         **({"TMA": 1} if rung.tma else {})}] if channels_last else [])
     return out + [define({**t, "SPLIT": 2}) for t in split]
 
 
@@ -319,8 +333,9 @@ def operand_shape(mode: str, batch: int, h: int, w: int, channels: int) -> tuple
 
 
 def operand_dtype(mode: str) -> Any:
-    """fp16, bf16 as its bit pattern (uint16: CuPy has no bf16), else fp32 (tf32 values)."""
-    return {"fp16": np.float16, "bf16": np.uint16}.get(mode, np.float32)
+    """fp16 (3xfp16's too), bf16 as its bit pattern (uint16: CuPy has no bf16), else fp32
+    (tf32 values)."""
+    return {"fp16": np.float16, "3xfp16": np.float16, "bf16": np.uint16}.get(mode, np.float32)
 
 
 def from_operand(a: Any, channels: int, mode: str) -> Any:
@@ -338,12 +353,32 @@ def from_operand(a: Any, channels: int, mode: str) -> Any:
 # --------------------------------------------------------------------------------------
 
 
+def split_fp16(a: Any) -> Any:
+    """3xfp16's planes of `a` (already scaled): (2, ...) fp16, hi = fp16(a), lo = fp16(a - hi)
+    (a - hi is exact in fp32), on NumPy or CuPy arrays."""
+    xp = xp_of(a)
+    a = xp.asarray(a, dtype=xp.float32)
+    hi = a.astype(xp.float16)
+    return xp.stack([hi, (a - hi.astype(xp.float32)).astype(xp.float16)])
+
+
+def weight_exponent(w: Any) -> int:
+    """e of 3xfp16's weight scale 2^e: max |w| 2^e in [2^14, 2^15) (the kernels' rule)."""
+    from convolab.gpu.fused_wide import fp16_scale_exponent
+
+    return fp16_scale_exponent(float(abs(w).max())) if w.size else 0
+
+
 def operand_weights(w: Any, mode: str) -> Any:
     """(M, C, K, K) fp32 -> (planes, M, K, K, Cp) in the operand type: 16-bit casts, TF32
-    rounded, or for 3xTF32 the big part then the small one (w = big + small, both TF32)."""
+    rounded, for 3xTF32 the big part then the small one (w = big + small, both TF32), for
+    3xfp16 the hi and lo parts of w 2^weight_exponent(w)."""
     cp = require_cupy()
     if mode in ("fp16", "bf16"):
         return ig.operand_weights(w, mode)[None]
+    if mode == "3xfp16":
+        full = ig.operand_weights(w, "tf32")  # fp32, channels-last, padded
+        return split_fp16(cp.ldexp(full, cp.int32(weight_exponent(cp.asarray(w)))))
     full = ig.operand_weights(w, "tf32")  # fp32, channels-last, padded
     big = tf32_round(full)
     if mode == "tf32":
@@ -397,21 +432,37 @@ def tensor_map(w_op: Any, box_rows: int) -> Any:
     return cp.asarray(np.frombuffer(ctypes.string_at(at, _MAP_BYTES), dtype=np.uint8))
 
 
-def layout_pass(shape: ConvShape, mode: str,
-                tile: tuple[int, int] = LAYOUT_TILE) -> Callable[[Any], Any]:
+def layout_pass(shape: ConvShape, mode: str, tile: tuple[int, int] = LAYOUT_TILE,
+                exponent: Any = None) -> Callable[[Any], Any]:
     """x NCHW fp32 -> the kernels' (planes, B, H, W, Cp) operand buffer (reused each call);
-    `tile`: the (channels, pixels) a block moves (benchmarks/layout_rate.py compares them)."""
+    `tile`: the (channels, pixels) a block moves (benchmarks/layout_rate.py compares them).
+    3xfp16: `wg_absmax` first, and the pass writes x's scale exponent to `exponent` (one fp32
+    element of device memory: the slot after the weights' exponent in the GEMM's bias)."""
     cp = require_cupy()
     cp_ = ig.padded_channels(shape.C)
     buf = cp.empty(operand_shape(mode, shape.B, shape.H, shape.W, shape.C),
                    dtype=operand_dtype(mode))
-    kernel = get_kernel(FILE, "wg_channels_last", layout_defines(mode, tile))
+    defines = layout_defines(mode, tile)
+    kernel = get_kernel(FILE, "wg_channels_last", defines)
     channels, pixels = tile
     grid = (ceil_div(shape.H * shape.W, pixels), ceil_div(cp_, channels), shape.B)
-    args = (*(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W)), np.int64(buf[0].size))
+    x_max = cp.zeros(ABSMAX_BLOCKS, dtype=cp.float32)
+    if exponent is None:
+        if mode == "3xfp16":
+            raise ValueError("igemm-wg: 3xfp16's layout pass needs the slot for x's exponent")
+        exponent = x_max[:1]  # never written outside 3xfp16
+    args = (*(np.int32(v) for v in (shape.C, cp_, shape.H, shape.W)), np.int64(buf[0].size),
+            x_max, exponent)
     launch = BoundLaunch(kernel, grid, (256,), (None, buf, *args), per_call=(0,))
+    absmax = None
+    if mode == "3xfp16":
+        absmax = BoundLaunch(get_kernel(FILE, "wg_absmax", defines), (ABSMAX_BLOCKS,), (256,),
+                             (None, np.int64(shape.B * shape.C * shape.H * shape.W), x_max),
+                             per_call=(0,))
 
     def convert(x: Any) -> Any:
+        if absmax is not None:
+            absmax(x)
         launch(x)
         return buf
 
@@ -421,6 +472,8 @@ def layout_pass(shape: ConvShape, mode: str,
 def to_operand(x: Any, mode: str) -> Any:
     """x NCHW fp32 (CuPy) -> a new channels-last operand in `mode`'s form: what a `layout=nhwc`
     run takes (and, for the next layer, what one writes)."""
+    if mode == "3xfp16":
+        raise ValueError("igemm-wg: 3xfp16 has no channels-last operand form (NCHW input only)")
     shape = ConvShape(x.shape[0], x.shape[1], x.shape[2], x.shape[3], 1, 1)
     return layout_pass(shape, mode)(x).copy()
 
@@ -458,6 +511,9 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
         smem = smem_bytes(mode, bm, bn, defines["STAGES"], nhwc)
         w_op = operand_weights(w, mode)
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
+        if mode == "3xfp16":  # the biases, the weights' scale exponent, x's (the layout pass's)
+            b_d = cp.concatenate([b_d, cp.asarray([weight_exponent(cp.asarray(w)), 0],
+                                                  dtype=cp.float32)])
         M, N, _ = ig.gemm_dims(shape)
         kernel = get_kernel(rung.file, rung.kernel, defines)
         kernel.max_dynamic_shared_size_bytes = smem
@@ -505,7 +561,8 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
                 launch(x, y)
 
             return run_nhwc
-        convert = layout_pass(shape, mode)
+        exponent = b_d[shape.M + 1:] if mode == "3xfp16" else None
+        convert = layout_pass(shape, mode, exponent=exponent)
         return lambda x, y: launch(convert(x), y)
 
     return prepare
@@ -513,7 +570,7 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
 
 MODE_OF: dict[str, str] = {}  # registry name -> operand mode, for the NHWC contender form
 
-for _rung, _mode in itertools.product(RUNGS, ("3xtf32", "tf32", "fp16", "bf16")):
+for _rung, _mode in itertools.product(RUNGS, ("3xtf32", "3xfp16", "tf32", "fp16", "bf16")):
     MODE_OF[_rung.prefix + _mode] = _mode
     register(ConvImpl(
         name=_rung.prefix + _mode, rung=_rung.rung, device="gpu", kernel_file=_rung.file,

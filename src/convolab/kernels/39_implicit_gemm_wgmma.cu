@@ -42,6 +42,7 @@
 // conv5_x channels-last B=8 fp16 0.051 ms at 128 x 192 split 3 (unsplit 0.080), TF32 0.058
 // (0.128; cuDNN TF32 0.081); NCHW fp16 0.051 against 0.068 for whole 128 x 128 tiles.
 
+#include "split_scale.cuh"
 #include "wgmma.cuh"
 
 #define WG_THREADS 256  // both warpgroups load, then both multiply
@@ -89,7 +90,8 @@ igemm_wgmma(const ig_t* __restrict__ x, const ig_t* __restrict__ w,
 }
 
 // x NCHW fp32 -> channels-last (B, H, W, Cp) operands, channels C..Cp-1 zero: fp16/bf16 cast,
-// tf32 rounded, or for 3xTF32 the big part here and the small part x_plane elements further.
+// tf32 rounded, or for 3xTF32 / 3xfp16 the big part here and the small part x_plane elements
+// further (3xfp16: of x scaled by 2^e, e from wg_absmax's partial maxima).
 // Per image this is a transpose of a C x (H*W) matrix: one block moves a WG_LAYOUT_C-channel x
 // WG_LAYOUT_Q-pixel tile of it through shared memory, the pixels counted across rows (a tile
 // of one row's columns would leave half of every read idle on 16-wide maps such as conv5_x's).
@@ -112,7 +114,7 @@ static_assert(WG_LAYOUT_VEC == 1 || WG_LAYOUT_VEC == 2 || WG_LAYOUT_VEC == 4,
 static_assert(WG_LAYOUT_C % (16 / sizeof(ig_t)) == 0, "a tile holds whole 16-byte pieces");
 
 __device__ __forceinline__ void wg_store_piece(ig_t* dst, const float (&v)[16 / sizeof(ig_t)],
-                                               long long x_plane) {
+                                               long long x_plane, float scale) {
   constexpr int PER = 16 / sizeof(ig_t);
   union {
     uint4 raw;
@@ -123,6 +125,10 @@ __device__ __forceinline__ void wg_store_piece(ig_t* dst, const float (&v)[16 / 
 #if IG_MODE == 3
     piece.e[k] = tf32_round(v[k]);
     rest.e[k] = tf32_round(v[k] - piece.e[k]);
+#elif IG_MODE == 4
+    const float scaled = v[k] * scale;  // exact: a power of two
+    piece.e[k] = __float2half_rn(scaled);
+    rest.e[k] = __float2half_rn(scaled - __half2float(piece.e[k]));
 #elif IG_MODE == 0
     piece.e[k] = tf32_round(v[k]);
 #else
@@ -130,17 +136,50 @@ __device__ __forceinline__ void wg_store_piece(ig_t* dst, const float (&v)[16 / 
 #endif
   }
   *reinterpret_cast<uint4*>(dst) = piece.raw;
-#if IG_MODE == 3
+#if WG_3X
   *reinterpret_cast<uint4*>(dst + x_plane) = rest.raw;
 #else
   (void)rest;
   (void)x_plane;
 #endif
+  (void)scale;
+}
+
+// 3xfp16's scale of x is one power of two a call, from max |x| over the whole input (the GEMM's
+// tiles mix images). Two launches, neither waiting on another block: wg_absmax leaves each
+// block's max in x_max[blockIdx.x], and every block of the layout pass reduces those
+// WG_ABSMAX_BLOCKS values itself (1 KB from L2) to the same exponent.
+#define WG_ABSMAX_BLOCKS 256  // gpu/implicit_gemm_wgmma.py's ABSMAX_BLOCKS
+#define WG_ABSMAX_THREADS 256
+
+// The max of v over the block's threads, in every thread (fmaxf drops NaN: a NaN input
+// still propagates through the GEMM itself).
+__device__ __forceinline__ float wg_block_max(float v) {
+  __shared__ float warp_max[WG_ABSMAX_THREADS / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = warp_max[0];
+#pragma unroll
+  for (int i = 1; i < WG_ABSMAX_THREADS / 32; ++i) v = fmaxf(v, warp_max[i]);
+  return v;
+}
+
+extern "C" __global__ void __launch_bounds__(WG_ABSMAX_THREADS)
+wg_absmax(const float* __restrict__ x, long long n, float* __restrict__ x_max) {
+  float m = 0.0f;
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    m = fmaxf(m, fabsf(__ldg(x + i)));
+  m = wg_block_max(m);
+  if (threadIdx.x == 0) x_max[blockIdx.x] = m;
 }
 
 extern "C" __global__ void __launch_bounds__(WG_LAYOUT_THREADS)
 wg_channels_last(const float* __restrict__ x, ig_t* __restrict__ out, int C, int Cp, int H,
-                 int W, long long x_plane) {
+                 int W, long long x_plane, const float* __restrict__ x_max,
+                 float* __restrict__ x_exponent) {
   constexpr int PER = 16 / sizeof(ig_t);     // channels a 16-byte piece holds
   constexpr int PIECES = WG_LAYOUT_C / PER;  // pieces of one pixel in the tile
   constexpr int V = WG_LAYOUT_VEC;
@@ -149,6 +188,18 @@ wg_channels_last(const float* __restrict__ x, ig_t* __restrict__ out, int C, int
   const int q0 = blockIdx.x * WG_LAYOUT_Q, c0 = blockIdx.y * WG_LAYOUT_C, b = blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool whole = hw % V == 0 && q0 + WG_LAYOUT_Q <= hw;  // vector loads stay aligned, in
+  float scale = 1.0f;
+#if IG_MODE == 4
+  static_assert(WG_LAYOUT_THREADS == WG_ABSMAX_THREADS && WG_ABSMAX_BLOCKS <= WG_LAYOUT_THREADS,
+                "one partial max a thread");
+  const int e = fw_scale_exponent(
+      wg_block_max(threadIdx.x < WG_ABSMAX_BLOCKS ? x_max[threadIdx.x] : 0.0f));
+  scale = ldexpf(1.0f, e);
+  if (blockIdx.x + blockIdx.y + blockIdx.z == 0 && threadIdx.x == 0) *x_exponent = (float)e;
+#else
+  (void)x_max;
+  (void)x_exponent;
+#endif
   for (int i = warp; i < WG_LAYOUT_C; i += WG_LAYOUT_THREADS / 32) {
     const int c = c0 + i, q = q0 + lane * V;
     const float* row = x + ((size_t)b * C + c) * hw;
@@ -177,6 +228,6 @@ wg_channels_last(const float* __restrict__ x, ig_t* __restrict__ out, int C, int
     float v[PER];
 #pragma unroll
     for (int k = 0; k < PER; ++k) v[k] = tile[c - c0 + k][q - q0];
-    wg_store_piece(out + ((size_t)b * hw + q) * Cp + c, v, x_plane);
+    wg_store_piece(out + ((size_t)b * hw + q) * Cp + c, v, x_plane, scale);
   }
 }

@@ -6,11 +6,12 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-// Operand modes (IG_MODE): 0 tf32, 1 fp16, 2 bf16, 3 3xtf32 (tf32 big + small planes).
+// Operand modes (IG_MODE): 0 tf32, 1 fp16, 2 bf16, 3 3xtf32 (tf32 big + small planes), 4 3xfp16
+// (fp16 hi + lo planes of operands scaled by powers of two; the wgmma rungs only).
 #ifndef IG_MODE
 #define IG_MODE 1
 #endif
-#if IG_MODE == 1
+#if IG_MODE == 1 || IG_MODE == 4
 typedef __half ig_t;
 #elif IG_MODE == 2
 typedef __nv_bfloat16 ig_t;

@@ -58,7 +58,8 @@ typedef wg_y_t wg_out_t;
 #endif
 
 #define WG_CONSUMERS 256                    // the two warpgroups that issue the wgmmas
-#define WG_SPLIT (IG_MODE == 3 ? 2 : 1)   // operand planes: big (+ small for 3xTF32)
+#define WG_3X (IG_MODE == 3 || IG_MODE == 4)  // 3xTF32 / 3xfp16: two planes, three wgmmas
+#define WG_SPLIT (WG_3X ? 2 : 1)            // operand planes: big (+ small for the 3x modes)
 #define WG_ROWB 128                         // bytes of one operand row in a stage: the swizzle span
 #define WG_BK (WG_ROWB / (int)sizeof(ig_t))
 #define WG_VEC (16 / (int)sizeof(ig_t))     // elements of one 16-byte piece
@@ -77,13 +78,15 @@ static_assert(BM == 64 || BM == 128 || BM == 256, "BM is 64, 128 or 256 rows");
 static_assert(WG_N == 64 || WG_N == 96 || WG_N == 128 || WG_N == 192 || WG_N == 256,
               "a warpgroup's N is 64, 96, 128, 192 or 256");
 static_assert(STAGES >= 2 + PIPE, "PIPE=1 needs a slot for the k-tile still in flight");
-static_assert(IG_MODE != 3 || PIPE == 0, "3xTF32 reads each k-tile's sum before the next");
+static_assert(!WG_3X || PIPE == 0, "the 3x modes read each k-tile's sum before the next");
+// 3xfp16's x scale is made per call by the layout pass, which a channels-last input skips.
+static_assert(IG_MODE != 4 || !WG_NHWC, "3xfp16 takes NCHW input only");
 
 // ---- wgmma wrappers --------------------------------------------------------------------------
 
 // The instruction's k and operand types, and its tail: scale-d (a predicate: 0 ignores d),
 // the immediate scales of a and b, and (16-bit types only) no transpose: both K-major.
-#if IG_MODE == 1
+#if IG_MODE == 1 || IG_MODE == 4
 #define WG_TYPES "k16.f32.f16.f16"
 #define WG_TAIL ", 1, 1, 0, 0;\n"
 #elif IG_MODE == 2
@@ -268,7 +271,7 @@ __device__ __forceinline__ void wg_tile(float (&acc)[WG_MI][WG_ACC], unsigned sl
 #pragma unroll
     for (int mi = 0; mi < WG_MI; ++mi) {
       const unsigned long long da = wg_desc(a + mi * 64 * WG_ROWB);
-#if IG_MODE == 3
+#if WG_3X
       const unsigned long long da_s = wg_desc(a + (BM + mi * 64) * WG_ROWB);
       const unsigned long long db_s = wg_desc(b + BN * WG_ROWB);
       wg_mma(acc[mi], da_s + step, db + step, ks > 0);  // the k-tile's sum starts from zero
@@ -305,9 +308,9 @@ __device__ __forceinline__ void wg_zero(float (&a)[WG_MI][WG_ACC]) {
     for (int i = 0; i < WG_ACC; ++i) a[mi][i] = 0.0f;
 }
 
-// A consumer thread's accumulators, zeroed: acc, and for 3xTF32 a separate fp32 total of the
-// k-tiles' sums (in the other modes total is acc itself).
-#if IG_MODE == 3
+// A consumer thread's accumulators, zeroed: acc, and for the 3x modes a separate fp32 total of
+// the k-tiles' sums (in the other modes total is acc itself).
+#if WG_3X
 #define WG_ACCUMULATORS                                \
   float acc[WG_MI][WG_ACC], total[WG_MI][WG_ACC];      \
   wg_zero(acc);                                        \
@@ -320,8 +323,9 @@ __device__ __forceinline__ void wg_zero(float (&a)[WG_MI][WG_ACC]) {
 #endif
 
 // One k-tile of a warpgroup: its wgmmas on ring slot `slot` issued, then a wait until at most
-// PIPE k-tiles are still in flight. 3xTF32 adds the k-tile's sum into the fp32 total (which
-// is acc itself in the other modes).
+// PIPE k-tiles are still in flight. The 3x modes add the k-tile's sum into the fp32 total
+// (which is acc itself in the other modes): the tensor cores truncate as they accumulate, so a
+// sum of thousands of terms kept in acc would lose fp32's accuracy.
 __device__ __forceinline__ void wg_step(float (&acc)[WG_MI][WG_ACC],
                                         float (&total)[WG_MI][WG_ACC], unsigned slot,
                                         int a_row, int b_row) {
@@ -331,7 +335,7 @@ __device__ __forceinline__ void wg_step(float (&acc)[WG_MI][WG_ACC],
   wg_commit();
   wg_wait<PIPE>();
   wg_hold(acc);
-#if IG_MODE == 3
+#if WG_3X
 #pragma unroll
   for (int mi = 0; mi < WG_MI; ++mi)
 #pragma unroll
@@ -455,11 +459,21 @@ __device__ void wg_store_nhwc(const float (&total)[WG_MI][WG_ACC], wg_out_t* __r
 // The block's output from the consumer warpgroups' registers (ctid: the thread among the
 // WG_CONSUMERS; every k-tile has been consumed, so the ring at `stage` is free). WG_KSLICED:
 // into slab blockIdx.z of the partial sums, each slab one output's elements in its order.
-__device__ __forceinline__ void wg_epilogue(const float (&total)[WG_MI][WG_ACC],
+// 3xfp16: bias holds M + 2 floats, the biases then the exponents e of the weights' scale 2^e
+// (made at prepare) and of x's (written by this call's layout pass); ldexpf undoes both at
+// once, since 2^-e of either alone may leave fp32's range where the output does not.
+__device__ __forceinline__ void wg_epilogue(float (&total)[WG_MI][WG_ACC],
                                             wg_out_t* __restrict__ y,
                                             const float* __restrict__ bias, const IgProblem& p,
                                             int m0, int n0, int a_row, int b_row, float* stage,
                                             int ctid) {
+#if IG_MODE == 4
+  const int unscale = -(int)(bias[p.M] + bias[p.M + 1]);
+#pragma unroll
+  for (int mi = 0; mi < WG_MI; ++mi)
+#pragma unroll
+    for (int i = 0; i < WG_ACC; ++i) total[mi][i] = ldexpf(total[mi][i], unscale);
+#endif
 #if WG_KSLICED
   y += (size_t)blockIdx.z * p.N * (WG_NHWC ? (p.M + 7) & ~7 : p.M);
 #endif
