@@ -40,6 +40,7 @@ MODES = ("3xtf32", "tf32", "fp16", "bf16")  # with a channels-last form
 ALL_MODES = (*MODES, "3xfp16")  # 3xfp16: NCHW input only (its x scale is made per call)
 RUNGS = {39: wg.RUNG39, 40: wg.RUNG40}
 NAMES = [r.prefix + m for r in RUNGS.values() for m in ALL_MODES]
+NHWC_NAMES = [r.prefix + m for r in RUNGS.values() for m in MODES]
 N_SHAPES = 10
 
 # ------------------------------------------------------------------------------- CPU
@@ -269,15 +270,38 @@ def test_split_rule_counts_one_block_an_sm(mode: str) -> None:
                 assert split == 1 or tiles * split <= 132, (t, shape.B)
 
 
-def _auto(shape: ConvShape, mode: str) -> tuple[str, dict[str, Any]]:
-    """auto's shape model among the implicit GEMMs (kernel 41 left out), wgmma available."""
+def _auto(shape: ConvShape, mode: str, wgmma_family: bool = False) -> tuple[str, dict[str, Any]]:
+    """auto's shape model among the implicit GEMMs (kernel 41 left out), wgmma available;
+    for fp32 the 3xTF32 rungs only, or with `wgmma_family` also the wgmma rungs' 3xfp16."""
     from convolab.gpu import auto
 
     family = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}[mode]
     names = {f"igemm-{family}", f"igemm-splitk-{family}", f"igemm-wg-{family}",
              f"igemm-wgp-{family}"}
+    if wgmma_family:
+        names |= {r.prefix + auto.WGMMA_FAMILY[mode] for r in RUNGS.values()}
     choice = auto.default_choice(shape, names, mode)
     return choice.impl, choice.params
+
+
+@pytest.mark.parametrize("batch", sorted(CONV5))
+def test_auto_runs_fp32_as_3xfp16_on_the_wgmma_rungs(batch: int) -> None:
+    """fp32 on conv5_x and conv1_2: where the 3xTF32 model picks a wgmma rung, the same tiles
+    in 3xfp16, on rung 40 where they are 128 x 192 unsplit (conv5_x B >= 24), else rung 39;
+    rung 27's split-K keeps B <= 2; without 3xfp16 eligible, 3xTF32 as before."""
+    conv5 = CONV5[batch]
+    plain = _auto(conv5, "fp32")
+    name, params = _auto(conv5, "fp32", wgmma_family=True)
+    if plain[0].startswith("igemm-splitk"):
+        assert (name, params) == plain and batch <= 2
+    else:
+        assert params == plain[1] or name == "igemm-wgp-3xfp16"
+        wide = params["BN"] == 192 and "SPLIT" not in params
+        assert name == ("igemm-wgp-3xfp16" if wide else "igemm-wg-3xfp16"), (batch, params)
+        assert wide == (batch >= 24), batch
+    conv1_2 = ConvShape(batch, 64, 226, 226, 64, 3)
+    assert _auto(conv1_2, "fp32", wgmma_family=True) == ("igemm-wg-3xfp16",
+                                                         ig.WGMMA_NARROW["3xtf32"])
 
 
 @pytest.mark.parametrize("mode", ["fp32", "tf32", "fp16"])
@@ -626,7 +650,7 @@ def _run_nhwc(name: str, case: Case, params: dict[str, Any]) -> tuple[float, Any
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NHWC_NAMES)
 def test_channels_last_form_on_random_shapes(name: str, cases: list[Case],
                                              rng: np.random.Generator) -> None:
     """layout=nhwc (with ReLU where the drawn define set has it): the same function as the NCHW

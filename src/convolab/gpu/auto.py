@@ -36,9 +36,9 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
     over whole images in shared memory (`direct_image.auto_choice`, docs/vgg.md "Kernel 52",
     "Kernel 52 in TF32");
   * a GEMM big enough for tensor-core tiles (C >= 32 and M >= 32: VGG's convolutions and
-    classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, tf32:
-    tf32, fp16: fp16), split-K where the output has fewer 128 x 128 tiles than half the
-    SMs, else the wgmma rung 39 on Hopper (rung 26 elsewhere), tiles by M
+    classifier layers): the implicit-GEMM rung of the mode's family (fp32: 3xtf32, on the
+    wgmma rungs 3xfp16; tf32: tf32, fp16: fp16), split-K where the output has fewer 128 x 128
+    tiles than half the SMs, else the wgmma rung 39 on Hopper (rung 26 elsewhere), tiles by M
     (`implicit_gemm.plan`); measured on the VGG layers at batch 1..64 against every tile
     configuration (docs/vgg.md); rung 40 instead where its 256-row tiles fill the SMs
     (`implicit_gemm_wgmma.pipelined_plan`, unsplit only). On Hopper, where the 128 x 128
@@ -85,8 +85,12 @@ SMALL_OUTPUT = 1 << 18
 # Below these channel counts an implicit GEMM pads most of each tensor-core tile with zeros.
 GEMM_C = 32
 GEMM_M = 32
-# The implicit-GEMM family each mode runs: the fastest that meets the mode's tolerance.
+# The implicit-GEMM family each mode runs: the fastest that meets the mode's tolerance. On
+# Hopper the wgmma rungs run fp32 as 3xfp16 (rungs 26-27 have no 3xfp16): twice the k a
+# k-tile at twice TF32's MMA rate, conv5_x B = 64 0.442 ms against 3xTF32's 0.753 and B = 8
+# 0.103 against 0.151 (H200, docs/vgg.md "Rungs 39-40 in 3xfp16").
 GEMM_FAMILY = {"fp32": "3xtf32", "tf32": "tf32", "fp16": "fp16"}
+WGMMA_FAMILY = {**GEMM_FAMILY, "fp32": "3xfp16"}
 # Kernel 41's weights per mode and the largest batch it takes (H100, docs/vgg.md): fc6 with
 # gemv-fp32 0.166-0.188 ms at B=1-16 against split-K 3xTF32 0.216-0.226; gemv-tf32 (TF32
 # weights in 2.5 bytes) 0.113-0.118 at B=1-4 against gemv-fp32's 0.161-0.171 and cuBLAS TF32's
@@ -126,10 +130,14 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     if shape.C >= GEMM_C and shape.M >= GEMM_M:
         for wgmma in (True, False):  # rungs 39-40 are eligible only where the GPU has wgmma
             name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode], wgmma=wgmma)
-            pipelined = wgmma and name.startswith(wg.RUNG39.prefix) and wg.pipelined_plan(
-                shape, GEMM_FAMILY[mode])
-            if pipelined:
-                wishes.append(Choice(*pipelined))
+            if wgmma and name.startswith(wg.RUNG39.prefix):
+                # The same tiles in the wgmma family (3xfp16 for fp32), then the mode's own
+                # where that is not eligible.
+                family = WGMMA_FAMILY[mode]
+                pipelined = wg.pipelined_plan(shape, family)
+                if pipelined:
+                    wishes.append(Choice(*pipelined))
+                wishes.append(Choice(wg.RUNG39.prefix + family, params))
             wishes.append(Choice(name, params))
     if shape.C >= LARGE_C and n_out < SMALL_OUTPUT:
         wishes.append(Choice("channel-atomic", {"CGROUP": 4}))

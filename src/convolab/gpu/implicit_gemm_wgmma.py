@@ -157,9 +157,13 @@ def pipelined_plan(shape: ConvShape, mode: str, sms: int = ig.DEFAULT_SMS
     (conv5_x at batch 12-20): for `auto`'s NCHW callers rung 40's split ran 1.2-1.5x slower
     than rung 39's tiles (B = 12 fp16 0.089 ms against 0.075 at 128 x 192 split 2; B = 16 0.102
     against 0.072 at 128 x 128 whole; docs/vgg.md), though its channels-last form is the
-    fastest there. Elsewhere None, and rung 39 keeps the shape."""
+    fastest there. 3xfp16 has no 256-row tiles: rung 40 takes it where the model picks 128 x 192
+    unsplit (conv5_x at B = 32 and 64: 0.225 and 0.442 ms against rung 39's 0.244 and 0.475;
+    H200, docs/vgg.md; at B = 16 rung 39's 128 x 128 ran 0.163 against rung 40's 0.192).
+    Elsewhere None, and rung 39 keeps the shape."""
     tile = ig.wgmma_tiles(shape, mode, sms, WGP_WIDE[mode])
-    return (RUNG40.prefix + mode, tile) if tile["BM"] == 256 and "SPLIT" not in tile else None
+    wide = tile["BM"] == 256 or (mode == "3xfp16" and tile["BN"] == 192)
+    return (RUNG40.prefix + mode, tile) if wide and "SPLIT" not in tile else None
 
 
 def planes(mode: str) -> int:
