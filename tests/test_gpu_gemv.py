@@ -132,10 +132,12 @@ def test_fc6_grid_is_whole_waves(resident: int) -> None:
 def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
     """fc6/fc7 up to GEMV_MAX_BATCH: gemv-fp32 in fp32 and gemv-tf32 in tf32 up to 16,
     gemv-fp16 in fp16 up to 8, except where kernel 54, 48, 49 or 42 takes the layer
-    (test_tune.py checks where); above, and on convolutions, the implicit GEMMs; the tuner
-    starts kernel 41 at its defaults."""
+    (test_tune.py checks where); above, and on convolutions, the implicit GEMMs (fc6 in fp32 at
+    17-32: rung 39's 3xfp16, tests/test_gpu_implicit_gemm_wgmma.py); the tuner starts kernel 41
+    at its defaults."""
     from convolab.bench.cases import VGG_SWEEP_BATCHES
     from convolab.gpu import auto, gemv_cluster, gemv_mma, gemv_wgmma, gemv_wgmma_cluster, tune
+    from convolab.gpu import implicit_gemm_wgmma as wg
     from convolab.registry import all_impls
 
     names = {i.name for i in all_impls("gpu")}
@@ -146,7 +148,7 @@ def test_auto_takes_kernel_41_for_linear_layers_at_small_batch() -> None:
                 choice = auto.default_choice(s, names, mode)
                 taken = (gemv_wgmma_cluster.auto_choice(s, mode)
                          or gemv_cluster.auto_choice(s, mode) or gemv_wgmma.auto_choice(s, mode)
-                         or gemv_mma.auto_choice(s, mode))
+                         or gemv_mma.auto_choice(s, mode) or wg.linear_exact_plan(s, mode))
                 if taken is not None:
                     assert choice.impl == taken[0]
                 elif batch <= auto.GEMV_MAX_BATCH[mode]:
