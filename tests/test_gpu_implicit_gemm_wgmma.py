@@ -339,29 +339,6 @@ def test_auto_keeps_fc_layers_and_conv1_2_unsplit(mode: str, batch: int) -> None
     assert (name, params) == (f"igemm-wg-{family}", ig.WGMMA_NARROW[family])
 
 
-@pytest.mark.parametrize("batch", [1, 16, 17, 24, 32, 33, 64])
-def test_auto_runs_fc6_exact_at_17_to_32_as_3xfp16_split(batch: int) -> None:
-    """fc6 in fp32 at 17-32 columns: rung 39 in 3xfp16 with 128 x 64 tiles split by the shape's
-    rule (4 slices, 128 blocks on 132 SMs); not below (kernel 41's GEMV), not from 33, not fc7,
-    not in the other modes."""
-    from convolab.gpu import auto
-    from convolab.registry import all_impls
-
-    names = {i.name for i in all_impls("gpu")}
-    fc6, fc7 = ConvShape(batch, 25088, 1, 1, 4096, 1), ConvShape(batch, 4096, 1, 1, 1024, 1)
-    choice = auto.default_choice(fc6, names, "fp32")
-    if 17 <= batch <= 32:
-        assert (choice.impl, choice.params) == ("igemm-wg-3xfp16", wg.LINEAR_EXACT_TILE)
-        full = get_impl(choice.impl).params_for(choice.params)
-        wg.wgmma_defines("3xfp16", full)
-        assert wg.split_of(fc6, "3xfp16", full, 132) == 4
-    else:
-        assert choice.impl != "igemm-wg-3xfp16"
-    assert wg.linear_exact_plan(fc7, "fp32") is None
-    assert all(wg.linear_exact_plan(fc6, m) is None for m in ("tf32", "fp16"))
-    assert auto.default_choice(fc7, names, "fp32").impl != "igemm-wg-3xfp16"
-
-
 def test_plans_are_valid_for_every_vgg_batch() -> None:
     """What auto's model gives the wgmma rungs on every VGG layer and sweep batch builds, and
     its split resolves to a factor the shape has k-tiles for."""

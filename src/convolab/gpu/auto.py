@@ -17,13 +17,12 @@ Heuristic with no cache entry (`default_choice`), a model of the shape:
   * a large linear layer (fc6) in FP16 from B = 17 on Hopper: kernel 49, the GEMV on the
     warpgroup MMA fed by a producer warpgroup (`gemv_wgmma.auto_choice`, docs/vgg.md
     "Kernel 49");
-  * fc6 (gemv_mma.BIG_LAYER weights) in fp32 at B = 17-32 on Hopper: rung 39 in 3xfp16,
-    split-K with 128 x 64 tiles (`implicit_gemm_wgmma.linear_exact_plan`);
   * a linear layer where kernel 42 (the tensor-core GEMV: weights streamed as the MMA's A, the
     batch as n) measured fastest: TF32 from B = 8 (up to 64 on fc6-sized layers, 16 on
     smaller), FP16 up to B = 32, with 64-row tiles on small layers from B = 12, and kernel
-    43 (the same fed by the bulk copy engine) for TF32 on large layers from B = 32
-    (`gemv_mma.auto_choice`, measured on fc6/fc7 at batch 1..64, docs/vgg.md);
+    43 (the same fed by the bulk copy engine) for TF32 on large layers from B = 32, and in
+    3xTF32 for fp32 on large layers at every batch (`gemv_mma.auto_choice`, measured on
+    fc6/fc7 at batch 1..64, docs/vgg.md);
   * a linear layer (1x1 images and kernel) at B <= GEMV_MAX_BATCH[mode]: kernel 41's
     weight-streaming GEMV (`gemv-fp32` for fp32 up to B=16: exact; `gemv-tf32` for tf32 up
     to B=16: the TF32 weights in 2.5 bytes; `gemv-fp16` for fp16 up to B=8: half the bytes,
@@ -129,9 +128,6 @@ def default_choice(shape: ConvShape, eligible: Collection[str], mode: str = "fp3
     for direct in (direct_wgmma.auto_choice(shape, mode), direct_image.auto_choice(shape, mode)):
         if direct is not None:
             wishes.append(Choice(*direct))
-    linear_exact = wg.linear_exact_plan(shape, mode)
-    if linear_exact is not None:
-        wishes.append(Choice(*linear_exact))
     if shape.C >= GEMM_C and shape.M >= GEMM_M:
         for wgmma in (True, False):  # rungs 39-40 are eligible only where the GPU has wgmma
             name, params = implicit_gemm.plan(shape, GEMM_FAMILY[mode], wgmma=wgmma)

@@ -222,6 +222,12 @@ BIG_LAYER = 1 << 24  # weights (M x C): fc6 has 102.8M, fc7 4.2M
 SMALL_TILE_BATCH = 12
 SMALL_TILES: dict[str, int] = {"MT": 1, "WARPS": 4}
 BULK_FROM_BATCH: dict[str, int] = {"tf32": 32, "fp16": 64}
+# fp32 on layers of BIG_LAYER weights (fc6), every batch: kernel 43 in 3xTF32, the fp32 weights
+# by the bulk copy engine (4 bytes a weight, as kernel 41's) split big + small on chip. H200,
+# 2026-11-29 (docs/vgg.md "fc6 exact on kernel 43"), ms: B = 1-16 0.108-0.122 against kernel
+# 41's 0.113-0.180; 17-32 0.150-0.151 against rung 39's 3xfp16 split-K 0.178-0.222; 64 0.241
+# against rung 27's 3xTF32 split-K 0.311; cuBLAS SGEMM 0.111-0.350 in the same runs.
+EXACT_BIG_LAYER = "gemv-bulk-3xtf32"
 # Big layers on kernel 42: (up to this batch, parameters), the first that holds B.
 BIG_LAYER_TILES: dict[str, tuple[tuple[int, dict[str, int]], ...]] = {
     "fp16": ((16, {"MT": 1, "CP": 8, "MINB": 2}), (32, {"MT": 1, "MINB": 2})),
@@ -234,7 +240,11 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
     ones that differ from the defaults), or None where it keeps kernel 41 or the GEMMs.
     Kernel 43 on layers of BIG_LAYER weights from BULK_FROM_BATCH (TF32 fc6 B = 32: 0.120 ms
     against kernel 42's 0.135, B = 64: 0.140 against 0.186); kernel 42 below that with
-    BIG_LAYER_TILES on them, SMALL_TILES on small layers from SMALL_TILE_BATCH."""
+    BIG_LAYER_TILES on them, SMALL_TILES on small layers from SMALL_TILE_BATCH; for fp32,
+    EXACT_BIG_LAYER on layers of BIG_LAYER weights at every batch, nothing on others."""
+    if mode == "fp32":
+        big = supports(shape) and shape.M * shape.C >= BIG_LAYER
+        return (EXACT_BIG_LAYER, {}) if big else None
     if mode not in AUTO_BATCHES or not supports(shape):
         return None
     low, high = AUTO_BATCHES[mode]

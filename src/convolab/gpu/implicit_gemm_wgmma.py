@@ -166,25 +166,6 @@ def pipelined_plan(shape: ConvShape, mode: str, sms: int = ig.DEFAULT_SMS
     return (RUNG40.prefix + mode, tile) if wide and "SPLIT" not in tile else None
 
 
-# fc6 (a linear layer of gemv_mma.BIG_LAYER weights or more) in fp32 at 17-32 columns: rung
-# 39 in 3xfp16, split-K with 128 x 64 tiles (two fp16 planes are fp32's 4 bytes a weight, and
-# a k-step is three wgmmas): B = 32 0.224 ms against rung 27's 3xTF32 split-K 0.267 and
-# cuBLAS's 0.291; at 64 rung 27 keeps it (0.318 against 0.325; H200, docs/vgg.md).
-LINEAR_EXACT_BATCHES = range(17, 33)
-LINEAR_EXACT_TILE = {"BM": 128, "BN": 64, "STAGES": 4, "SPLIT": 0}
-
-
-def linear_exact_plan(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
-    """What `auto` runs for fc6 in fp32 at LINEAR_EXACT_BATCHES, else None."""
-    from convolab.gpu.gemv_mma import BIG_LAYER
-
-    linear = shape.H == shape.W == shape.K == 1
-    if (mode != "fp32" or not linear or shape.B not in LINEAR_EXACT_BATCHES
-            or shape.M * shape.C < BIG_LAYER or not supports(shape)):
-        return None
-    return RUNG39.prefix + "3xfp16", dict(LINEAR_EXACT_TILE)
-
-
 def planes(mode: str) -> int:
     """Operand planes in memory and in each stage: big and small for the 3x modes, else one."""
     return 2 if mode in SPLIT_MODES else 1
@@ -602,8 +583,7 @@ for _rung, _mode in itertools.product(RUNGS, ("3xtf32", "3xfp16", "tf32", "fp16"
         defaults=defaults(_mode, _rung), compile_variants=_variants(_mode, _rung),
         tolerance=TOLERANCE[_mode]))
 
-__all__ = ["MODE_OF", "RUNG39", "RUNG40", "from_operand", "layout_pass", "linear_exact_plan",
-           "operand_dtype",
+__all__ = ["MODE_OF", "RUNG39", "RUNG40", "from_operand", "layout_pass", "operand_dtype",
            "pipelined_plan", "slab_elements", "split_of", "tensor_map", "tensor_map_geometry",
            "operand_shape", "operand_weights", "output_buffer", "poison_operand", "smem_bytes",
            "tf32_round", "to_operand", "warpgroup_n", "wgmma_defines", "wgmma_ruled_out"]
