@@ -19,6 +19,9 @@
 //     parts of x and w (v = big + small, each tf32), so the main loop does no conversion.
 //     3xTF32 is then three wgmmas per k-step (small*big, big*small, big*big), summed from zero
 //     per k-tile into a separate fp32 total, since the tensor cores truncate as they add.
+//     3xfp16 (IG_MODE 4) is the same with fp16 hi and lo parts of operands first scaled by
+//     powers of two (x's from max |x| each call: wg_absmax, then the layout pass): a k-tile
+//     holds 64 elements instead of 32, at twice TF32's MMA rate, for the same accuracy.
 // Block: 2 warpgroups (256 threads). BM = 64 puts them side by side along n (each 64 x BN/2),
 // BM = 128 one above the other (each 64 x BN), BM = 256 one above the other with two 64-row
 // wgmmas each (each 128 x BN: every B tile read from shared memory feeds twice the work).
