@@ -820,12 +820,14 @@ def test_auto_takes_wgmma_on_hopper() -> None:
 
 def test_layout_tile_is_the_kernels_default() -> None:
     """LAYOUT_TILE names the tile the kernel builds without -D (the layout pass's define set,
-    pinned above, carries none), and any other tile comes with its defines."""
+    pinned above, carries none), and any other tile comes with its defines; ABSMAX_BLOCKS is
+    the kernel's count of 3xfp16's partial maxima."""
     from convolab.gpu.compile import KERNEL_DIR
 
     text = (KERNEL_DIR / wg.FILE).read_text()
     for name, value in zip(("WG_LAYOUT_C", "WG_LAYOUT_Q"), wg.LAYOUT_TILE, strict=True):
         assert f"#define {name} {value}" in text
+    assert f"#define WG_ABSMAX_BLOCKS {wg.ABSMAX_BLOCKS}" in text  # 3xfp16's partial maxima
     assert "WG_LAYOUT_C" not in wg.layout_defines("fp16")
     assert wg.layout_defines("fp16", (64, 64)) == {**wg.layout_defines("fp16"),
                                                    "WG_LAYOUT_C": 64, "WG_LAYOUT_Q": 64}

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from convolab.backend import xp_of
 from convolab.errors import InputError
 from convolab.gpu.device import SM_SMEM_BYTES, SMEM_DYNAMIC_TWO_BLOCKS
 from convolab.gpu.implicit_gemm import SMEM_LIMIT
@@ -347,10 +348,11 @@ def wide_fragments(w: np.ndarray, precision: str) -> np.ndarray:
     return np.ascontiguousarray(bits.reshape(chunks, K, nt, 32, 2))
 
 
-def weight_exponent(w: np.ndarray) -> int:
-    """e of 3xfp16's weight scale: max |w| * 2^e in [2^14, 2^15)."""
-    w = np.asarray(w, np.float32)
-    return fp16_scale_exponent(float(np.abs(w).max())) if w.size else 0
+def weight_exponent(w: Any) -> int:
+    """e of 3xfp16's weight scale: max |w| * 2^e in [2^14, 2^15) (NumPy or CuPy arrays)."""
+    xp = xp_of(w)
+    w = xp.asarray(w, dtype=xp.float32)
+    return fp16_scale_exponent(float(xp.abs(w).max())) if w.size else 0
 
 
 def prepare(shape: ConvShape, weight: Any, bias: Any, kernel_params: Mapping[str, Any],

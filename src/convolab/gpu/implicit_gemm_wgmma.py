@@ -46,6 +46,7 @@ import numpy as np
 from convolab.backend import cupy_or_none, require_cupy, xp_of
 from convolab.gpu import implicit_gemm as ig
 from convolab.gpu.compile import get_kernel, pairwise_points
+from convolab.gpu.fused_wide import weight_exponent
 from convolab.gpu.launch import BoundLaunch
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
@@ -366,23 +367,16 @@ def split_fp16(a: Any) -> Any:
     return xp.stack([hi, (a - hi.astype(xp.float32)).astype(xp.float16)])
 
 
-def weight_exponent(w: Any) -> int:
-    """e of 3xfp16's weight scale 2^e: max |w| 2^e in [2^14, 2^15) (the kernels' rule)."""
-    from convolab.gpu.fused_wide import fp16_scale_exponent
-
-    return fp16_scale_exponent(float(abs(w).max())) if w.size else 0
-
-
-def operand_weights(w: Any, mode: str) -> Any:
+def operand_weights(w: Any, mode: str, exponent: int = 0) -> Any:
     """(M, C, K, K) fp32 -> (planes, M, K, K, Cp) in the operand type: 16-bit casts, TF32
     rounded, for 3xTF32 the big part then the small one (w = big + small, both TF32), for
-    3xfp16 the hi and lo parts of w 2^weight_exponent(w)."""
+    3xfp16 the hi and lo parts of w 2^exponent (fused_wide.weight_exponent(w): the scale)."""
     cp = require_cupy()
     if mode in ("fp16", "bf16"):
         return ig.operand_weights(w, mode)[None]
     if mode == "3xfp16":
         full = ig.operand_weights(w, "tf32")  # fp32, channels-last, padded
-        return split_fp16(cp.ldexp(full, cp.int32(weight_exponent(cp.asarray(w)))))
+        return split_fp16(cp.ldexp(full, cp.int32(exponent)))
     full = ig.operand_weights(w, "tf32")  # fp32, channels-last, padded
     big = tf32_round(full)
     if mode == "tf32":
@@ -513,11 +507,11 @@ def _prepare(mode: str, rung: WgRung) -> Callable[[ConvShape, Any, Any, Mapping[
         defines = wgmma_defines(mode, {**params, "SPLIT": split}, rung)
         bm, bn, nhwc = defines["BM"], defines["BN"], "WG_NHWC" in defines
         smem = smem_bytes(mode, bm, bn, defines["STAGES"], nhwc)
-        w_op = operand_weights(w, mode)
+        w_exp = weight_exponent(cp.asarray(w)) if mode == "3xfp16" else 0
+        w_op = operand_weights(w, mode, w_exp)
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
         if mode == "3xfp16":  # the biases, the weights' scale exponent, x's (the layout pass's)
-            b_d = cp.concatenate([b_d, cp.asarray([weight_exponent(cp.asarray(w)), 0],
-                                                  dtype=cp.float32)])
+            b_d = cp.concatenate([b_d, cp.asarray([w_exp, 0], dtype=cp.float32)])
         M, N, _ = ig.gemm_dims(shape)
         kernel = get_kernel(rung.file, rung.kernel, defines)
         kernel.max_dynamic_shared_size_bytes = smem
