@@ -159,14 +159,7 @@ __device__ __forceinline__ void wg_store_piece(ig_t* dst, const float (&v)[16 / 
 // still propagates through the GEMM itself).
 __device__ __forceinline__ float wg_block_max(float v) {
   __shared__ float warp_max[WG_ABSMAX_THREADS / 32];
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = warp_max[0];
-#pragma unroll
-  for (int i = 1; i < WG_ABSMAX_THREADS / 32; ++i) v = fmaxf(v, warp_max[i]);
-  return v;
+  return fw_block_max<WG_ABSMAX_THREADS / 32>(v, warp_max);
 }
 
 extern "C" __global__ void __launch_bounds__(WG_ABSMAX_THREADS)

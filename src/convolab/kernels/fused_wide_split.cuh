@@ -38,14 +38,7 @@ __device__ __forceinline__ void fw_store4(fw_t* dst, const float (&v)[4], float 
 // block's maximum), the same in every thread. red: FW_WARPS floats of shared memory; returns
 // after a barrier.
 __device__ __forceinline__ int fw_block_exponent(float m, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-  __syncthreads();
-  m = red[0];
-#pragma unroll
-  for (int w = 1; w < FW_WARPS; ++w) m = fmaxf(m, red[w]);
-  return fw_scale_exponent(m);
+  return fw_scale_exponent(fw_block_max<FW_WARPS>(m, red));
 }
 
 // 3xfp16's scale for one image: 2^e with e from the image's max |x| (fw_scale_exponent), the
