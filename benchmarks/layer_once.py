@@ -88,6 +88,10 @@ def main() -> None:
 
                 mode = spec.name.rsplit("-", 1)[1]
                 x_in, y = wg.to_operand(x, mode), wg.output_buffer(shape, mode)
+            elif int(params.get("x16", 0)):  # kernel 49 with x in the operand type
+                from convolab.gpu import gemv_wgmma
+
+                x_in = gemv_wgmma.to_operand(x, spec.name.rsplit("-", 1)[1])
 
             def fn(run: Any = run, x_in: Any = x_in, y: Any = y) -> None:
                 run(x_in, y)

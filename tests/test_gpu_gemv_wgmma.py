@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import check_classifier_layers, check_two_runs, make_case
+from conv_cases import FC6, check_classifier_layers, check_two_runs, make_case
 from cuda_emulator import (
     BLOCK_SHIM,
     CUDA_SHIM,
@@ -37,7 +37,7 @@ from cuda_emulator import (
     run_gemv_emulator,
 )
 
-from convolab.check import rel_l2
+from convolab.check import poison, rel_l2
 from convolab.conv_cpu import conv_reference
 from convolab.gpu import gemv_mma, gemv_wgmma
 from convolab.gpu.compile import KERNEL_DIR, define_flags
@@ -117,7 +117,9 @@ def test_launch_plan_covers_k_in_whole_chunks(mode: str, rng: np.random.Generato
 
 def test_bad_parameters_name_the_problem() -> None:
     with pytest.raises(ValueError, match="MT, KT, STAGES and MINB"):
-        gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "STAGES": 7})
+        gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "STAGES": 9})
+    with pytest.raises(ValueError, match="x16 is 0"):
+        gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "x16": 2})
     with pytest.raises(ValueError, match="unknown mode"):
         gemv_wgmma.defines("tf32", 8, gemv_wgmma.DEFAULTS)
     with pytest.raises(ValueError, match="batch 65"):
@@ -167,6 +169,29 @@ inline void gw_mma(float (&d)[TM_NT][4], unsigned long long da, unsigned long lo
 }
 """
 
+# GW_X16's tensor copy (after MBARRIER_SHIM): the map is the operand's address, its (K, B) and
+# the box's rows; a box of 64 16-bit values x that many rows lands with the byte at address a stored at
+# a ^ (((a >> 7) & 7) << 4), the 128-byte swizzle as the hardware applies it, zeros outside the
+# tensor, and completes its whole box's bytes on the barrier.
+TMA_SHIM = r"""
+struct EmuMap2d { const unsigned short* base; int dim0, dim1, rows; };
+inline void tma_acquire(const void*) {}
+inline void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
+  const EmuMap2d& m = *static_cast<const EmuMap2d*>(map);
+  for (int r = 0; r < m.rows; ++r)
+    for (int e = 0; e < 64; ++e) {
+      const int k = c0 + e, n = c1 + r;
+      const unsigned short v = k < m.dim0 && n < m.dim1 ? m.base[(size_t)n * m.dim0 + k] : 0;
+      const unsigned a = dst + 2 * (64 * r + e);
+      std::memcpy(shared_ptr(a ^ (((a >> 7) & 7) << 4)), &v, 2);
+    }
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
+  b.tx -= m.rows * 128;
+  bar_settle(b);
+}
+"""
+
 WG_MAIN = r"""
 int main(int argc, char** argv) {
   const char* dir = argv[1];
@@ -174,6 +199,15 @@ int main(int argc, char** argv) {
   const int chunks_total = atoi(argv[5]), slice_chunks = atoi(argv[6]);
   const int tiles = atoi(argv[7]), slices = atoi(argv[8]), launches = atoi(argv[9]);
   const GemvIo io = read_gemv_io(dir, B, M, K, tiles, slices, atol(argv[10]));
+#if GW_X16  // x in the operand type, rounded to nearest even as gemv_wgmma.to_operand does
+  std::vector<unsigned short> x16((size_t)B * K);
+  for (size_t i = 0; i < x16.size(); ++i)
+    x16[i] = TM_MODE == 0 ? __half_as_ushort(__float2half_rn(io.x[i])) : bf16_bits(io.x[i]);
+  const EmuMap2d x_map{x16.data(), K, B, GW_N};
+  const void* x_arg = &x_map;
+#else
+  const float* x_arg = io.x;
+#endif
   run_launches(dir, io, tiles, slices, launches, atoi(argv[11]), [&](int bx, int by) {
     std::memset(gw_raw, 0xFF, sizeof gw_raw);  // NaN: what no copy or store wrote shows
     std::barrier<> group0(128), group1(128);
@@ -181,7 +215,7 @@ int main(int argc, char** argv) {
     wgss_bar[1] = &group1;
     run_block(bx, GW_THREADS, [=] {
       blockIdx.y = by;
-      gemv_wgmma(io.x, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, chunks_total,
+      gemv_wgmma(x_arg, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, chunks_total,
                  slice_chunks);
     });
   });
@@ -215,6 +249,9 @@ EMULATED = [  # (mode, shape, params): more chunks a slice than stages, B, M and
     ("fp16", ConvShape(5, 1000, 1, 1, 70, 1), {"STAGES": 2, "SPLIT": 2}),
     ("bf16", ConvShape(37, 392, 1, 1, 300, 1), {"MT": 2, "STAGES": 3, "SPLIT": 1}),
     ("fp16", ConvShape(20, 904, 1, 1, 140, 1), {"KT": 2, "STAGES": 2, "SPLIT": 3}),
+    # x in the operand type, by the tensor copy engine
+    ("fp16", ConvShape(37, 1000, 1, 1, 300, 1), {"STAGES": 3, "SPLIT": 2, "x16": 1}),
+    ("bf16", ConvShape(9, 904, 1, 1, 140, 1), {"KT": 2, "STAGES": 2, "SPLIT": 3, "x16": 1}),
 ]
 
 
@@ -236,8 +273,8 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
     assert plan.slice_chunks > d["GW_STAGES"] and plan.smem <= gemv_mma.SMEM_LIMIT
     (tmp_path / "kernel.inc").write_text(emulated_source())
     (tmp_path / "emu.cpp").write_text(CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + WG_SHIM
-                                      + MBARRIER_SHIM + WGMMA_SS_SHIM + '#include "kernel.inc"\n'
-                                      + WG_MAIN)
+                                      + MBARRIER_SHIM + TMA_SHIM + WGMMA_SS_SHIM
+                                      + '#include "kernel.inc"\n' + WG_MAIN)
     exe = tmp_path / "emu"
     build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
                             "-w", *define_flags(d), "-o", str(exe), str(tmp_path / "emu.cpp")],
@@ -276,6 +313,60 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
 def test_vgg_classifier_layers(name: str, batch: int, rng: np.random.Generator) -> None:
     assert get_impl(name).supports(ConvShape(batch, 4096, 1, 1, 1024, 1))
     check_classifier_layers(name, batch, rng, TOLERANCE[name.split("-")[-1]])
+
+
+def fitting_point(rng: np.random.Generator, mode: str, B: int) -> dict[str, int]:
+    """A random point of the space whose ring fits in both forms (x in fp32 needs more)."""
+    while True:
+        params = {**random_point(rng), "x16": 0}
+        if gemv_wgmma.smem_bytes(gemv_wgmma.defines(mode, B, params)) <= gemv_mma.SMEM_LIMIT:
+            return params
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_x16_equals_the_fp32_form_bit_for_bit(mode: str, rng: np.random.Generator) -> None:
+    """x given in the operand type (x16=1: x's chunks by the tensor copy engine, swizzled by
+    it) against x converted in the kernel: the same operands (both round to nearest even) in
+    the same order of sums, so the same bits; within the tolerance of the fp64 reference; and
+    a second run on another buffer of the same x (a new tensor map) gives them again."""
+    import cupy as cp
+
+    impl = get_impl(f"gemv-wg-{mode}")
+    for i in range(6):
+        shape = (FC6.with_batch(64) if i == 0 else
+                 ConvShape(int(rng.integers(1, 65)), 8 * int(rng.integers(1, 600)), 1, 1,
+                           int(rng.integers(1, 900)), 1))
+        params = dict(gemv_wgmma.DEFAULTS) if i < 2 else fitting_point(rng, mode, shape.B)
+        case = make_case(rng, shape)
+        w, b = cp.asarray(case.w), cp.asarray(case.b)
+        outs = []
+        for x16 in (0, 1, 1):
+            run = impl.prepare(shape, w, b, impl.params_for({**params, "x16": x16}))
+            x = cp.asarray(case.x)
+            y = cp.empty(shape.y_shape, dtype=cp.float32)
+            poison(y)
+            run(gemv_wgmma.to_operand(x, mode) if x16 else x, y)
+            outs.append(y)
+        err = rel_l2(outs[1].get(), case.ref)
+        assert err <= TOLERANCE[mode], (shape, params, err)
+        assert bool(cp.array_equal(outs[0], outs[1])), (shape, params, "x16 differs")
+        assert bool(cp.array_equal(outs[1], outs[2])), (shape, params, "runs differ")
+
+
+@pytest.mark.gpu
+def test_x16_refuses_an_input_not_in_the_operand_type() -> None:
+    import cupy as cp
+
+    impl = get_impl("gemv-wg-fp16")
+    shape = ConvShape(4, 64, 1, 1, 32, 1)
+    run = impl.prepare(shape, cp.ones(shape.w_shape, dtype=cp.float32),
+                       cp.zeros(shape.M, dtype=cp.float32), impl.params_for({"x16": 1}))
+    y = cp.empty(shape.y_shape, dtype=cp.float32)
+    for bad in (cp.ones(shape.x_shape, dtype=cp.float32), cp.ones((4, 64), dtype=cp.float32),
+                cp.ones((4, 72), dtype=cp.float16), cp.ones((64, 4), dtype=cp.float16).T):
+        with pytest.raises(ValueError, match=r"x16=1.*\(4, 64\) float16"):
+            run(bad, y)
 
 
 def test_auto_takes_kernel_49_for_fc6_in_fp16_from_batch_17() -> None:

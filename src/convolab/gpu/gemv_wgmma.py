@@ -8,8 +8,14 @@ block's chunk of weights by the bulk copy engine, x's chunk in fp32 by cp.async,
 converted within shared memory. Layout of both operands in a stage: each k-tile of 64 values is
 a row of 128 bytes in wgmma's 128-byte swizzle (16-byte piece j of row r at j ^ (r mod 8)).
 `pack_weights` puts a block's rows in the order that gives warp w of warpgroup g kernel 42's
-m-tiles of warp 4g + w, so the kernel ends with kernel 42's `finish`. Everything above `prepare`
-is pure Python, tested on the CPU; CuPy is imported inside `prepare` only.
+m-tiles of warp 4g + w, so the kernel ends with kernel 42's `finish`.
+
+`x16=1` takes x already in the operand type, (B, C) fp16 (bf16 as its bit pattern, uint16), as a
+library's fp16 GEMM takes it (`to_operand` makes it): the tensor copy engine then brings x's
+chunks in the swizzled layout, and there is nothing to convert. It is the caller's input that
+decides it, so the tuner does not search it and `auto` (NCHW fp32 in) never runs it. y is fp32
+with the bias either way. Everything above `prepare` is pure Python, tested on the CPU; CuPy is
+imported inside `prepare` only.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import numpy as np
 from convolab.backend import require_cupy, xp_of
 from convolab.gpu import device, gemv_mma
 from convolab.gpu.compile import get_kernel
-from convolab.gpu.implicit_gemm_wgmma import wgmma_ruled_out
+from convolab.gpu.implicit_gemm_wgmma import encode_tensor_map, wgmma_ruled_out
 from convolab.precision import TOLERANCE
 from convolab.registry import ConvImpl, Run, register
 from convolab.shapes import ConvShape, ceil_div
@@ -38,9 +44,15 @@ THREADS = 128 * (WARPGROUPS + 1)
 # MT: 64-row wgmmas a warpgroup (a block's rows: 128 MT); KT: k-tiles a chunk; STAGES: chunks
 # in the ring; MINB: the launch bound's blocks an SM; SPLIT: k slices (0: chosen,
 # `gemv_mma.slice_chunks`).
-SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2), "KT": (1, 2), "STAGES": (2, 3, 4, 5, 6),
+SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2), "KT": (1, 2),
+                                     "STAGES": (2, 3, 4, 5, 6, 7, 8),
                                      "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2)}
-DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1}
+FIXED: dict[str, int] = {"x16": 0}  # x in the operand type (module docstring); not searched
+DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1, **FIXED}
+# x16: tensor maps kept (128 bytes of device memory each), one per x buffer, the least recently
+# used dropped: a caller cycling through more buffers pays an encode and a copy each call (the
+# bench rotates up to 256: 64 maps made fc6 at B = 16 run 92-122 us instead of ~60).
+X16_MAPS = 256
 
 
 def supports(shape: ConvShape) -> bool:
@@ -58,9 +70,13 @@ def defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"gemv-wg: MT, KT, STAGES and MINB must be in "
                          f"{', '.join(str(SPACE[k]) for k in keys)}, got "
                          f"{', '.join(str(params[k]) for k in keys)}")
+    x16 = int(params.get("x16", 0))
+    if x16 not in (0, 1):
+        raise ValueError(f"gemv-wg: x16 is 0 (x in fp32) or 1 (x in the operand type), got {x16}")
     return {"TM_MODE": MODES[mode], "TM_NT": gemv_mma.n_tiles(B), "TM_MT": int(params["MT"]),
             "TM_WARPS": 4 * WARPGROUPS, "TM_MINB": int(params["MINB"]),
-            "GW_KT": int(params["KT"]), "GW_STAGES": int(params["STAGES"])}
+            "GW_KT": int(params["KT"]), "GW_STAGES": int(params["STAGES"]),
+            **({"GW_X16": 1} if x16 else {})}
 
 
 def tile_rows(d: Mapping[str, int]) -> int:
@@ -73,9 +89,10 @@ def a_bytes(d: Mapping[str, int]) -> int:
 
 
 def x_bytes(d: Mapping[str, int]) -> int:
-    """x's chunk in a stage: KT k-tiles of 8 TM_NT rows in the operand type, and the same rows
-    in fp32 as copied."""
-    return d["GW_KT"] * 8 * d["TM_NT"] * (ROW_BYTES + 4 * K_TILE)
+    """x's chunk in a stage: KT k-tiles of 8 TM_NT rows in the operand type, and (unless x16)
+    the same rows in fp32 as copied."""
+    copied = 0 if d.get("GW_X16") else 4 * K_TILE
+    return d["GW_KT"] * 8 * d["TM_NT"] * (ROW_BYTES + copied)
 
 
 def smem_bytes(d: Mapping[str, int]) -> int:
@@ -150,6 +167,19 @@ def pack_weights(w2: Any, mode: str, d: Mapping[str, int]) -> Any:
     return xp.ascontiguousarray(swizzle_128b(a)).view(xp.uint8).reshape(-1)
 
 
+def x_map_geometry(shape: ConvShape, d: Mapping[str, int]
+                   ) -> tuple[tuple[int, int], tuple[int], tuple[int, int]]:
+    """(dims, byte strides, box) of x16's operand (B, C) as a 2-D tensor map, innermost first:
+    one box is a k-tile of the stage's 8 TM_NT rows (rows past B arrive as zeros)."""
+    return (shape.C, shape.B), (2 * shape.C,), (K_TILE, 8 * d["TM_NT"])
+
+
+def to_operand(x: Any, mode: str) -> Any:
+    """x (B, C, 1, 1) or (B, C) fp32 -> the (B, C) operand an x16 run takes: fp16, or bf16 as
+    its bit pattern (uint16), rounded to nearest even."""
+    return gemv_mma.sixteen_bit(x.reshape(x.shape[0], -1), mode)
+
+
 # Where `auto` runs kernel 49 without a cache entry (H200, 2026-11-29, docs/vgg.md "Kernel 49";
 # event time of one call / device time of calls queued back to back, us): fc6 in FP16 at B = 32
 # 63.5 / 56.8 with 128-row tiles and 6 stages (kernel 42 72.9 / 64.2, cuBLAS 72.2 / 54.8); at 64
@@ -173,10 +203,12 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
 
 
 # What CI's nvcc check builds: each mode at the fewest and the most batch tiles (TM_NT changes
-# the wgmma's N) with the defaults, and in fp16 each other value of MT, KT and STAGES once.
+# the wgmma's N) with the defaults and with x16, and in fp16 each other value of MT, KT and
+# STAGES once.
 def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
-        points = [(8, DEFAULTS), (gemv_mma.MAX_BATCH, DEFAULTS)]
+        points = [(8, DEFAULTS), (gemv_mma.MAX_BATCH, DEFAULTS),
+                  (gemv_mma.MAX_BATCH, {**DEFAULTS, "x16": 1})]
         if mode == "fp16":
             points += [(gemv_mma.MAX_BATCH, {**DEFAULTS, k: v}) for k in ("MT", "KT", "STAGES")
                        for v in SPACE[k] if v != DEFAULTS[k]]
@@ -218,11 +250,32 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
                               *(np.int32(v) for v in (shape.B, shape.M, shape.C, plan.chunks,
                                                       plan.slice_chunks))),
                              per_call=(0, 3), shared_mem=plan.smem)
+        if "GW_X16" not in d:
+            def run(x: Any, y: Any) -> None:
+                launch(x, y)
 
-        def run(x: Any, y: Any) -> None:
-            launch(x, y)
+            return run
 
-        return run
+        want = (shape.B, shape.C)
+        x_dtype = np.dtype(np.float16 if mode == "fp16" else np.uint16)
+        geometry = x_map_geometry(shape, d)
+        maps: dict[int, Any] = {}  # x's address -> its tensor map, most recent last
+
+        def run_x16(x: Any, y: Any) -> None:
+            if (tuple(x.shape) != want or x.dtype != x_dtype or not x.flags.c_contiguous
+                    or x.data.ptr % 16):
+                raise ValueError(f"{name} (x16=1): x must be a C-contiguous, 16-byte aligned "
+                                 f"{want} {x_dtype.name} operand (gemv_wgmma.to_operand), got "
+                                 f"{tuple(x.shape)} {x.dtype}")
+            x_map = maps.pop(x.data.ptr, None)
+            if x_map is None:
+                x_map = encode_tensor_map("x", x, *geometry)
+                if len(maps) >= X16_MAPS:
+                    del maps[next(iter(maps))]
+            maps[x.data.ptr] = x_map
+            launch(x_map, y)
+
+        return run_x16
 
     return prepare
 
@@ -241,4 +294,4 @@ for _mode in MODES:
         compile_variants=compile_variants(_mode), tolerance=TOLERANCE[_mode]))
 
 __all__ = ["a_bytes", "auto_choice", "defines", "launch_plan", "pack_weights", "smem_bytes",
-           "supports", "swizzle_128b", "x_bytes"]
+           "supports", "swizzle_128b", "to_operand", "x_bytes", "x_map_geometry"]

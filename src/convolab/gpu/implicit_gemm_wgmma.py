@@ -410,24 +410,32 @@ def _driver() -> Any:
     return lib
 
 
-def tensor_map(w_op: Any, box_rows: int) -> Any:
-    """The tensor map of the operand weights (planes, M, K, K, Cp) for rung 40's TMA loads, in
-    device memory (the kernel reads it there: CuPy passes no 128-byte structs)."""
+def encode_tensor_map(what: str, a: Any, dims: tuple[int, ...], strides: tuple[int, ...],
+                      box: tuple[int, ...]) -> Any:
+    """The 128-byte-swizzled tensor map of device array `a` (dims and box innermost first, byte
+    strides of the outer dims), in device memory: the kernels read it there (CuPy passes no
+    128-byte structs). `what` names the operand in the error."""
     cp = require_cupy()
-    planes_, m = w_op.shape[:2]
-    dims, strides, box = tensor_map_geometry(planes_, m, w_op[0, 0].size, w_op.itemsize,
-                                             box_rows)
+    n = len(dims)
     raw = ctypes.create_string_buffer(_MAP_BYTES + _MAP_ALIGN)
     at = (ctypes.addressof(raw) + _MAP_ALIGN - 1) // _MAP_ALIGN * _MAP_ALIGN
     res = _driver().cuTensorMapEncodeTiled(
-        ctypes.c_void_p(at), _MAP_TYPE[w_op.itemsize], len(dims), ctypes.c_void_p(w_op.data.ptr),
-        (ctypes.c_uint64 * 3)(*dims), (ctypes.c_uint64 * 2)(*strides),
-        (ctypes.c_uint32 * 3)(*box), (ctypes.c_uint32 * 3)(1, 1, 1), 0, _SWIZZLE_128B, _L2_128B,
-        0)
+        ctypes.c_void_p(at), _MAP_TYPE[a.itemsize], n, ctypes.c_void_p(a.data.ptr),
+        (ctypes.c_uint64 * n)(*dims), (ctypes.c_uint64 * (n - 1))(*strides),
+        (ctypes.c_uint32 * n)(*box), (ctypes.c_uint32 * n)(*([1] * n)), 0, _SWIZZLE_128B,
+        _L2_128B, 0)
     if res != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled refused the weights' map (CUresult {res}): "
+        raise RuntimeError(f"cuTensorMapEncodeTiled refused {what}'s map (CUresult {res}): "
                            f"dims {dims}, strides {strides}, box {box}")
     return cp.asarray(np.frombuffer(ctypes.string_at(at, _MAP_BYTES), dtype=np.uint8))
+
+
+def tensor_map(w_op: Any, box_rows: int) -> Any:
+    """The tensor map of the operand weights (planes, M, K, K, Cp) for rung 40's TMA loads."""
+    planes_, m = w_op.shape[:2]
+    dims, strides, box = tensor_map_geometry(planes_, m, w_op[0, 0].size, w_op.itemsize,
+                                             box_rows)
+    return encode_tensor_map("the weights", w_op, dims, strides, box)
 
 
 def layout_pass(shape: ConvShape, mode: str, tile: tuple[int, int] = LAYOUT_TILE,
@@ -577,7 +585,8 @@ for _rung, _mode in itertools.product(RUNGS, ("3xtf32", "3xfp16", "tf32", "fp16"
         defaults=defaults(_mode, _rung), compile_variants=_variants(_mode, _rung),
         tolerance=TOLERANCE[_mode]))
 
-__all__ = ["MODE_OF", "RUNG39", "RUNG40", "from_operand", "layout_pass", "operand_dtype",
-           "pipelined_plan", "slab_elements", "split_of", "tensor_map", "tensor_map_geometry",
-           "operand_shape", "operand_weights", "output_buffer", "poison_operand", "smem_bytes",
-           "tf32_round", "to_operand", "warpgroup_n", "wgmma_defines", "wgmma_ruled_out"]
+__all__ = ["MODE_OF", "RUNG39", "RUNG40", "encode_tensor_map", "from_operand", "layout_pass",
+           "operand_dtype", "operand_shape", "operand_weights", "output_buffer",
+           "pipelined_plan", "poison_operand", "slab_elements", "smem_bytes", "split_of",
+           "tensor_map", "tensor_map_geometry", "tf32_round", "to_operand", "warpgroup_n",
+           "wgmma_defines", "wgmma_ruled_out"]

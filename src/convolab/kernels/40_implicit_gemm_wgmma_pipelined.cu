@@ -48,12 +48,6 @@
 #define WP_CONSUMER_REGS 224
 #endif
 
-// The tensor map was written by a copy from the host: order it before the copy engine reads it.
-__device__ __forceinline__ void tma_acquire(const void* map) {
-  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(map)
-               : "memory");
-}
-
 // A's box of the k-tile at element k0, rows m0.., every plane, into `dst` in the 128-byte
 // swizzle (the map's), completing as transaction bytes on `bar`. Rows past M and k past Kd
 // arrive as zeros.

@@ -15,8 +15,13 @@
 //   into the swizzled operand and arrive on "full". (Through the producers' registers, one
 //   chunk ahead, x cost an L2 round trip a chunk, longer than a chunk's weights: docs/vgg.md,
 //   "Kernel 49".)
-// - a consumer warpgroup waits on "full", and releases the stage on "empty" once its wgmmas
-//   on it retired: no block barrier in the loop.
+// - a consumer warpgroup waits on "full", issues the chunk's wgmmas and, once the previous
+//   chunk's have retired, releases that chunk's stage on "empty": one chunk of MMAs stays in
+//   flight while the next is awaited, and there is no block barrier in the loop.
+// GW_X16 = 1 takes x already in the operand type ([B][K], 16-bit, as a library's fp16 GEMM gets
+// it): one producer thread then asks the tensor copy engine for x's chunk, a box of 64 k x N
+// rows that it writes in the 128-byte swizzle with zeros past B and K, and a stage is complete
+// when its copies land (no cp.async, no conversion, no "full" barrier).
 // The packed row order gives warp w of warpgroup g the m-tiles kernel 42 gives warp 4g + w, and
 // wgmma's accumulator layout is mma.sync m16n8's, n-tile by n-tile: kernel 42's end
 // (gemv_mma.cuh `finish`: y, or the split-k sum in slice order) applies unchanged.
@@ -35,13 +40,17 @@
 #ifndef GW_STAGES
 #define GW_STAGES 4
 #endif
+#ifndef GW_X16
+#define GW_X16 0
+#endif
 
 #define GW_ROWB 128                              // one operand row of a k-tile: the swizzle span
 #define GW_N (8 * TM_NT)                         // wgmma N: batch columns
 #define GW_TILE_A (64 * GW_ROWB)                 // one wgmma's A tile of a k-tile
 #define GW_A_BYTES (GW_KT * 2 * TM_MT * GW_TILE_A)  // a block's weights a chunk
 #define GW_X_BYTES (GW_KT * GW_N * GW_ROWB)      // x's chunk
-#define GW_STAGE_BYTES (GW_A_BYTES + GW_X_BYTES + GW_KT * 64 * 4 * GW_N)  // + x as copied
+#define GW_RAW_BYTES (GW_X16 ? 0 : GW_KT * 64 * 4 * GW_N)  // x as copied, in fp32
+#define GW_STAGE_BYTES (GW_A_BYTES + GW_X_BYTES + GW_RAW_BYTES)
 
 static_assert(TM_WARPS == 8, "two warpgroups");
 static_assert(TM_MODE <= 1, "16-bit operands only");
@@ -78,6 +87,18 @@ __device__ __forceinline__ void issue_chunk(unsigned char* stage_p, unsigned sta
   mbar_arrive_cp_async(loaded);
 }
 
+// GW_X16: chunk c's copies, by one producer thread: the weights, then x's k-tiles as boxes of
+// the tensor map `x_map` (k innermost, then rows), each landing in the swizzled operand layout.
+__device__ __forceinline__ void issue_chunk_x16(unsigned stage, unsigned loaded,
+                                                const unsigned char* w_src, const void* x_map,
+                                                int k0) {
+  mbar_expect_tx(loaded, GW_A_BYTES + GW_X_BYTES);
+  bulk_copy(stage, w_src, GW_A_BYTES, loaded);
+#pragma unroll
+  for (int kt = 0; kt < GW_KT; ++kt)
+    tma_load_2d(stage + GW_A_BYTES + kt * GW_N * GW_ROWB, x_map, k0 + kt * 64, 0, loaded);
+}
+
 __device__ __forceinline__ unsigned gw_pack2(float lo, float hi) {
 #if TM_MODE == 0
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -104,16 +125,22 @@ __device__ __forceinline__ void convert_x_chunk(const unsigned char* stage_p, un
   }
 }
 
+#if GW_X16
+typedef void gw_x_t;   // x's tensor map, in device memory
+#else
+typedef float gw_x_t;  // x itself, (B, K) fp32
+#endif
+
 extern "C" __global__ void __launch_bounds__(GW_THREADS, TM_MINB)
-gemv_wgmma(const float* __restrict__ x, const unsigned char* __restrict__ w_packed,
+gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_packed,
            const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
            int* __restrict__ tickets, int B, int M, int K, int chunks_total, int slice_chunks) {
   extern __shared__ unsigned char gw_raw[];
-  // loaded[s]: the copies' bytes; full[s]: x converted; empty[s]: both warpgroups done with it
+  // loaded[s]: the copies' bytes; full[s]: x converted (not used with GW_X16); empty[s]: both
+  // warpgroups done with it
   __shared__ __align__(8) unsigned long long bars[3 * GW_STAGES];
   const unsigned raw = static_cast<unsigned>(__cvta_generic_to_shared(gw_raw));
   const unsigned ring = (raw + 1023) & ~1023u;  // the swizzle repeats on 1 KB boundaries
-  unsigned char* ring_p = gw_raw + (ring - raw);
   const unsigned loaded = static_cast<unsigned>(__cvta_generic_to_shared(bars));
   const unsigned full = loaded + 8 * GW_STAGES, empty = full + 8 * GW_STAGES;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp >> 2;
@@ -121,7 +148,7 @@ gemv_wgmma(const float* __restrict__ x, const unsigned char* __restrict__ w_pack
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < GW_STAGES; ++s) {
-      mbar_init(loaded + 8 * s, 128 + 1);  // the producers' cp.asyncs, the weights' expect_tx
+      mbar_init(loaded + 8 * s, GW_X16 ? 1 : 128 + 1);  // cp.asyncs, and the expect_tx
       mbar_init(full + 8 * s, 128);  // every producer thread, after its part of x
       mbar_init(empty + 8 * s, 2);   // one arrival a consumer warpgroup
     }
@@ -135,6 +162,18 @@ gemv_wgmma(const float* __restrict__ x, const unsigned char* __restrict__ w_pack
     const int ptid = threadIdx.x - TM_THREADS;
     const unsigned char* w_src =
         w_packed + ((size_t)blockIdx.x * chunks_total + c0) * GW_A_BYTES;
+#if GW_X16
+    if (ptid == 0) {
+      tma_acquire(x);
+      for (int c = 0; c < chunks; ++c) {
+        const int s = c % GW_STAGES;
+        if (c >= GW_STAGES) mbar_wait(empty + 8 * s, (c / GW_STAGES - 1) & 1);
+        issue_chunk_x16(ring + s * GW_STAGE_BYTES, loaded + 8 * s, w_src + (size_t)c * GW_A_BYTES,
+                        x, (c0 + c) * GW_KT * 64);
+      }
+    }
+#else
+    unsigned char* ring_p = gw_raw + (ring - raw);
     auto issue = [&](int c) {
       const int s = c % GW_STAGES;
       issue_chunk(ring_p + s * GW_STAGE_BYTES, ring + s * GW_STAGE_BYTES, loaded + 8 * s,
@@ -155,11 +194,14 @@ gemv_wgmma(const float* __restrict__ x, const unsigned char* __restrict__ w_pack
         issue(next);
       }
     }
+#endif
   } else {
+    // GW_X16: a stage is ready when its copies have landed
+    const unsigned ready = GW_X16 ? loaded : full;
     for (int c = 0; c < chunks; ++c) {
       const int s = c % GW_STAGES;
       const unsigned stage = ring + s * GW_STAGE_BYTES;
-      mbar_wait(full + 8 * s, (c / GW_STAGES) & 1);
+      mbar_wait(ready + 8 * s, (c / GW_STAGES) & 1);
       wg_fence();
 #pragma unroll
       for (int kt = 0; kt < GW_KT; ++kt) {
@@ -174,11 +216,12 @@ gemv_wgmma(const float* __restrict__ x, const unsigned char* __restrict__ w_pack
         }
       }
       wg_commit();
-      // Memory-bound: a chunk's wgmmas take a fraction of its copy, so none is kept in flight
-      // across chunks and the stage is free as soon as they retire.
-      wg_wait<0>();
-      if (threadIdx.x % 128 == 0) mbar_arrive(empty + 8 * s);
+      // Chunk c's wgmmas stay in flight; chunk c - 1's have retired, so its stage can refill
+      // while this warpgroup waits for chunk c + 1 (docs/vgg.md, "Kernel 55").
+      wg_wait<1>();
+      if (c >= 1 && threadIdx.x % 128 == 0) mbar_arrive(empty + 8 * ((c - 1) % GW_STAGES));
     }
+    wg_wait<0>();
 #pragma unroll
     for (int mi = 0; mi < TM_MT; ++mi) wg_hold(acc[mi]);
   }

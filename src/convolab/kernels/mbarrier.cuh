@@ -1,5 +1,6 @@
-// mbarriers (shared-memory barriers that count arrivals and, for the copy engines, bytes) and
-// the bulk copy engine's plain global -> shared copy: what rungs 40 and 43 wait on.
+// mbarriers (shared-memory barriers that count arrivals and, for the copy engines, bytes), the
+// bulk copy engine's plain global -> shared copy and the tensor copy engine's 2-D box: what
+// rungs 40, 43 and 49 wait on.
 
 #pragma once
 
@@ -50,4 +51,22 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 // them.
 __device__ __forceinline__ void fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// A tensor map written by a copy from the host: ordered before the copy engine reads it.
+__device__ __forceinline__ void tma_acquire(const void* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(map)
+               : "memory");
+}
+
+// The box of a 2-D tensor map at coordinates (c0 innermost, c1) into shared `dst`, laid out as
+// the map says (its swizzle; zeros outside the tensor), completing as transaction bytes (the
+// whole box's) on `bar`.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c0, int c1,
+                                            unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
 }
