@@ -14,8 +14,10 @@ m-tiles of warp 4g + w, so the kernel ends with kernel 42's `finish`.
 library's fp16 GEMM takes it (`to_operand` makes it): the tensor copy engine then brings x's
 chunks in the swizzled layout, and there is nothing to convert. It is the caller's input that
 decides it, so the tuner does not search it and `auto` (NCHW fp32 in) never runs it. y is fp32
-with the bias either way. Everything above `prepare` is pure Python, tested on the CPU; CuPy is
-imported inside `prepare` only.
+with the bias either way. With x in fp32, `XPASS=1` (a tunable) runs a first launch that
+converts x into such an operand once a call, then the same tensor-copy loop: one pass over x
+instead of each row tile converting its chunks. Everything above `prepare` is pure Python,
+tested on the CPU; CuPy is imported inside `prepare` only.
 """
 
 from __future__ import annotations
@@ -43,12 +45,15 @@ WARPGROUPS = 2  # consumers; a third copies
 THREADS = 128 * (WARPGROUPS + 1)
 # MT: 64-row wgmmas a warpgroup (a block's rows: 128 MT); KT: k-tiles a chunk; STAGES: chunks
 # in the ring; MINB: the launch bound's blocks an SM; SPLIT: k slices (0: chosen,
-# `gemv_mma.slice_chunks`).
+# `gemv_mma.slice_chunks`); XPASS: x converted by a first launch (module docstring).
 SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2), "KT": (1, 2),
                                      "STAGES": (2, 3, 4, 5, 6, 7, 8),
-                                     "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2)}
+                                     "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2),
+                                     "XPASS": (0, 1)}
 FIXED: dict[str, int] = {"x16": 0}  # x in the operand type (module docstring); not searched
-DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1, **FIXED}
+DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1, "XPASS": 0,
+                            **FIXED}
+PASS_THREADS, PASS_BLOCKS = 256, 2048  # XPASS's conversion launch: 8 values a thread
 # x16: tensor maps kept (128 bytes of device memory each), one per x buffer, the least recently
 # used dropped: a caller cycling through more buffers pays an encode and a copy each call (the
 # bench rotates up to 256: 64 maps made fc6 at B = 16 run 92-122 us instead of ~60).
@@ -70,13 +75,16 @@ def defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
         raise ValueError(f"gemv-wg: MT, KT, STAGES and MINB must be in "
                          f"{', '.join(str(SPACE[k]) for k in keys)}, got "
                          f"{', '.join(str(params[k]) for k in keys)}")
-    x16 = int(params.get("x16", 0))
-    if x16 not in (0, 1):
-        raise ValueError(f"gemv-wg: x16 is 0 (x in fp32) or 1 (x in the operand type), got {x16}")
+    x16, xpass = int(params.get("x16", 0)), int(params.get("XPASS", 0))
+    if x16 not in (0, 1) or xpass not in (0, 1):
+        raise ValueError(f"gemv-wg: x16 is 0 (x in fp32) or 1 (x in the operand type) and XPASS "
+                         f"0 or 1, got x16={x16}, XPASS={xpass}")
+    if x16 and xpass:
+        raise ValueError("gemv-wg: XPASS converts an fp32 x; with x16=1 x is already converted")
     return {"TM_MODE": MODES[mode], "TM_NT": gemv_mma.n_tiles(B), "TM_MT": int(params["MT"]),
             "TM_WARPS": 4 * WARPGROUPS, "TM_MINB": int(params["MINB"]),
             "GW_KT": int(params["KT"]), "GW_STAGES": int(params["STAGES"]),
-            **({"GW_X16": 1} if x16 else {})}
+            **({"GW_X16": 1} if x16 or xpass else {})}
 
 
 def tile_rows(d: Mapping[str, int]) -> int:
@@ -180,15 +188,17 @@ def to_operand(x: Any, mode: str) -> Any:
     return gemv_mma.sixteen_bit(x.reshape(x.shape[0], -1), mode)
 
 
-# Where `auto` runs kernel 49 without a cache entry (H200, 2026-11-29, docs/vgg.md "Kernel 49";
-# event time of one call / device time of calls queued back to back, us): fc6 in FP16 at B = 32
-# 63.5 / 56.8 with 128-row tiles and 6 stages (kernel 42 72.9 / 64.2, cuBLAS 72.2 / 54.8); at 64
-# 78.4 / 71.9 with 256-row tiles and 4 stages (kernel 43 88.5 / 81.9; cuBLAS 68.4 / 56.6); at 16
-# 59.0 / 54.5 against kernel 42's 57.8 / 50.8, which keeps B <= 16.
+# Where `auto` runs kernel 49 without a cache entry (H200, 2026-11-29, docs/vgg.md "Kernel 49"
+# and "fc6 with x in fp16"; event time of one call / device time of calls queued back to back,
+# us): fc6 in FP16 at B = 32 63.5 / 56.8 with 128-row tiles and 6 stages (kernel 42 72.9 / 64.2,
+# cuBLAS 72.2 / 54.8; XPASS 67.0 / 60.0); at 64 x converted by a first launch (XPASS) into the
+# tensor-copy loop with 8 stages, 71.4 / 66.3 (converting in the ring, 256-row tiles and 4
+# stages: 76.2 / 71.2; cuBLAS 66.0 / 55.7), and in the bench 68.8 / 70.7 us at 48 / 64 against
+# 75.2 / 76.4; at 16 59.0 / 54.5 against kernel 42's 57.8 / 50.8, which keeps B <= 16.
 AUTO_MODES = ("fp16",)
 AUTO_FROM_BATCH = 17
 AUTO_TILES: tuple[tuple[int, dict[str, int]], ...] = ((32, {"STAGES": 6}),
-                                                     (64, {"MT": 2, "STAGES": 4}))
+                                                     (64, {"STAGES": 8, "XPASS": 1}))
 
 
 def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | None:
@@ -259,6 +269,20 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         want = (shape.B, shape.C)
         x_dtype = np.dtype(np.float16 if mode == "fp16" else np.uint16)
         geometry = x_map_geometry(shape, d)
+        if int(params["XPASS"]):
+            x_op = cp.empty(want, dtype=x_dtype)  # one buffer, so one map, made here
+            x_map = encode_tensor_map("x", x_op, *geometry)
+            n8 = shape.B * shape.C // 8
+            convert_x = BoundLaunch(get_kernel(KERNEL_FILE, "gw_x_to_operand", d),
+                                    (min(ceil_div(n8, PASS_THREADS), PASS_BLOCKS),),
+                                    (PASS_THREADS,), (None, x_op, np.int32(n8)), per_call=(0,))
+
+            def run_pass(x: Any, y: Any) -> None:
+                convert_x(x)
+                launch(x_map, y)
+
+            return run_pass
+
         maps: dict[int, Any] = {}  # x's address -> its tensor map, most recent last
 
         def run_x16(x: Any, y: Any) -> None:

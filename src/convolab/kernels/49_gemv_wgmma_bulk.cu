@@ -21,7 +21,9 @@
 // GW_X16 = 1 takes x already in the operand type ([B][K], 16-bit, as a library's fp16 GEMM gets
 // it): one producer thread then asks the tensor copy engine for x's chunk, a box of 64 k x N
 // rows that it writes in the 128-byte swizzle with zeros past B and K, and a stage is complete
-// when its copies land (no cp.async, no conversion, no "full" barrier).
+// when its copies land (no cp.async, no conversion, no "full" barrier). With x in fp32 the host
+// may run `gw_x_to_operand` first, once a call, into a buffer of that type (XPASS in
+// gpu/gemv_wgmma.py): the conversion then costs one pass over x, not one per row tile.
 // The packed row order gives warp w of warpgroup g the m-tiles kernel 42 gives warp 4g + w, and
 // wgmma's accumulator layout is mma.sync m16n8's, n-tile by n-tile: kernel 42's end
 // (gemv_mma.cuh `finish`: y, or the split-k sum in slice order) applies unchanged.
@@ -122,6 +124,17 @@ __device__ __forceinline__ void convert_x_chunk(const unsigned char* stage_p, un
     const unsigned at = x_stage + (kt * GW_N + n) * GW_ROWB + 16 * (j ^ (n % 8));
     gw_store16(at, gw_pack2(a.x, a.y), gw_pack2(a.z, a.w), gw_pack2(b.x, b.y),
                gw_pack2(b.z, b.w));
+  }
+}
+
+// x (B, K) fp32 -> the (B, K) operand GW_X16 reads, 8 values (two float4s, one 16-byte store)
+// a thread; n8 = B K / 8 (K is a multiple of 8). Round to nearest even, as convert_x_chunk.
+extern "C" __global__ void gw_x_to_operand(const float4* __restrict__ x, uint4* __restrict__ op,
+                                           int n8) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += gridDim.x * blockDim.x) {
+    const float4 a = x[2 * i], b = x[2 * i + 1];
+    op[i] = make_uint4(gw_pack2(a.x, a.y), gw_pack2(a.z, a.w), gw_pack2(b.x, b.y),
+                       gw_pack2(b.z, b.w));
   }
 }
 
