@@ -115,6 +115,31 @@ def test_launch_plan_covers_k_in_whole_chunks(mode: str, rng: np.random.Generato
                 params["SPLIT"], plan.chunks)))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_x16_boxes_are_the_stage_operand(mode: str, rng: np.random.Generator) -> None:
+    """x's tensor map, as the kernel's x16 stage reads it: a box is one k-tile (64 16-bit values,
+    the 128-byte swizzle's span) of the stage's 8 TM_NT rows, rows C elements apart; the stage
+    holds the boxes and no fp32 copy, so it is the weights plus KT boxes; and the 128-row tiles
+    fit the 8 stages `auto`'s XPASS rule asks for at every batch."""
+    for _ in range(20):
+        B, C = int(rng.integers(1, 65)), 8 * int(rng.integers(1, 4000))
+        shape = ConvShape(B, C, 1, 1, int(rng.integers(1, 5000)), 1)
+        params = {**random_point(rng), "x16": 0, "XPASS": 1}
+        d = gemv_wgmma.defines(mode, B, params)
+        dims, strides, box = gemv_wgmma.x_map_geometry(shape, d)
+        assert dims == (C, B) and strides == (2 * C,)
+        assert box == (gemv_wgmma.K_TILE, 8 * d["TM_NT"]) and 8 * d["TM_NT"] >= B
+        assert box[0] * 2 == gemv_wgmma.ROW_BYTES
+        assert gemv_wgmma.x_bytes(d) == d["GW_KT"] * box[0] * 2 * box[1]
+        ring = gemv_wgmma.defines(mode, B, {**params, "XPASS": 0})
+        assert gemv_wgmma.x_bytes(ring) == 3 * gemv_wgmma.x_bytes(d)  # + the fp32 rows
+    fc6 = FC6.with_batch(64)
+    choice = gemv_wgmma.auto_choice(fc6, "fp16")
+    assert choice is not None and choice[1].get("XPASS") == 1
+    plan = gemv_wgmma.launch_plan(fc6, mode, {**gemv_wgmma.DEFAULTS, **choice[1]})
+    assert plan.smem <= gemv_mma.SMEM_LIMIT and "GW_X16" in plan.defines
+
+
 def test_bad_parameters_name_the_problem() -> None:
     with pytest.raises(ValueError, match="MT, KT, STAGES and MINB"):
         gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "STAGES": 9})
