@@ -189,12 +189,13 @@ def to_operand(x: Any, mode: str) -> Any:
 
 
 # Where `auto` runs kernel 49 without a cache entry (H200, 2026-11-29, docs/vgg.md "Kernel 49"
-# and "fc6 with x in fp16"; event time of one call / device time of calls queued back to back,
-# us): fc6 in FP16 at B = 32 63.5 / 56.8 with 128-row tiles and 6 stages (kernel 42 72.9 / 64.2,
-# cuBLAS 72.2 / 54.8; XPASS 67.0 / 60.0); at 64 x converted by a first launch (XPASS) into the
-# tensor-copy loop with 8 stages, 71.4 / 66.3 (converting in the ring, 256-row tiles and 4
-# stages: 76.2 / 71.2; cuBLAS 66.0 / 55.7), and in the bench 68.8 / 70.7 us at 48 / 64 against
-# 75.2 / 76.4; at 16 59.0 / 54.5 against kernel 42's 57.8 / 50.8, which keeps B <= 16.
+# and "FP16 at B = 64 on the libraries' terms"; event time of one call / device time of calls
+# queued back to back, us): fc6 in FP16 at B = 32 63.5 / 56.8 with 128-row tiles and 6 stages
+# (kernel 42 72.9 / 64.2, cuBLAS 72.2 / 54.8; XPASS 67.0 / 60.0); at 64 x converted by a first
+# launch (XPASS) into the tensor-copy loop with 8 stages, 71.4 / 66.3 (converting in the ring,
+# 256-row tiles and 4 stages: 76.2 / 71.2; cuBLAS 66.0 / 55.7), and in the bench 68.8 / 70.7 us
+# at 48 / 64 against 75.2 / 76.4; at 16 59.0 / 54.5 against kernel 42's 57.8 / 50.8, which keeps
+# B <= 16.
 AUTO_MODES = ("fp16",)
 AUTO_FROM_BATCH = 17
 AUTO_TILES: tuple[tuple[int, dict[str, int]], ...] = ((32, {"STAGES": 6}),
