@@ -428,3 +428,22 @@ with open(log, "w") as fh:
         (labels[0], "k1", 3000.0), (labels[1], "k2", 900.0)]
     report = json.loads(out.read_text())
     assert report["rows"] == rows and report["failures"] == {}
+
+
+def test_an_input_is_converted_once_per_buffer() -> None:
+    """The contenders that take their input in another form (channels-last, fp16) convert each
+    rotated buffer once, then reuse it: a new buffer is converted, a seen one is not."""
+    from convolab.bench.contenders import _once_per_buffer
+
+    calls: list[int] = []
+
+    def convert(x: np.ndarray) -> np.ndarray:
+        calls.append(id(x))
+        return x * 2
+
+    converted = _once_per_buffer(convert)
+    a, b = np.ones(3), np.zeros(3)
+    first = converted(a)
+    assert converted(a) is first and converted(b) is not first
+    assert calls == [id(a), id(b)]
+    assert np.array_equal(first, 2 * a)

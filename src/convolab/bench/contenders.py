@@ -82,6 +82,21 @@ def _gpu_layer(impl: Any, run: Callable, w: Any, b: Any, shape: ConvShape,
     return layer
 
 
+def _once_per_buffer(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`convert`, run once per input buffer and kept: the bench warms every rotated buffer
+    before timing, so a contender that takes its input in another form converts it outside
+    the timed region, as the libraries' anchors do."""
+    seen: dict[int, Any] = {}
+
+    def converted(x: Any) -> Any:
+        got = seen.get(id(x))
+        if got is None:
+            got = seen[id(x)] = convert(x)
+        return got
+
+    return converted
+
+
 def _channels_last_prepare(impl: Any, params: dict[str, Any]
                            ) -> Callable[[ConvShape, Any, Any], Prepared]:
     """A wgmma rung with `layout=nhwc` on cuDNN fp16-cl's terms: the input converted to the
@@ -94,13 +109,10 @@ def _channels_last_prepare(impl: Any, params: dict[str, Any]
     def prepare(shape: ConvShape, w: Any, b: Any) -> Prepared:
         run = impl.prepare(shape, w, b, params)
         y = wg.output_buffer(shape, mode)
-        inputs: dict[int, Any] = {}
+        operand = _once_per_buffer(lambda x: wg.to_operand(x, mode))
 
         def op(x: Any) -> None:
-            x_op = inputs.get(id(x))
-            if x_op is None:
-                x_op = inputs[id(x)] = wg.to_operand(x, mode)
-            run(x_op, y)
+            run(operand(x), y)
 
         return Prepared(op, lambda: wg.from_operand(y, shape.M, mode).get(),
                         lambda: wg.poison_operand(y, mode))
@@ -119,13 +131,10 @@ def _operand_x_prepare(impl: Any, params: dict[str, Any]
     def prepare(shape: ConvShape, w: Any, b: Any) -> Prepared:
         run = impl.prepare(shape, w, b, params)
         y = cupy_or_none().empty(impl.out_shape(shape), dtype=np.float32)
-        inputs: dict[int, Any] = {}
+        operand = _once_per_buffer(lambda x: gemv_wgmma.to_operand(x, mode))
 
         def op(x: Any) -> None:
-            x_op = inputs.get(id(x))
-            if x_op is None:
-                x_op = inputs[id(x)] = gemv_wgmma.to_operand(x, mode)
-            run(x_op, y)
+            run(operand(x), y)
 
         return Prepared(op, lambda: y.get(), lambda: poison(y))
 
@@ -168,16 +177,13 @@ def _torch_prepare(torch: Any, device: str, tf32: bool) -> Callable[[ConvShape, 
 
     def prepare(shape: ConvShape, w: Any, b: Any) -> Prepared:
         w_t, b_t = to_torch(w), to_torch(b)
-        inputs: dict[int, Any] = {}  # converted once per buffer, outside the timed region
+        tensor = _once_per_buffer(to_torch)
         out: dict[str, Any] = {}
 
         def op(x: Any) -> None:
             # The flags are process-wide: set them on every call so TF32 never leaks.
             torch.backends.cudnn.allow_tf32 = tf32
-            x_t = inputs.get(id(x))
-            if x_t is None:
-                x_t = inputs[id(x)] = to_torch(x)
-            out["y"] = F.conv2d(x_t, w_t, b_t, stride=shape.S)
+            out["y"] = F.conv2d(tensor(x), w_t, b_t, stride=shape.S)
 
         def layer(x_host: np.ndarray) -> np.ndarray:
             torch.backends.cudnn.allow_tf32 = tf32
@@ -199,14 +205,11 @@ def _torch_half_prepare(torch: Any) -> Callable[[ConvShape, Any, Any], Prepared]
         cl = torch.channels_last
         w_t = torch.from_dlpack(w).half().to(memory_format=cl)
         b_t = torch.from_dlpack(b).half()
-        inputs: dict[int, Any] = {}
+        tensor = _once_per_buffer(lambda x: torch.from_dlpack(x).half().to(memory_format=cl))
         out: dict[str, Any] = {}
 
         def op(x: Any) -> None:
-            x_t = inputs.get(id(x))
-            if x_t is None:
-                x_t = inputs[id(x)] = torch.from_dlpack(x).half().to(memory_format=cl)
-            out["y"] = F.conv2d(x_t, w_t, b_t, stride=shape.S)
+            out["y"] = F.conv2d(tensor(x), w_t, b_t, stride=shape.S)
 
         return Prepared(op, lambda: out["y"].float().contiguous().cpu().numpy())
 
@@ -218,15 +221,13 @@ def _torch_gemm_prepare(torch: Any, half: bool) -> Callable[[ConvShape, Any, Any
     def prepare(shape: ConvShape, w: Any, b: Any) -> Prepared:
         dtype = torch.float16 if half else torch.float32
         w_t = torch.from_dlpack(w).reshape(shape.M, shape.C).t().to(dtype)
-        inputs: dict[int, Any] = {}
+        tensor = _once_per_buffer(
+            lambda x: torch.from_dlpack(x).reshape(shape.B, shape.C).to(dtype))
         out: dict[str, Any] = {}
 
         def op(x: Any) -> None:
             torch.backends.cuda.matmul.allow_tf32 = not half
-            x_t = inputs.get(id(x))
-            if x_t is None:
-                x_t = inputs[id(x)] = torch.from_dlpack(x).reshape(shape.B, shape.C).to(dtype)
-            out["y"] = torch.matmul(x_t, w_t)
+            out["y"] = torch.matmul(tensor(x), w_t)
 
         def fetch() -> np.ndarray:
             y = out["y"].float() + torch.from_dlpack(b)[None, :]

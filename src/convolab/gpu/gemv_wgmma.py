@@ -55,8 +55,8 @@ DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1
                             **FIXED}
 PASS_THREADS, PASS_BLOCKS = 256, 2048  # XPASS's conversion launch: 8 values a thread
 # x16: tensor maps kept (128 bytes of device memory each), one per x buffer, the least recently
-# used dropped: a caller cycling through more buffers pays an encode and a copy each call (the
-# bench rotates up to 256: 64 maps made fc6 at B = 16 run 92-122 us instead of ~60).
+# used dropped. A caller cycling through more buffers than this pays an encode and a copy every
+# call (fc6 B = 16 then runs 92-122 us instead of ~62); the bench rotates up to 256.
 X16_MAPS = 256
 
 
