@@ -51,7 +51,22 @@ GXX = shutil.which("g++")
 
 
 def random_point(rng: np.random.Generator) -> dict[str, int]:
-    return {k: v[int(rng.integers(len(v)))] for k, v in gemv_wgmma.SPACE.items()}
+    """A random point of the space that `defines` accepts: clusters only where x comes by the
+    tensor copy engine."""
+    point = {k: v[int(rng.integers(len(v)))] for k, v in gemv_wgmma.SPACE.items()}
+    if point["CLUSTER"] > 1:
+        point["XPASS"] = 1
+    return point
+
+
+def launchable(mode: str, shape: ConvShape, params: dict[str, int]) -> bool:
+    """The point's ring fits and, in clusters, the layer's row tiles pair up (else prepare
+    refuses it, tested in test_launch_plan_covers_k_in_whole_chunks)."""
+    try:
+        gemv_wgmma.launch_plan(shape, mode, {**gemv_wgmma.DEFAULTS, **params})
+    except ValueError:
+        return False
+    return True
 
 
 def sixteen_bits(a: np.ndarray, mode: str) -> np.ndarray:
@@ -105,6 +120,10 @@ def test_launch_plan_covers_k_in_whole_chunks(mode: str, rng: np.random.Generato
             with pytest.raises(ValueError, match="shared memory"):
                 gemv_wgmma.launch_plan(shape, mode, params)
             continue
+        if params["CLUSTER"] == 2 and ceil_div(shape.M, 128 * d["TM_MT"]) % 2:
+            with pytest.raises(ValueError, match="pairs row tiles"):
+                gemv_wgmma.launch_plan(shape, mode, params)
+            continue
         plan = gemv_wgmma.launch_plan(shape, mode, params, sms=int(rng.integers(1, 140)))
         assert plan.chunks * 64 * d["GW_KT"] >= shape.C > (plan.chunks - 1) * 64 * d["GW_KT"]
         per = plan.slice_chunks
@@ -131,7 +150,7 @@ def test_x16_boxes_are_the_stage_operand(mode: str, rng: np.random.Generator) ->
         assert box == (gemv_wgmma.K_TILE, 8 * d["TM_NT"]) and 8 * d["TM_NT"] >= B
         assert box[0] * 2 == gemv_wgmma.ROW_BYTES
         assert gemv_wgmma.x_bytes(d) == d["GW_KT"] * box[0] * 2 * box[1]
-        ring = gemv_wgmma.defines(mode, B, {**params, "XPASS": 0})
+        ring = gemv_wgmma.defines(mode, B, {**params, "XPASS": 0, "CLUSTER": 1})
         assert gemv_wgmma.x_bytes(ring) == 3 * gemv_wgmma.x_bytes(d)  # + the fp32 rows
     fc6 = FC6.with_batch(64)
     choice = gemv_wgmma.auto_choice(fc6, "fp16")
@@ -147,6 +166,12 @@ def test_bad_parameters_name_the_problem() -> None:
         gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "x16": 2})
     with pytest.raises(ValueError, match="already converted"):
         gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "x16": 1, "XPASS": 1})
+    with pytest.raises(ValueError, match="CLUSTER is 1, or 2 where x comes by the tensor copy"):
+        gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "CLUSTER": 2})
+    with pytest.raises(ValueError, match="CLUSTER is 1"):
+        gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "x16": 1, "CLUSTER": 4})
+    assert gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "x16": 1,
+                                          "CLUSTER": 2})["GW_CLUSTER"] == 2
     with pytest.raises(ValueError, match="unknown mode"):
         gemv_wgmma.defines("tf32", 8, gemv_wgmma.DEFAULTS)
     with pytest.raises(ValueError, match="batch 65"):
@@ -163,6 +188,7 @@ def test_compiled_define_sets_cover_every_value() -> None:
     for key, name in (("MT", "TM_MT"), ("KT", "GW_KT"), ("STAGES", "GW_STAGES")):
         assert {d[name] for d in compiled} == set(gemv_wgmma.SPACE[key])
     assert {d["TM_NT"] for d in gemv_wgmma.compile_variants("bf16")()} == {1, 8}
+    assert {d.get("GW_CLUSTER", 1) for d in compiled} == set(gemv_wgmma.SPACE["CLUSTER"])
 
 
 # ------------------------------------------------------------------------- CPU emulator
@@ -250,6 +276,9 @@ int main(int argc, char** argv) {
 """
 
 
+ONE_BLOCK_CLUSTER = "inline unsigned cluster_rank() { return 0; }"  # GW_CLUSTER = 1
+
+
 def emulated_source() -> str:
     """Kernel 49 with gemv_mma.cuh inlined and wgmma_core.cuh's descriptor functions (the
     encoding the kernel really uses); its PTX (gemv_wgmma.cuh, mbarrier.cuh, common.cuh's
@@ -264,6 +293,7 @@ def emulated_source() -> str:
     for include, text in (('#include "gemv_mma.cuh"', header), ('#include "mbarrier.cuh"', ""),
                           ('#include "wgmma_core.cuh"', descriptors),
                           ('#include "gemv_wgmma.cuh"', GW_SHIM), ('#include "common.cuh"', ""),
+                          ('#include "cluster.cuh"', ONE_BLOCK_CLUSTER),
                           ("#include <cuda_bf16.h>", "")):
         assert include in source or include in header, include
         source = source.replace(include, text)
@@ -333,9 +363,8 @@ def test_every_mode_on_random_shapes(name: str, rng: np.random.Generator) -> Non
         shape = ConvShape(int(rng.integers(1, 65)), 8 * int(rng.integers(1, 600)), 1, 1,
                           int(rng.integers(1, 900)), 1)
         params = None if i < 2 else random_point(rng)
-        while params is not None and gemv_wgmma.smem_bytes(
-                gemv_wgmma.defines(mode, shape.B, params)) > gemv_mma.SMEM_LIMIT:
-            params = random_point(rng)  # a ring that does not fit is refused by prepare
+        while params is not None and not launchable(mode, shape, params):
+            params = random_point(rng)
         check_two_runs(name, make_case(rng, shape), params, TOLERANCE[mode])
 
 
@@ -350,7 +379,7 @@ def test_vgg_classifier_layers(name: str, batch: int, rng: np.random.Generator) 
 def fitting_point(rng: np.random.Generator, mode: str, B: int) -> dict[str, int]:
     """A random point of the space whose ring fits in both forms (x in fp32 needs more)."""
     while True:
-        params = {**random_point(rng), "x16": 0, "XPASS": 0}
+        params = {**random_point(rng), "x16": 0, "XPASS": 0, "CLUSTER": 1}
         if gemv_wgmma.smem_bytes(gemv_wgmma.defines(mode, B, params)) <= gemv_mma.SMEM_LIMIT:
             return params
 
@@ -361,8 +390,9 @@ def test_x16_equals_the_fp32_form_bit_for_bit(mode: str, rng: np.random.Generato
     """x given in the operand type (x16=1: x's chunks by the tensor copy engine, swizzled by
     it), and x in fp32 converted by a first launch (XPASS=1), against x converted in the ring:
     the same operands (all round to nearest even) in the same order of sums, so the same bits;
-    within the tolerance of the fp64 reference; and another buffer of the same x (a new tensor
-    map) gives them again."""
+    within the tolerance of the fp64 reference; another buffer of the same x (a new tensor map)
+    gives them again; and so do both in clusters of two row tiles sharing x's copies, where the
+    row tiles pair up."""
     import cupy as cp
 
     impl = get_impl(f"gemv-wg-{mode}")
@@ -373,10 +403,13 @@ def test_x16_equals_the_fp32_form_bit_for_bit(mode: str, rng: np.random.Generato
         params = dict(gemv_wgmma.DEFAULTS) if i < 2 else fitting_point(rng, mode, shape.B)
         case = make_case(rng, shape)
         w, b = cp.asarray(case.w), cp.asarray(case.b)
+        forms = [(0, 0, 1), (1, 0, 1), (1, 0, 1), (0, 1, 1)]
+        if launchable(mode, shape, {**params, "x16": 1, "CLUSTER": 2}):
+            forms += [(1, 0, 2), (0, 1, 2)]
         outs = []
-        for x16, xpass in ((0, 0), (1, 0), (1, 0), (0, 1)):
-            run = impl.prepare(shape, w, b,
-                               impl.params_for({**params, "x16": x16, "XPASS": xpass}))
+        for x16, xpass, cluster in forms:
+            run = impl.prepare(shape, w, b, impl.params_for(
+                {**params, "x16": x16, "XPASS": xpass, "CLUSTER": cluster}))
             x = cp.asarray(case.x)
             y = cp.empty(shape.y_shape, dtype=cp.float32)
             poison(y)
@@ -387,6 +420,9 @@ def test_x16_equals_the_fp32_form_bit_for_bit(mode: str, rng: np.random.Generato
         assert bool(cp.array_equal(outs[0], outs[1])), (shape, params, "x16 differs")
         assert bool(cp.array_equal(outs[1], outs[2])), (shape, params, "runs differ")
         assert bool(cp.array_equal(outs[0], outs[3])), (shape, params, "XPASS differs")
+        for got in outs[4:]:
+            assert bool(cp.array_equal(outs[0], got)), (shape, params, "a cluster form differs")
+        assert i > 0 or len(outs) == 6, "fc6's row tiles pair up"
 
 
 @pytest.mark.gpu

@@ -16,8 +16,10 @@ chunks in the swizzled layout, and there is nothing to convert. It is the caller
 decides it, so the tuner does not search it and `auto` (NCHW fp32 in) never runs it. y is fp32
 with the bias either way. With x in fp32, `XPASS=1` (a tunable) runs a first launch that
 converts x into such an operand once a call, then the same tensor-copy loop: one pass over x
-instead of each row tile converting its chunks. Everything above `prepare` is pure Python,
-tested on the CPU; CuPy is imported inside `prepare` only.
+instead of each row tile converting its chunks. In either x16 loop `CLUSTER=2` makes two row
+tiles of a k slice one thread-block cluster that take turns copying x's chunk into both by the
+tensor copy engine's multicast: half of x's reads from L2. Everything above `prepare` is pure
+Python, tested on the CPU; CuPy is imported inside `prepare` only.
 """
 
 from __future__ import annotations
@@ -45,14 +47,15 @@ WARPGROUPS = 2  # consumers; a third copies
 THREADS = 128 * (WARPGROUPS + 1)
 # MT: 64-row wgmmas a warpgroup (a block's rows: 128 MT); KT: k-tiles a chunk; STAGES: chunks
 # in the ring; MINB: the launch bound's blocks an SM; SPLIT: k slices (0: chosen,
-# `gemv_mma.slice_chunks`); XPASS: x converted by a first launch (module docstring).
+# `gemv_mma.slice_chunks`); XPASS: x converted by a first launch; CLUSTER: row tiles sharing x's
+# copies, x16 or XPASS only (module docstring).
 SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2), "KT": (1, 2),
                                      "STAGES": (2, 3, 4, 5, 6, 7, 8),
                                      "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2),
-                                     "XPASS": (0, 1)}
+                                     "XPASS": (0, 1), "CLUSTER": (1, 2)}
 FIXED: dict[str, int] = {"x16": 0}  # x in the operand type (module docstring); not searched
 DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1, "XPASS": 0,
-                            **FIXED}
+                            "CLUSTER": 1, **FIXED}
 PASS_THREADS, PASS_BLOCKS = 256, 2048  # XPASS's conversion launch: 8 values a thread
 # x16: tensor maps kept (128 bytes of device memory each), one per x buffer, the least recently
 # used dropped. A caller cycling through more buffers than this pays an encode and a copy every
@@ -81,10 +84,15 @@ def defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
                          f"0 or 1, got x16={x16}, XPASS={xpass}")
     if x16 and xpass:
         raise ValueError("gemv-wg: XPASS converts an fp32 x; with x16=1 x is already converted")
+    cluster = int(params.get("CLUSTER", 1))
+    if cluster not in SPACE["CLUSTER"] or (cluster > 1 and not (x16 or xpass)):
+        raise ValueError(f"gemv-wg: CLUSTER is 1, or 2 where x comes by the tensor copy engine "
+                         f"(x16=1 or XPASS=1), got CLUSTER={cluster}, x16={x16}, XPASS={xpass}")
     return {"TM_MODE": MODES[mode], "TM_NT": gemv_mma.n_tiles(B), "TM_MT": int(params["MT"]),
             "TM_WARPS": 4 * WARPGROUPS, "TM_MINB": int(params["MINB"]),
             "GW_KT": int(params["KT"]), "GW_STAGES": int(params["STAGES"]),
-            **({"GW_X16": 1} if x16 or xpass else {})}
+            **({"GW_X16": 1} if x16 or xpass else {}),
+            **({"GW_CLUSTER": cluster} if cluster > 1 else {})}
 
 
 def tile_rows(d: Mapping[str, int]) -> int:
@@ -134,6 +142,10 @@ def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
                          f"STAGES, KT or MT")
     resident = max(1, min(d["TM_MINB"], device.resident_blocks(1, THREADS, smem)))
     tiles = ceil_div(shape.M, tile_rows(d))
+    cluster = d.get("GW_CLUSTER", 1)
+    if tiles % cluster:
+        raise ValueError(f"gemv-wg: CLUSTER={cluster} pairs row tiles, but M = {shape.M} makes "
+                         f"{tiles} tiles of {tile_rows(d)} rows")
     chunks = ceil_div(shape.C, K_TILE * d["GW_KT"])
     per_slice = gemv_mma.slice_chunks(chunks, tiles, sms * resident, a_bytes(d), tile_rows(d),
                                       shape.B, int(params["SPLIT"]))
@@ -214,12 +226,13 @@ def auto_choice(shape: ConvShape, mode: str) -> tuple[str, dict[str, int]] | Non
 
 
 # What CI's nvcc check builds: each mode at the fewest and the most batch tiles (TM_NT changes
-# the wgmma's N) with the defaults and with x16, and in fp16 each other value of MT, KT and
-# STAGES once.
+# the wgmma's N) with the defaults, with x16 and with x16 in clusters, and in fp16 each other
+# value of MT, KT and STAGES once.
 def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
         points = [(8, DEFAULTS), (gemv_mma.MAX_BATCH, DEFAULTS),
-                  (gemv_mma.MAX_BATCH, {**DEFAULTS, "x16": 1})]
+                  (gemv_mma.MAX_BATCH, {**DEFAULTS, "x16": 1}),
+                  (gemv_mma.MAX_BATCH, {**DEFAULTS, "x16": 1, "CLUSTER": 2})]
         if mode == "fp16":
             points += [(gemv_mma.MAX_BATCH, {**DEFAULTS, k: v}) for k in ("MT", "KT", "STAGES")
                        for v in SPACE[k] if v != DEFAULTS[k]]

@@ -24,14 +24,19 @@
 // when its copies land (no cp.async, no conversion, no "full" barrier). With x in fp32 the host
 // may run `gw_x_to_operand` first, once a call, into a buffer of that type (XPASS in
 // gpu/gemv_wgmma.py): the conversion then costs one pass over x, not one per row tile.
+// GW_CLUSTER = 2 (with GW_X16): two row tiles of one k slice are a thread-block cluster and
+// take turns asking for x's chunk, multicast into both: x's reads from L2 halve (at fc6 B = 64
+// x is a third of what the blocks read). A stage is then released on both blocks' "empty"
+// barriers, since whichever block copies x next writes into both.
 // The packed row order gives warp w of warpgroup g the m-tiles kernel 42 gives warp 4g + w, and
 // wgmma's accumulator layout is mma.sync m16n8's, n-tile by n-tile: kernel 42's end
 // (gemv_mma.cuh `finish`: y, or the split-k sum in slice order) applies unchanged.
 //
-// Launch: grid (row tiles, k slices), 384 threads, dynamic shared memory GW_STAGES stages plus
+// Launch: grid (row tiles, k slices), clusters of GW_CLUSTER row tiles, 384 threads, dynamic shared memory GW_STAGES stages plus
 // 1 KB (the ring is aligned to 1 KB, as the swizzle needs). fp16 and bf16 only: TF32 weights
 // in 4 bytes would stream 1.6x kernel 43's 2.5-byte ones.
 
+#include "cluster.cuh"
 #include "gemv_mma.cuh"
 #include "mbarrier.cuh"
 #include "wgmma_core.cuh"
@@ -44,6 +49,9 @@
 #endif
 #ifndef GW_X16
 #define GW_X16 0
+#endif
+#ifndef GW_CLUSTER
+#define GW_CLUSTER 1  // row tiles a cluster, sharing x's copies (x16 only)
 #endif
 
 #define GW_ROWB 128                              // one operand row of a k-tile: the swizzle span
@@ -58,6 +66,7 @@ static_assert(TM_WARPS == 8, "two warpgroups");
 static_assert(TM_MODE <= 1, "16-bit operands only");
 static_assert(GW_X_BYTES % 1024 == 0 || GW_N == 8, "stages stay 1 KB aligned");
 static_assert(GW_STAGES >= 2, "a stage in flight while one is read");
+static_assert(GW_CLUSTER == 1 || (GW_CLUSTER == 2 && GW_X16), "x shared by 2 row tiles, x16");
 
 #include "gemv_wgmma.cuh"  // gw_mma (this kernel's wgmma) and gw_store16: its PTX
 
@@ -90,15 +99,40 @@ __device__ __forceinline__ void issue_chunk(unsigned char* stage_p, unsigned sta
 }
 
 // GW_X16: chunk c's copies, by one producer thread: the weights, then x's k-tiles as boxes of
-// the tensor map `x_map` (k innermost, then rows), each landing in the swizzled operand layout.
+// the tensor map `x_map` (k innermost, then rows), each landing in the swizzled operand layout;
+// in a cluster only on the block's turn (`x_turn`), into both blocks. Each block expects x's
+// bytes every chunk, whoever copies them.
 __device__ __forceinline__ void issue_chunk_x16(unsigned stage, unsigned loaded,
                                                 const unsigned char* w_src, const void* x_map,
-                                                int k0) {
+                                                int k0, bool x_turn) {
   mbar_expect_tx(loaded, GW_A_BYTES + GW_X_BYTES);
   bulk_copy(stage, w_src, GW_A_BYTES, loaded);
+  if (!x_turn) return;
 #pragma unroll
-  for (int kt = 0; kt < GW_KT; ++kt)
-    tma_load_2d(stage + GW_A_BYTES + kt * GW_N * GW_ROWB, x_map, k0 + kt * 64, 0, loaded);
+  for (int kt = 0; kt < GW_KT; ++kt) {
+    const unsigned at = stage + GW_A_BYTES + kt * GW_N * GW_ROWB;
+#if GW_CLUSTER > 1
+    tma_load_2d_multicast(at, x_map, k0 + kt * 64, 0, loaded, (1u << GW_CLUSTER) - 1);
+#else
+    tma_load_2d(at, x_map, k0 + kt * 64, 0, loaded);
+#endif
+  }
+}
+
+#if GW_CLUSTER > 1
+#define GW_CLUSTER_DIMS __cluster_dims__(GW_CLUSTER, 1, 1)
+#else
+#define GW_CLUSTER_DIMS
+#endif
+
+// Stage `empty_s` is free again in this block and, in a cluster, in every block of it (each
+// consumer warpgroup of the cluster arrives on every block's barrier).
+__device__ __forceinline__ void release_stage(unsigned empty_s) {
+#if GW_CLUSTER > 1
+  for (unsigned r = 0; r < GW_CLUSTER; ++r) mbar_arrive_remote(empty_s, r);
+#else
+  mbar_arrive(empty_s);
+#endif
 }
 
 __device__ __forceinline__ unsigned gw_pack2(float lo, float hi) {
@@ -144,7 +178,7 @@ typedef void gw_x_t;   // x's tensor map, in device memory
 typedef float gw_x_t;  // x itself, (B, K) fp32
 #endif
 
-extern "C" __global__ void __launch_bounds__(GW_THREADS, TM_MINB)
+extern "C" __global__ void __launch_bounds__(GW_THREADS, TM_MINB) GW_CLUSTER_DIMS
 gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_packed,
            const float* __restrict__ bias, float* __restrict__ y, float* __restrict__ partial,
            int* __restrict__ tickets, int B, int M, int K, int chunks_total, int slice_chunks) {
@@ -163,11 +197,15 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
     for (int s = 0; s < GW_STAGES; ++s) {
       mbar_init(loaded + 8 * s, GW_X16 ? 1 : 128 + 1);  // cp.asyncs, and the expect_tx
       mbar_init(full + 8 * s, 128);  // every producer thread, after its part of x
-      mbar_init(empty + 8 * s, 2);   // one arrival a consumer warpgroup
+      mbar_init(empty + 8 * s, 2 * GW_CLUSTER);  // one arrival a consumer warpgroup
     }
     fence_barrier_init();
   }
+#if GW_CLUSTER > 1
+  cluster_sync();  // every block's barriers exist before the other copies or arrives on them
+#else
   __syncthreads();  // the barriers exist before anything arrives on them
+#endif
 
   float acc[TM_MT][TM_NT][4];
   clear(acc);
@@ -178,11 +216,12 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
 #if GW_X16
     if (ptid == 0) {
       tma_acquire(x);
+      const unsigned rank = GW_CLUSTER > 1 ? cluster_rank() : 0;
       for (int c = 0; c < chunks; ++c) {
         const int s = c % GW_STAGES;
         if (c >= GW_STAGES) mbar_wait(empty + 8 * s, (c / GW_STAGES - 1) & 1);
         issue_chunk_x16(ring + s * GW_STAGE_BYTES, loaded + 8 * s, w_src + (size_t)c * GW_A_BYTES,
-                        x, (c0 + c) * GW_KT * 64);
+                        x, (c0 + c) * GW_KT * 64, c % GW_CLUSTER == (int)rank);
       }
     }
 #else
@@ -232,11 +271,14 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
       // Chunk c's wgmmas stay in flight; chunk c - 1's have retired, so its stage can refill
       // while this warpgroup waits for chunk c + 1 (docs/vgg.md, "Kernel 55").
       wg_wait<1>();
-      if (c >= 1 && threadIdx.x % 128 == 0) mbar_arrive(empty + 8 * ((c - 1) % GW_STAGES));
+      if (c >= 1 && threadIdx.x % 128 == 0) release_stage(empty + 8 * ((c - 1) % GW_STAGES));
     }
     wg_wait<0>();
 #pragma unroll
     for (int mi = 0; mi < TM_MT; ++mi) wg_hold(acc[mi]);
   }
+#if GW_CLUSTER > 1
+  cluster_sync();  // no block leaves while the other may still copy into it or arrive on it
+#endif
   finish(acc, bias, y, partial, tickets, B, M, (blockIdx.x * TM_WARPS + warp) * TM_MT, lane);
 }

@@ -1,6 +1,7 @@
 // Thread-block clusters (sm_90): a block's shared memory as seen from another block of its
 // cluster, loads from there, the cluster-wide barrier, and the sum over a cluster's blocks that
-// kernels 48, 52 and 54 add their k slices with.
+// kernels 48, 52 and 54 add their k slices with; a block's rank and an arrival on another
+// block's mbarrier (kernel 49's row tiles share x's copies).
 #pragma once
 
 // Distributed shared memory: this block's shared address as seen in block 'rank' of the
@@ -40,4 +41,22 @@ __device__ __forceinline__ float4 cluster_sum4(const float* p) {
     s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
   }
   return s;
+}
+
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// An arrival on the mbarrier at shared address `bar` of block `rank` of the cluster (the same
+// offset as in this block). The default (CTA-scope) release: what it orders are wgmma reads of
+// a stage, already retired, before the copy engine's next writes into it, which the barrier
+// itself orders. A cluster-scope release is a fence on every arrival: kernel 49's consumers
+// took twice as long a chunk with it (docs/vgg.md, "Kernel 49 in clusters").
+__device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }

@@ -70,3 +70,15 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int c
       "l"(map), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+
+// tma_load_2d into the same shared address of every block in `blocks` (a bit a cluster rank),
+// completing on the barrier at the same address in each: one read from L2 for all of them.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const void* map, int c0,
+                                                      int c1, unsigned bar,
+                                                      unsigned short blocks) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(blocks)
+      : "memory");
+}
