@@ -221,6 +221,7 @@ struct __half2 { _Float16 x, y; };
 inline __half2 __floats2half2_rn(float a, float b) { return {(_Float16)a, (_Float16)b}; }
 template <class T> inline T __ldcs(const T* p) { return *p; }
 template <class T> inline T __ldcg(const T* p) { return *p; }
+template <class T> inline void __stcg(T* p, T v) { *p = v; }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 std::atomic<int> block_or;
@@ -234,7 +235,7 @@ inline bool __syncthreads_or(bool p) {
   return any;
 }
 // A GEMV emulator's files in `dir`: x.bin (B x K), w.bin (w_bytes), b.bin, partial.bin (slices
-// planes), y.bin (B x M and 64 floats past it), tickets.bin (tiles).
+// planes, or `partial_floats`), y.bin (B x M and 64 floats past it), tickets.bin (tiles).
 struct GemvIo {
   float *x, *bias, *partial, *y;
   unsigned char* w;
@@ -242,10 +243,11 @@ struct GemvIo {
   size_t ny;
 };
 inline GemvIo read_gemv_io(const char* dir, int B, int M, int K, int tiles, int slices,
-                           size_t w_bytes) {
+                           size_t w_bytes, size_t partial_floats = 0) {
   const size_t ny = (size_t)B * M + 64;
+  if (!partial_floats) partial_floats = (size_t)slices * B * M;
   return {read<float>(dir, "x.bin", (size_t)B * K), read<float>(dir, "b.bin", M),
-          read<float>(dir, "partial.bin", (size_t)slices * B * M), read<float>(dir, "y.bin", ny),
+          read<float>(dir, "partial.bin", partial_floats), read<float>(dir, "y.bin", ny),
           read<unsigned char>(dir, "w.bin", w_bytes), read<int>(dir, "tickets.bin", tiles), ny};
 }
 // `launches` launches of `units` units (blocks, or clusters that run at once): y's ny floats
@@ -930,16 +932,18 @@ def run_fused_emulator(tmp_path: Path, main: str, kernel_source: str, flags: lis
 
 
 def run_gemv_emulator(exe: Path, tmp_path: Path, case: Any, packed: np.ndarray,
-                      sizes: tuple[int, ...], tiles: int, slices: int, seed: int) -> np.ndarray:
+                      sizes: tuple[int, ...], tiles: int, slices: int, seed: int,
+                      partial_floats: int | None = None) -> np.ndarray:
     """A GEMV emulator built with GEMV_SHIM's `read_gemv_io` / `run_launches` (argv: dir, B, M,
     K, the kernel's `sizes`, tiles, slices, launches, w bytes, seed): its files written (x, the
     packed weights, b, NaN partials and output), two launches run; asserts that the tickets
     are back to zero, both launches agree and nothing past the output was written. Returns the
-    output, shaped as the layer's."""
+    output, shaped as the layer's. `partial_floats`: the partials' size where it is not slices
+    planes of the output (kernel 49's parked sums)."""
     shape = case.shape
     packed.tofile(tmp_path / "w.bin")
     for name, a in (("x", case.x), ("b", case.b),
-                    ("partial", np.full(slices * shape.B * shape.M, np.nan)),
+                    ("partial", np.full(partial_floats or slices * shape.B * shape.M, np.nan)),
                     ("y", np.full(shape.B * shape.M + 64, np.nan))):
         np.ascontiguousarray(a, np.float32).tofile(tmp_path / f"{name}.bin")
     np.zeros(tiles, np.int32).tofile(tmp_path / "tickets.bin")

@@ -88,7 +88,9 @@ def weight_offsets(M: int, C: int, d: dict[str, int]) -> np.ndarray:
     warp, mi, r = in_tile // 16 // mt, in_tile // 16 % mt, in_tile % 16
     group, w = warp // 4, warp % 4
     chunk, ktile, j, e = k // (64 * kt), k // 64 % kt, k % 64 // 8, k % 8
-    a_tile = (((tile * chunks + chunk) * kt + ktile) * 2 + group) * mt + mi
+    tiles = ceil_div(M, rows)
+    run = chunk * tiles + tile if d.get("GW_INTERLEAVE") else tile * chunks + chunk
+    a_tile = ((run * kt + ktile) * 2 + group) * mt + mi
     row = 16 * w + r
     return (a_tile * 64 + row) * 64 + (j ^ (row % 8)) * 8 + e
 
@@ -160,7 +162,7 @@ def test_x16_boxes_are_the_stage_operand(mode: str, rng: np.random.Generator) ->
 
 
 def test_bad_parameters_name_the_problem() -> None:
-    with pytest.raises(ValueError, match="MT, KT, STAGES and MINB"):
+    with pytest.raises(ValueError, match="MT, KT, STAGES, MINB and INTERLEAVE"):
         gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "STAGES": 9})
     with pytest.raises(ValueError, match="x16 is 0"):
         gemv_wgmma.defines("fp16", 8, {**gemv_wgmma.DEFAULTS, "x16": 2})
@@ -251,7 +253,10 @@ int main(int argc, char** argv) {
   const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]);
   const int chunks_total = atoi(argv[5]), slice_chunks = atoi(argv[6]);
   const int tiles = atoi(argv[7]), slices = atoi(argv[8]), launches = atoi(argv[9]);
-  const GemvIo io = read_gemv_io(dir, B, M, K, tiles, slices, atol(argv[10]));
+  // the parked partials (gemv_mma.cuh finish_parked), as LaunchPlan.parked_floats counts them
+  const size_t parked = (size_t)slices * tiles * TM_THREADS * TM_PARKED_RUN * 4;
+  const GemvIo io = read_gemv_io(dir, B, M, K, tiles, slices, atol(argv[10]),
+                                 slices > 1 ? parked : 0);
 #if GW_X16  // x in the operand type, rounded to nearest even as gemv_wgmma.to_operand does
   std::vector<unsigned short> x16((size_t)B * K);
   for (size_t i = 0; i < x16.size(); ++i)
@@ -309,8 +314,9 @@ def emulated_source() -> str:
 
 EMULATED = [  # (mode, shape, params): more chunks a slice than stages, B, M and K off the tiles
     ("fp16", ConvShape(5, 1000, 1, 1, 70, 1), {"STAGES": 2, "SPLIT": 2}),
-    ("bf16", ConvShape(37, 392, 1, 1, 300, 1), {"MT": 2, "STAGES": 3, "SPLIT": 1}),
-    ("fp16", ConvShape(20, 904, 1, 1, 140, 1), {"KT": 2, "STAGES": 2, "SPLIT": 3}),
+    ("bf16", ConvShape(37, 392, 1, 1, 300, 1), {"MT": 2, "STAGES": 3, "SPLIT": 2}),
+    ("fp16", ConvShape(20, 904, 1, 1, 140, 1), {"KT": 2, "STAGES": 2, "SPLIT": 3,
+                                                "INTERLEAVE": 1}),
     # x in the operand type, by the tensor copy engine
     ("fp16", ConvShape(37, 1000, 1, 1, 300, 1), {"STAGES": 3, "SPLIT": 2, "x16": 1}),
     ("bf16", ConvShape(9, 904, 1, 1, 140, 1), {"KT": 2, "STAGES": 2, "SPLIT": 3, "x16": 1}),
@@ -345,7 +351,8 @@ def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, i
     case = make_case(rng, shape)
     packed = np.ascontiguousarray(gemv_wgmma.pack_weights(case.w.reshape(shape.M, -1), mode, d))
     got = run_gemv_emulator(exe, tmp_path, case, packed, (plan.chunks, plan.slice_chunks),
-                            plan.tiles, plan.slices, int(rng.integers(2**31)))
+                            plan.tiles, plan.slices, int(rng.integers(2**31)),
+                            plan.parked_floats)
     assert rel_l2(got, case.ref) <= TOLERANCE[mode], rel_l2(got, case.ref)
     # against the products of the rounded operands: only the fp32 sums' error is left
     ref = conv_reference(rounded(case.x, mode), rounded(case.w, mode), case.b)

@@ -48,14 +48,18 @@ THREADS = 128 * (WARPGROUPS + 1)
 # MT: 64-row wgmmas a warpgroup (a block's rows: 128 MT); KT: k-tiles a chunk; STAGES: chunks
 # in the ring; MINB: the launch bound's blocks an SM; SPLIT: k slices (0: chosen,
 # `gemv_mma.slice_chunks`); XPASS: x converted by a first launch; CLUSTER: row tiles sharing x's
-# copies, x16 or XPASS only (module docstring).
+# copies, x16 or XPASS only (module docstring); INTERLEAVE: the packed weights chunk-major
+# (`pack_weights`).
 SPACE: dict[str, tuple[int, ...]] = {"MT": (1, 2), "KT": (1, 2),
                                      "STAGES": (2, 3, 4, 5, 6, 7, 8),
                                      "SPLIT": (0, 4, 8, 16, 32, 64), "MINB": (1, 2),
-                                     "XPASS": (0, 1), "CLUSTER": (1, 2)}
-FIXED: dict[str, int] = {"x16": 0}  # x in the operand type (module docstring); not searched
+                                     "XPASS": (0, 1), "CLUSTER": (1, 2),
+                                     "INTERLEAVE": (0, 1)}
+# Not searched: x16 (x in the operand type, module docstring); TIMELINE (each block's SM and
+# times recorded, for benchmarks/block_timeline.py).
+FIXED: dict[str, int] = {"x16": 0, "TIMELINE": 0}
 DEFAULTS: dict[str, int] = {"MT": 1, "KT": 1, "STAGES": 4, "SPLIT": 0, "MINB": 1, "XPASS": 0,
-                            "CLUSTER": 1, **FIXED}
+                            "CLUSTER": 1, "INTERLEAVE": 0, **FIXED}
 PASS_THREADS, PASS_BLOCKS = 256, 2048  # XPASS's conversion launch: 8 values a thread
 # x16: tensor maps kept (128 bytes of device memory each), one per x buffer, the least recently
 # used dropped. A caller cycling through more buffers than this pays an encode and a copy every
@@ -73,9 +77,9 @@ def defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
     """The -D set of one configuration; ValueError names what is wrong with it."""
     if mode not in MODES:
         raise ValueError(f"gemv-wg: unknown mode {mode!r}; known: {', '.join(MODES)}")
-    keys = ("MT", "KT", "STAGES", "MINB")
+    keys = ("MT", "KT", "STAGES", "MINB", "INTERLEAVE")
     if any(int(params[k]) not in SPACE[k] for k in keys):
-        raise ValueError(f"gemv-wg: MT, KT, STAGES and MINB must be in "
+        raise ValueError(f"gemv-wg: MT, KT, STAGES, MINB and INTERLEAVE must be in "
                          f"{', '.join(str(SPACE[k]) for k in keys)}, got "
                          f"{', '.join(str(params[k]) for k in keys)}")
     x16, xpass = int(params.get("x16", 0)), int(params.get("XPASS", 0))
@@ -92,7 +96,9 @@ def defines(mode: str, B: int, params: Mapping[str, Any]) -> dict[str, int]:
             "TM_WARPS": 4 * WARPGROUPS, "TM_MINB": int(params["MINB"]),
             "GW_KT": int(params["KT"]), "GW_STAGES": int(params["STAGES"]),
             **({"GW_X16": 1} if x16 or xpass else {}),
-            **({"GW_CLUSTER": cluster} if cluster > 1 else {})}
+            **({"GW_CLUSTER": cluster} if cluster > 1 else {}),
+            **({"GW_INTERLEAVE": 1} if int(params.get("INTERLEAVE", 0)) else {}),
+            **({"GW_TIMELINE": 1} if int(params.get("TIMELINE", 0)) else {})}
 
 
 def tile_rows(d: Mapping[str, int]) -> int:
@@ -128,6 +134,15 @@ class LaunchPlan:
     @property
     def grid(self) -> tuple[int, int]:
         return self.tiles, self.slices
+
+    @property
+    def parked_floats(self) -> int:
+        """The split-k partials (gemv_mma.cuh `finish_parked`): each slice's blocks' consumer
+        threads' sums as held, MT NT float4s a thread; none unsplit."""
+        if self.slices == 1:
+            return 0
+        held = 4 * self.defines["TM_MT"] * self.defines["TM_NT"]
+        return self.slices * self.tiles * 128 * WARPGROUPS * held
 
 
 def launch_plan(shape: ConvShape, mode: str, params: Mapping[str, Any],
@@ -167,10 +182,11 @@ def swizzle_128b(a: Any) -> Any:
 
 
 def pack_weights(w2: Any, mode: str, d: Mapping[str, int]) -> Any:
-    """(M, C) fp32 -> kernel 49's weights, uint8: for each row tile and each chunk, one
-    contiguous run of KT k-tiles, each 2 MT wgmma A tiles (warpgroup g, its wgmma mi) of 64
-    rows x 128 bytes, swizzled. Row 16 w + r of tile (g, mi) is row 16 ((4 g + w) MT + mi) + r
-    of the row tile: kernel 42's m-tile mi of warp 4 g + w. Zero past M and C."""
+    """(M, C) fp32 -> kernel 49's weights, uint8: for each row tile and each chunk (each chunk
+    and each row tile with GW_INTERLEAVE), one contiguous run of KT k-tiles, each 2 MT wgmma A
+    tiles (warpgroup g, its wgmma mi) of 64 rows x 128 bytes, swizzled. Row 16 w + r of tile
+    (g, mi) is row 16 ((4 g + w) MT + mi) + r of the row tile: kernel 42's m-tile mi of warp
+    4 g + w. Zero past M and C."""
     xp = xp_of(w2)
     if w2.ndim != 2 or w2.shape[1] % gemv_mma.CHANNEL_ALIGN:
         raise ValueError(f"gemv-wg: weights must be (M, C) with C a multiple of "
@@ -184,6 +200,8 @@ def pack_weights(w2: Any, mode: str, d: Mapping[str, int]) -> Any:
     padded[:M, :C] = values
     a = padded.reshape(tiles, WARPGROUPS, 4, mt, 16, chunks, kt, 8, 8)
     a = a.transpose(0, 5, 6, 1, 3, 2, 4, 7, 8).reshape(tiles, chunks, kt, WARPGROUPS * mt, 64, 8, 8)
+    if d.get("GW_INTERLEAVE"):
+        a = a.swapaxes(0, 1)
     return xp.ascontiguousarray(swizzle_128b(a)).view(xp.uint8).reshape(-1)
 
 
@@ -232,7 +250,8 @@ def compile_variants(mode: str) -> Callable[[], list[dict[str, int]]]:
     def variants() -> list[dict[str, int]]:
         points = [(8, DEFAULTS), (gemv_mma.MAX_BATCH, DEFAULTS),
                   (gemv_mma.MAX_BATCH, {**DEFAULTS, "x16": 1}),
-                  (gemv_mma.MAX_BATCH, {**DEFAULTS, "x16": 1, "CLUSTER": 2})]
+                  (gemv_mma.MAX_BATCH, {**DEFAULTS, "x16": 1, "CLUSTER": 2,
+                                        "INTERLEAVE": 1})]
         if mode == "fp16":
             points += [(gemv_mma.MAX_BATCH, {**DEFAULTS, k: v}) for k in ("MT", "KT", "STAGES")
                        for v in SPACE[k] if v != DEFAULTS[k]]
@@ -266,8 +285,7 @@ def _prepare(mode: str) -> Callable[[ConvShape, Any, Any, Mapping[str, Any]], Ru
         kernel = get_kernel(KERNEL_FILE, "gemv_wgmma", d)
         kernel.max_dynamic_shared_size_bytes = plan.smem
         b_d = cp.ascontiguousarray(cp.asarray(b, dtype=cp.float32))
-        partial = cp.empty((plan.slices if plan.slices > 1 else 0, shape.B, shape.M),
-                           dtype=cp.float32)
+        partial = cp.empty(plan.parked_floats, dtype=cp.float32)
         tickets = cp.zeros(plan.tiles, dtype=cp.int32)
         launch = BoundLaunch(kernel, plan.grid, (THREADS,),
                              (None, w_op, b_d, None, partial, tickets,

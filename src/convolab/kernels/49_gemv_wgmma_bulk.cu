@@ -29,12 +29,30 @@
 // x is a third of what the blocks read). A stage is then released on both blocks' "empty"
 // barriers, since whichever block copies x next writes into both.
 // The packed row order gives warp w of warpgroup g the m-tiles kernel 42 gives warp 4g + w, and
-// wgmma's accumulator layout is mma.sync m16n8's, n-tile by n-tile: kernel 42's end
-// (gemv_mma.cuh `finish`: y, or the split-k sum in slice order) applies unchanged.
+// wgmma's accumulator layout is mma.sync m16n8's, n-tile by n-tile: kernel 42's end applies
+// (gemv_mma.cuh `finish_parked`: y, or the split-k sum in slice order from partials parked as
+// the threads hold them).
 //
-// Launch: grid (row tiles, k slices), clusters of GW_CLUSTER row tiles, 384 threads, dynamic shared memory GW_STAGES stages plus
-// 1 KB (the ring is aligned to 1 KB, as the swizzle needs). fp16 and bf16 only: TF32 weights
-// in 4 bytes would stream 1.6x kernel 43's 2.5-byte ones.
+// Launch: grid (row tiles, k slices), clusters of GW_CLUSTER row tiles, 384 threads, dynamic
+// shared memory GW_STAGES stages plus 1 KB (the ring is aligned to 1 KB, as the swizzle needs).
+// fp16 and bf16 only: TF32 weights in 4 bytes would stream 1.6x kernel 43's 2.5-byte ones.
+
+#ifndef GW_TIMELINE
+#define GW_TIMELINE 0  // 1: each block's SM and times (benchmarks/block_timeline.py)
+#endif
+#if GW_TIMELINE
+// Per block (linear id, up to 4096): its SM, then %globaltimer (ns) at its start (1), when its
+// loop has retired its last wgmma (2), when it leaves (3), and in `finish` (gemv_mma.cuh
+// TM_STAMP): its partials stored (4), fenced (5), its ticket taken (6), the sum done (7, the
+// last block of a row tile only).
+__device__ unsigned long long gw_timeline[4096][8];
+__device__ unsigned long long gw_now();  // gemv_wgmma.cuh
+#define GW_STAMP(i) gw_timeline[blockIdx.y * gridDim.x + blockIdx.x][i] = gw_now()
+#define TM_STAMP(i) \
+  if (threadIdx.x == 0) GW_STAMP(i)
+#else
+#define GW_STAMP(i) ((void)0)
+#endif
 
 #include "cluster.cuh"
 #include "gemv_mma.cuh"
@@ -52,6 +70,9 @@
 #endif
 #ifndef GW_CLUSTER
 #define GW_CLUSTER 1  // row tiles a cluster, sharing x's copies (x16 only)
+#endif
+#ifndef GW_INTERLEAVE
+#define GW_INTERLEAVE 0  // 1: weights chunk-major (every row tile's chunk c side by side)
 #endif
 
 #define GW_ROWB 128                              // one operand row of a k-tile: the swizzle span
@@ -172,6 +193,7 @@ extern "C" __global__ void gw_x_to_operand(const float4* __restrict__ x, uint4* 
   }
 }
 
+
 #if GW_X16
 typedef void gw_x_t;   // x's tensor map, in device memory
 #else
@@ -194,6 +216,10 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
   const int c0 = blockIdx.y * slice_chunks, chunks = min(chunks_total - c0, slice_chunks);
 
   if (threadIdx.x == 0) {
+#if GW_TIMELINE
+    gw_timeline[blockIdx.y * gridDim.x + blockIdx.x][0] = gw_smid();
+#endif
+    GW_STAMP(1);
     for (int s = 0; s < GW_STAGES; ++s) {
       mbar_init(loaded + 8 * s, GW_X16 ? 1 : 128 + 1);  // cp.asyncs, and the expect_tx
       mbar_init(full + 8 * s, 128);  // every producer thread, after its part of x
@@ -211,8 +237,12 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
   clear(acc);
   if (threadIdx.x >= TM_THREADS) {
     const int ptid = threadIdx.x - TM_THREADS;
+    // Chunk-major weights put the blocks' concurrent copies in one window of DRAM rather than
+    // one stream a row tile, each a tile's whole run (1.6 MB at fc6) from the next.
+    const size_t w_step = GW_INTERLEAVE ? (size_t)gridDim.x * GW_A_BYTES : GW_A_BYTES;
     const unsigned char* w_src =
-        w_packed + ((size_t)blockIdx.x * chunks_total + c0) * GW_A_BYTES;
+        w_packed + (GW_INTERLEAVE ? (size_t)c0 * gridDim.x + blockIdx.x
+                                  : (size_t)blockIdx.x * chunks_total + c0) * GW_A_BYTES;
 #if GW_X16
     if (ptid == 0) {
       tma_acquire(x);
@@ -220,7 +250,7 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
       for (int c = 0; c < chunks; ++c) {
         const int s = c % GW_STAGES;
         if (c >= GW_STAGES) mbar_wait(empty + 8 * s, (c / GW_STAGES - 1) & 1);
-        issue_chunk_x16(ring + s * GW_STAGE_BYTES, loaded + 8 * s, w_src + (size_t)c * GW_A_BYTES,
+        issue_chunk_x16(ring + s * GW_STAGE_BYTES, loaded + 8 * s, w_src + (size_t)c * w_step,
                         x, (c0 + c) * GW_KT * 64, c % GW_CLUSTER == (int)rank);
       }
     }
@@ -229,7 +259,7 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
     auto issue = [&](int c) {
       const int s = c % GW_STAGES;
       issue_chunk(ring_p + s * GW_STAGE_BYTES, ring + s * GW_STAGE_BYTES, loaded + 8 * s,
-                  w_src + (size_t)c * GW_A_BYTES, x, B, K, (c0 + c) * GW_KT * 64, ptid);
+                  w_src + (size_t)c * w_step, x, B, K, (c0 + c) * GW_KT * 64, ptid);
     };
     for (int c = 0; c < GW_STAGES && c < chunks; ++c) issue(c);
     for (int c = 0; c < chunks; ++c) {
@@ -276,9 +306,15 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
     wg_wait<0>();
 #pragma unroll
     for (int mi = 0; mi < TM_MT; ++mi) wg_hold(acc[mi]);
+    if (threadIdx.x == 0) GW_STAMP(2);
   }
 #if GW_CLUSTER > 1
   cluster_sync();  // no block leaves while the other may still copy into it or arrive on it
 #endif
-  finish(acc, bias, y, partial, tickets, B, M, (blockIdx.x * TM_WARPS + warp) * TM_MT, lane);
+  finish_parked(acc, bias, y, partial, tickets, B, M, (blockIdx.x * TM_WARPS + warp) * TM_MT,
+                lane);
+#if GW_TIMELINE
+  __syncthreads();  // the last block's sum is done (finish returns early elsewhere)
+  if (threadIdx.x == 0) GW_STAMP(3);
+#endif
 }

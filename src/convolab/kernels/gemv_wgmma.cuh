@@ -1,7 +1,7 @@
 // Kernel 49's PTX (49_gemv_wgmma_bulk.cu includes it after its configuration: TM_MODE, TM_NT,
-// GW_N): the warpgroup MMA of N = the batch rounded up to 8, both operands by descriptor, and a
-// 16-byte store to shared memory by address. Kept apart so that the CPU emulator of kernel 49
-// (tests/test_gpu_gemv_wgmma.py) can stand in for both.
+// GW_N): the warpgroup MMA of N = the batch rounded up to 8, both operands by descriptor, a
+// 16-byte store to shared memory by address, and GW_TIMELINE's clock and SM id. Kept apart so
+// that the CPU emulator of kernel 49 (tests/test_gpu_gemv_wgmma.py) can stand in for them.
 
 #pragma once
 
@@ -59,4 +59,17 @@ __device__ __forceinline__ void gw_store16(unsigned at, unsigned a, unsigned b, 
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "r"(a), "r"(b), "r"(c),
                "r"(d)
                : "memory");
+}
+
+// GW_TIMELINE's clock and SM id.
+__device__ __forceinline__ unsigned long long gw_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ unsigned gw_smid() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
 }
