@@ -1,6 +1,6 @@
 // mbarriers (shared-memory barriers that count arrivals and, for the copy engines, bytes), the
-// bulk copy engine's plain global -> shared copy and the tensor copy engine's 2-D box: what
-// rungs 40, 43 and 49 wait on.
+// bulk copy engine's plain global -> shared copy and the tensor copy engine's 2-D box (also
+// multicast to the blocks of a cluster): what rungs 40, 43 and 49 wait on.
 
 #pragma once
 
