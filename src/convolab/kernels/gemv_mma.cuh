@@ -202,8 +202,25 @@ __device__ __forceinline__ void fold_chunk(float (&acc)[TM_MT][TM_NT][4],
       }
 }
 
-// The warp's sums (acc[i][j][r]: row 16 (tile0 + i) + g + 8 (r / 2), batch column
-// 8 j + 2 t + r % 2) to y, or to this slice's partials; then, split, the last block of the row
+// A warp's sums as held (v[i][j][r]: row 16 (tile0 + i) + g + 8 (r / 2), batch column
+// 8 j + 2 t + r % 2) to out[column M + row], plus bias[row] where a bias is given; rows of
+// tiles past the last one are >= M.
+__device__ __forceinline__ void store_held(const float (&v)[TM_MT][TM_NT][4],
+                                           const float* __restrict__ bias, float* __restrict__ out,
+                                           int B, int M, int tile0, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < TM_MT; ++i)
+#pragma unroll
+    for (int j = 0; j < TM_NT; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int m = 16 * (tile0 + i) + g + 8 * (r / 2), n = 8 * j + 2 * t + r % 2;
+        if (m < M && n < B) out[(size_t)n * M + m] = v[i][j][r] + (bias ? bias[m] : 0.f);
+      }
+}
+
+// The warp's sums to y, or to this slice's partials; then, split, the last block of the row
 // tile to finish (an atomic ticket) adds the slices in slice order plus the bias and resets its
 // ticket.
 __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
@@ -211,20 +228,12 @@ __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
                                        float* __restrict__ partial, int* __restrict__ tickets,
                                        int B, int M, int tile0, int lane) {
   const bool single = gridDim.y == 1;
-  float* out = single ? y : partial + (size_t)blockIdx.y * B * M;
-  const int g = lane >> 2, t = lane & 3;
-  // Threads past TM_THREADS (kernel 49's producer warpgroup) hold no sums and add none; they
-  // only meet the block barriers.
+  // Threads past TM_THREADS (a producer warpgroup) hold no sums and add none; they only meet
+  // the block barriers.
   const bool adds = threadIdx.x < TM_THREADS;
-#pragma unroll
-  for (int i = 0; i < TM_MT && adds; ++i)
-#pragma unroll
-    for (int j = 0; j < TM_NT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {  // rows of tiles past the last one are >= M
-        const int m = 16 * (tile0 + i) + g + 8 * (r / 2), n = 8 * j + 2 * t + r % 2;
-        if (m < M && n < B) out[(size_t)n * M + m] = sums[i][j][r] + (single ? bias[m] : 0.f);
-      }
+  if (adds)
+    store_held(sums, single ? bias : nullptr, single ? y : partial + (size_t)blockIdx.y * B * M,
+               B, M, tile0, lane);
   if (single) return;
 
   __threadfence();  // this block's partials visible before its ticket is taken
@@ -370,14 +379,5 @@ __device__ __forceinline__ void finish_parked(const float (&sums)[TM_MT][TM_NT][
 #pragma unroll
         for (int r = 0; r < 4; ++r) total[i][j][r] = sums[i][j][r];
   }
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int i = 0; i < TM_MT; ++i)
-#pragma unroll
-    for (int j = 0; j < TM_NT; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {  // rows of tiles past the last one are >= M
-        const int m = 16 * (tile0 + i) + g + 8 * (r / 2), n = 8 * j + 2 * t + r % 2;
-        if (m < M && n < B) y[(size_t)n * M + m] = total[i][j][r] + bias[m];
-      }
+  store_held(total, bias, y, B, M, tile0, lane);
 }
