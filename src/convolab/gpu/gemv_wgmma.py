@@ -225,7 +225,8 @@ def to_operand(x: Any, mode: str) -> Any:
 # launch (XPASS) into the tensor-copy loop with 8 stages, 71.4 / 66.3 (converting in the ring,
 # 256-row tiles and 4 stages: 76.2 / 71.2; cuBLAS 66.0 / 55.7), and in the bench 68.8 / 70.7 us
 # at 48 / 64 against 75.2 / 76.4; at 16 59.0 / 54.5 against kernel 42's 57.8 / 50.8, which keeps
-# B <= 16.
+# B <= 16. With the parked split-k sum ("fc6's split-k sum"): at 64 XPASS 73.9 / 62.7 (the
+# ring form at 32: 66.0 / 59.7; XPASS there 65.7 / 58.6, within the runs' spread of it).
 AUTO_MODES = ("fp16",)
 AUTO_FROM_BATCH = 17
 AUTO_TILES: tuple[tuple[int, dict[str, int]], ...] = ((32, {"STAGES": 6}),
