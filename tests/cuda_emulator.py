@@ -2,9 +2,10 @@
 prelude and a test's own main(), compiles with g++ and runs each block's threads as std::threads
 (std::barrier for __syncthreads), so index arithmetic and shared-memory use are checked where
 no GPU is. Each test adds what its kernel needs beyond it (warp shuffles, cp.async). For
-thread-block clusters (kernels 52, 54) CLUSTER_SHIM and CLUSTER_RUN_SHIM run a cluster's blocks
-at once, each with its own shared memory and barriers, on a schedule that makes ordering
-mistakes show."""
+thread-block clusters (kernels 49, 52, 54) CLUSTER_SHIM and CLUSTER_RUN_SHIM run a cluster's
+blocks at once, each with its own shared memory and barriers, on a schedule that makes ordering
+mistakes show; CLUSTER_MBAR_SHIM carries arrivals and multicast copies (TMA_SHIM's boxes) from
+one block to another's barriers and memory."""
 
 import functools
 import re
@@ -268,15 +269,18 @@ void run_unit_launches(const char* dir, float* y, size_t ny, int units, int laun
     FILE* f = fopen(path, "wb"); fwrite(y, 4, ny, f); fclose(f);
   }
 }
-// `launches` launches of a (tiles, slices) grid (run_unit_launches, block(bx, by) the unit);
+// `launches` launches of a (tiles, slices) grid (run_unit_launches, block(bx, by) the unit; with
+// `cluster` > 1 the unit is the cluster of row tiles bx .. bx + cluster - 1, which run at once);
 // tickets_out.bin at the end.
 template <class F>
 void run_launches(const char* dir, const GemvIo& io, int tiles, int slices, int launches,
-                  unsigned seed, F block) {
+                  unsigned seed, F block, int cluster = 1) {
+  if (tiles % cluster) std::abort();
+  const int units = tiles / cluster;  // a slice's
   gridDim.x = tiles;
   gridDim.y = slices;
-  run_unit_launches(dir, io.y, io.ny, tiles * slices, launches, seed,
-                    [&](int blk) { block(blk % tiles, blk / tiles); });
+  run_unit_launches(dir, io.y, io.ny, units * slices, launches, seed,
+                    [&](int u) { block(cluster * (u % units), u / units); });
   char path[1024];
   snprintf(path, sizeof path, "%s/tickets_out.bin", dir);
   FILE* f = fopen(path, "wb"); fwrite(io.tickets, 4, tiles, f); fclose(f);
@@ -391,10 +395,12 @@ void wg_mma_rs(float (&d)[NR][4], const unsigned (&a)[4], unsigned long long des
 # once the phase of that parity has completed, and aborts after 20 s (a deadlock: the roles wait
 # on one another). Copies land at once. Needs the test's shared_ptr(shared address). Where
 # blocks run at once (a cluster's), the test defines EMU_BAR_KEY(bar) before it: the key of a
-# barrier of the calling thread's block (by default the shared address alone). It may also
-# define EMU_PARK_SLOT() (the calling thread's slot, or -1) and EMU_PARKED(slot, d): a thread
-# that has to wait is counted, d = 1, as it starts, and d = -1 as the phase it waits for
-# completes (not as late as it wakes up).
+# barrier of the calling thread's block (by default the shared address alone); emu_arrive(key)
+# and emu_complete_tx(key, bytes) are there for arrivals and copies on another block's barriers
+# (an unknown key aborts: a barrier not initialised, or its block gone). It may also define
+# EMU_PARK_SLOT() (the calling thread's slot, or -1) and EMU_PARKED(slot, d): a thread that has to
+# wait is counted, d = 1, as it starts, and d = -1 as the phase it waits for completes (not as
+# late as it wakes up).
 MBARRIER_SHIM = r"""
 #include <chrono>
 #include <condition_variable>
@@ -432,28 +438,51 @@ inline void bar_settle(EmuBar& b) {
     bar_cv.notify_all();
   }
 }
+// The barrier of `key` (with bar_mutex held).
+inline EmuBar& emu_bar(unsigned key) {
+  const auto it = emu_bars.find(key);
+  if (it == emu_bars.end()) {
+    fprintf(stderr, "thread %u: no mbarrier of key %#x (not initialised, or its block gone)\n",
+            threadIdx.x, key);
+    std::abort();
+  }
+  return it->second;
+}
 inline void mbar_init(unsigned bar, unsigned count) {
   std::lock_guard<std::mutex> lk(bar_mutex);
   emu_bars[EMU_BAR_KEY(bar)] = EmuBar{count, count, 0, 0};
 }
 inline void fence_barrier_init() {}
-inline void mbar_arrive(unsigned bar) {
+inline void emu_arrive(unsigned key) {
   std::lock_guard<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
-  if (b.pending == 0) std::abort();  // an arrival the count has no room for
+  EmuBar& b = emu_bar(key);
+  if (b.pending == 0) {
+    fprintf(stderr, "thread %u: an arrival on mbarrier of key %#x beyond its count\n",
+            threadIdx.x, key);
+    std::abort();
+  }
   --b.pending;
   bar_settle(b);
 }
+// A copy's `bytes` landed: they complete on the barrier of `key` (it may run ahead of the
+// expect_tx that announces them, as the hardware's count may go below zero).
+inline void emu_complete_tx(unsigned key, unsigned bytes) {
+  std::lock_guard<std::mutex> lk(bar_mutex);
+  EmuBar& b = emu_bar(key);
+  b.tx -= bytes;
+  bar_settle(b);
+}
+inline void mbar_arrive(unsigned bar) { emu_arrive(EMU_BAR_KEY(bar)); }
 inline void mbar_expect_tx(unsigned bar, unsigned bytes) {
   {
     std::lock_guard<std::mutex> lk(bar_mutex);
-    emu_bars.at(EMU_BAR_KEY(bar)).tx += bytes;
+    emu_bar(EMU_BAR_KEY(bar)).tx += bytes;
   }
   mbar_arrive(bar);
 }
 inline void mbar_wait(unsigned bar, unsigned parity) {
   std::unique_lock<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
+  EmuBar& b = emu_bar(EMU_BAR_KEY(bar));
   if ((b.phase & 1) == parity) {
     const int slot = EMU_PARK_SLOT();
     if (slot >= 0) {
@@ -462,7 +491,7 @@ inline void mbar_wait(unsigned bar, unsigned parity) {
     }
   }
   if (!bar_cv.wait_for(lk, std::chrono::seconds(20),
-                       [&] { return (emu_bars.at(EMU_BAR_KEY(bar)).phase & 1) != parity; })) {
+                       [&] { return (b.phase & 1) != parity; })) {
     fprintf(stderr, "thread %u: no phase of parity %u completes on barrier %u\n", threadIdx.x,
             parity, bar);
     std::abort();  // a deadlock: the roles wait on one another
@@ -471,10 +500,7 @@ inline void mbar_wait(unsigned bar, unsigned parity) {
 // Copies land at once: a bulk copy then completes its bytes, cp.async's arrival is an arrival.
 inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
   std::memcpy(shared_ptr(dst), src, bytes);
-  std::lock_guard<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
-  b.tx -= bytes;
-  bar_settle(b);
+  emu_complete_tx(EMU_BAR_KEY(bar), bytes);
 }
 inline void cp_async16_zfill(void* dst, const void* src, bool valid) {
   if (valid) std::memcpy(dst, src, 16);
@@ -567,32 +593,41 @@ template <int N> inline void wg_wait() {
 """
 
 
-# Thread-block clusters on the CPU (kernels 52, 54; after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM and
+# Thread-block clusters on the CPU (kernels 49, 52, 54; after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM and
 # GEMV_SHIM, before MBARRIER_SHIM and WGMMA_SS_SHIM, whose barrier keys, wgmma slots and hooks it
 # sets; CLUSTER_RUN_SHIM after those runs a cluster): the EMU_CLUSTER blocks of a cluster run at
 # once, each with its own shared memory (a shared address is the offset into it: the static
 # arrays that `static_shared_in_block` moved there in its first EMU_STATIC bytes, the dynamic
 # shared memory `emu_smem` EMU_DYN_PAD bytes after them, holding EMU_SMEM_BYTES), block
-# barrier, named barriers (EMU_NAMED_BARS: {id, threads} pairs; bar.sync / bar.arrive must name
-# that count), mbarriers (keyed by rank and address, each in the block's static or dynamic
-# shared memory) and wgmma barriers (slots: EMU_WG_ISSUERS a block, by rank; only its first
-# EMU_WG_ISSUERS warpgroups issue wgmmas). EMU_RANK is the block's rank in its cluster as the
-# kernel computes it (blockIdx.x with __cluster_dims__(N, 1, 1), .z with (1, 1, N)).
-# cluster.cuh's address of another block's memory carries the rank in its high byte, its load
-# reads that block's memory (16-byte aligned, inside it), its barrier spans the cluster's
-# threads. setmaxnreg does nothing; a wgmma runs at the wait that retires it (WGMMA_SS_SHIM).
-# Two schedules make ordering mistakes show every run rather than now and then:
-# - rank 0 runs ahead: the other blocks leave a cluster barrier only once every thread of rank 0
-#   has reached its next one or left (its memory poisoned: run_cluster), so a block that reads
-#   another's sums before they are parked, or leaves while others still read its own, shows;
+# barrier (and __syncthreads_or), named barriers (EMU_NAMED_BARS: {id, threads} pairs; bar.sync
+# / bar.arrive must name that count), mbarriers (keyed by rank and address, each in the block's
+# static or dynamic shared memory) and wgmma barriers (slots: EMU_WG_ISSUERS a block, by rank;
+# only its first EMU_WG_ISSUERS warpgroups issue wgmmas). EMU_RANK is the block's rank in its
+# cluster as the kernel computes it (blockIdx.x % N with __cluster_dims__(N, 1, 1), .z with
+# (1, 1, N)); cluster_rank() returns it. cluster.cuh's address of another block's memory carries
+# the rank in its high byte, its load reads that block's memory (16-byte aligned, inside it),
+# its barrier spans the cluster's threads; a block reached after all its threads have left
+# (emu_present) aborts. setmaxnreg does nothing; a wgmma runs at the wait that retires it
+# (WGMMA_SS_SHIM). A thread is parked while it waits on what other threads must do (at a
+# barrier until the barrier releases it, on an mbarrier phase until it completes) and for good
+# once it has left; the schedules below read these counts, by rank and by wgmma slot.
+# Schedules make ordering mistakes show every run rather than now and then:
+# - rank 0 runs ahead: the other blocks start, and leave a cluster barrier, only once every
+#   thread of rank 0 has reached its next one or left (its memory poisoned: run_cluster), or
+#   rank 0 can go no further (every thread parked: it waits on the others), so a block that
+#   reaches another's barriers before they are initialised, reads another's sums before they are
+#   parked, or leaves while others still read its own, shows;
 # - a block's wgmma-issuing warpgroups go in a chain, led by warpgroup rank mod EMU_WG_ISSUERS
 #   (with two, the first leads in even ranks, the second in odd ones), each of the others
 #   trailing the one before it (g - 1, cyclically): it issues its n-th wgmma only once that one
 #   has issued its (n + 1)-th (so has read its n-th's operands) or can go no further (each of
-#   its threads parked: at a barrier, on an mbarrier phase not yet complete, or gone), so that
-#   what the leading warpgroup writes after its last wgmma lands before the trailing one's last
-#   reads its operands.
-# Either wait gives up after 2 s (a schedule the kernel's own waits do not allow).
+#   its threads parked), so that what the leading warpgroup writes after its last wgmma lands
+#   before the trailing one's last reads its operands;
+# - with EMU_RANKS_TRAIL defined, the ranks too: a warpgroup of rank r > 0 issues a wgmma only
+#   while block r - 1 can go no further (every thread parked), so each block's consumers lag the
+#   one before as far as the kernel's waits let them (a block that reuses a stage the others
+#   still read, or leaves while they still arrive on its barriers, shows).
+# Each of these waits gives up after 2 s (a schedule the kernel's own waits do not allow).
 CLUSTER_SHIM = r"""
 #include <atomic>
 #include <memory>
@@ -611,18 +646,56 @@ static_assert(EMU_CLUSTER >= 1 && EMU_CLUSTER <= 8 && EMU_WG_ISSUERS * EMU_CLUST
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+// Parked threads by park id: a rank's wgmma slots, then (EMU_WG_ISSUERS) its other threads.
+#define EMU_PARK_IDS (EMU_CLUSTER * (EMU_WG_ISSUERS + 1))
+std::atomic<int> rank_parked[EMU_CLUSTER], wg_issued[16], wg_parked[16];
+inline void emu_parked(int id, int d) {
+  const int n = EMU_WG_ISSUERS, rank = id / (n + 1), g = id % (n + 1);
+  rank_parked[rank] += d;
+  if (g < n) wg_parked[n * rank + g] += d;
+}
+// A barrier whose completion unparks every thread it held before any of them goes on: no count
+// shows a thread parked that the barrier has already let go.
+struct EmuTally { std::atomic<int> at[EMU_PARK_IDS] = {}; };
+struct EmuRelease {
+  EmuTally* tally;
+  void operator()() noexcept {
+    for (int id = 0; id < EMU_PARK_IDS; ++id)
+      if (const int k = tally->at[id].exchange(0)) emu_parked(id, -k);
+  }
+};
+struct EmuSync {
+  EmuTally tally;
+  std::barrier<EmuRelease> bar;
+  explicit EmuSync(int threads) : bar(threads, EmuRelease{&tally}) {}
+  void wait(int park_id) {
+    ++tally.at[park_id];
+    emu_parked(park_id, 1);
+    bar.arrive_and_wait();
+  }
+};
 thread_local unsigned char* tl_smem;   // this block's shared memory
 thread_local unsigned char* emu_smem;  // its dynamic shared memory
-thread_local std::barrier<>* tl_block_bar;
+thread_local EmuSync* tl_block_bar;
 unsigned char* cluster_smem[EMU_CLUSTER];
-std::barrier<>* cluster_bar;
-std::barrier<>* named_bar[EMU_CLUSTER][16];
+std::atomic<bool> block_gone[EMU_CLUSTER];  // every thread of the block has left
+std::atomic<int> block_or_of[EMU_CLUSTER];  // __syncthreads_or's vote
+EmuSync* cluster_bar;
+EmuSync* named_bar[EMU_CLUSTER][16];
 int named_threads[EMU_CLUSTER][16];
 int block_threads;  // a block's threads
 inline unsigned emu_rank() {
   const unsigned r = EMU_RANK;
   if (r >= EMU_CLUSTER || cluster_smem[r] != tl_smem) std::abort();
   return r;
+}
+inline unsigned cluster_rank() { return emu_rank(); }
+// `rank`, a block of the cluster whose threads have not all left, which `what` reaches.
+inline unsigned emu_present(unsigned rank, const char* what) {
+  if (rank < EMU_CLUSTER && !block_gone[rank]) return rank;
+  fprintf(stderr, "rank %u thread %u: %s block %u of the cluster, which %s\n", emu_rank(),
+          threadIdx.x, what, rank, rank < EMU_CLUSTER ? "has left" : "does not exist");
+  std::abort();
 }
 inline unsigned __cvta_generic_to_shared(const void* p) {
   const unsigned char* at = static_cast<const unsigned char*>(p);
@@ -633,105 +706,119 @@ inline unsigned char* shared_ptr(unsigned a) {
   if (a >= EMU_BLOCK_BYTES) std::abort();
   return tl_smem + a;
 }
-inline unsigned emu_bar_key(unsigned bar) {
+// Shared address `a` of block `rank` (a multicast copy writes other blocks' memory too).
+inline unsigned char* cluster_shared_ptr(unsigned rank, unsigned a) {
+  if (rank >= EMU_CLUSTER || a >= EMU_BLOCK_BYTES) std::abort();
+  return cluster_smem[rank] + a;
+}
+// The key of the mbarrier at shared address `bar` of block `rank`.
+inline unsigned emu_bar_key_of(unsigned rank, unsigned bar) {
   if (bar % 8 || bar + 8 > EMU_BLOCK_BYTES || (bar + 8 > EMU_STATIC && bar < EMU_DYN))
     std::abort();
-  return emu_rank() << 24 | bar;
+  return rank << 24 | bar;
 }
-#define EMU_BAR_KEY(bar) emu_bar_key(bar)
+#define EMU_BAR_KEY(bar) emu_bar_key_of(emu_rank(), bar)
 inline unsigned emu_wgss_slot() {
   if (threadIdx.x >= 128 * EMU_WG_ISSUERS) std::abort();
   return EMU_WG_ISSUERS * emu_rank() + threadIdx.x / 128;
 }
 #define EMU_WGSS_SLOT emu_wgss_slot()
-// The warpgroups' schedule: wgmmas issued, threads parked, by slot.
-std::atomic<int> wg_issued[16], wg_parked[16];
-inline int emu_park_slot() {
-  return threadIdx.x < 128 * EMU_WG_ISSUERS ? (int)emu_wgss_slot() : -1;
+inline int emu_park_id() {
+  const unsigned n = EMU_WG_ISSUERS, g = threadIdx.x / 128;
+  return (int)((n + 1) * emu_rank() + (g < n ? g : n));
 }
-inline void emu_park(int d) {
-  if (const int slot = emu_park_slot(); slot >= 0) wg_parked[slot] += d;
+#define EMU_PARK_SLOT() emu_park_id()
+#define EMU_PARKED(slot, d) emu_parked(slot, d)
+// Until `ready` or 2 s, 100 us at a time.
+template <class F> inline void emu_hold_until(F ready) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!ready() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
-#define EMU_PARK_SLOT() emu_park_slot()
-#define EMU_PARKED(slot, d) (wg_parked[slot] += (d))
 inline void emu_wgss_issue(unsigned slot) {
   if (threadIdx.x % 128) return;  // the warpgroup's other threads wait for this one at its wgmma
   const int mine = wg_issued[slot].load();
   const unsigned n = EMU_WG_ISSUERS, rank = slot / n, g = slot % n;
   if (g != rank % n) {  // not the block's leading warpgroup: trail the one before it
     const unsigned lead = rank * n + (g + n - 1) % n;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (wg_issued[lead].load() < mine + 2 && wg_parked[lead].load() < 128 &&
-           std::chrono::steady_clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    emu_hold_until([&] { return wg_issued[lead] >= mine + 2 || wg_parked[lead] >= 128; });
   }
+#ifdef EMU_RANKS_TRAIL
+  if (rank > 0) emu_hold_until([&] { return rank_parked[rank - 1] == block_threads; });
+#endif
   wg_issued[slot] = mine + 1;
 }
 #define EMU_WGSS_ISSUE(slot) emu_wgss_issue(slot)
-inline void emu_syncthreads() {
-  emu_park(1);
-  tl_block_bar->arrive_and_wait();
-  emu_park(-1);
-}
+inline void emu_syncthreads() { tl_block_bar->wait(emu_park_id()); }
 #define __syncthreads() emu_syncthreads()
+inline bool emu_syncthreads_or(bool p) {
+  const unsigned r = emu_rank();
+  if (p) block_or_of[r] = 1;
+  emu_syncthreads();
+  const bool any = block_or_of[r] != 0;
+  emu_syncthreads();
+  if (threadIdx.x == 0) block_or_of[r] = 0;
+  emu_syncthreads();
+  return any;
+}
+#define __syncthreads_or(p) emu_syncthreads_or(p)
 inline unsigned cluster_address(const void* p, unsigned rank) {
   if (rank >= EMU_CLUSTER) std::abort();
   return rank << 24 | __cvta_generic_to_shared(p);
 }
 inline float4 cluster_load4(unsigned addr) {
-  const unsigned rank = addr >> 24, at = addr & 0xFFFFFFu;
-  if (rank >= EMU_CLUSTER || at % 16 || at + 16 > EMU_BLOCK_BYTES) std::abort();
+  const unsigned rank = emu_present(addr >> 24, "a load from"), at = addr & 0xFFFFFFu;
+  if (at % 16 || at + 16 > EMU_BLOCK_BYTES) std::abort();
   float4 v;
   std::memcpy(&v, cluster_smem[rank] + at, 16);
   return v;
 }
 // Rank 0 ahead: lead_reached[k], rank 0's threads that reached their k-th cluster barrier or left
-// before it.
-std::atomic<int> lead_reached[16];
+// before it. After barrier k (k = 0: the start) the other ranks' first thread watches rank 0
+// (lead_watched[k]) and lets the rest go (lead_go[k]), which sleep meanwhile: hundreds of
+// threads polling would starve the ones that they wait for.
+std::atomic<int> lead_reached[16], lead_watched[16];
+bool lead_go[16];
 std::mutex lead_mutex;
 std::condition_variable lead_cv;
 thread_local int tl_cluster_syncs;  // cluster barriers this thread reached
-inline void emu_lead_reached(int k) {
-  if (++lead_reached[k] == block_threads) {
+inline void emu_follow_lead(int k) {
+  if (lead_watched[k]++ == 0) {
+    emu_hold_until([&] {
+      return lead_reached[k + 1] == block_threads || rank_parked[0] == block_threads;
+    });
     std::lock_guard<std::mutex> lk(lead_mutex);
+    lead_go[k] = true;
     lead_cv.notify_all();
+  } else {
+    std::unique_lock<std::mutex> lk(lead_mutex);
+    lead_cv.wait(lk, [&] { return lead_go[k]; });  // the watcher gives up after 2 s at most
   }
 }
 inline void cluster_sync() {
   const unsigned r = emu_rank();
   const int k = ++tl_cluster_syncs;
   if (k >= 15) std::abort();
-  if (r == 0) emu_lead_reached(k);
-  emu_park(1);
-  cluster_bar->arrive_and_wait();
-  if (r != 0) {
-    std::unique_lock<std::mutex> lk(lead_mutex);
-    lead_cv.wait_for(lk, std::chrono::seconds(2),
-                     [&] { return lead_reached[k + 1].load() == block_threads; });
-  }
-  emu_park(-1);
+  if (r == 0) ++lead_reached[k];
+  cluster_bar->wait(emu_park_id());
+  if (r != 0) emu_follow_lead(k);
 }
-// A thread's end: rank 0's reaches every later cluster barrier; a warpgroup's is parked for good.
+// A thread's end: rank 0's reaches every later cluster barrier; the thread is parked for good.
 inline void emu_thread_leaves() {
   if (emu_rank() == 0)
-    for (int k = tl_cluster_syncs + 1; k < 16; ++k) emu_lead_reached(k);
-  emu_park(1);
+    for (int k = tl_cluster_syncs + 1; k < 16; ++k) ++lead_reached[k];
+  emu_parked(emu_park_id(), 1);
 }
 #define __cluster_dims__(...)
 template <int R> inline void set_max_regs_dec() {}
 template <int R> inline void set_max_regs_inc() {}
-inline std::barrier<>* emu_named(int id, int threads) {
+inline EmuSync* emu_named(int id, int threads) {
   const unsigned r = emu_rank();
   if (id < 1 || id > 15 || !named_bar[r][id] || named_threads[r][id] != threads) std::abort();
   return named_bar[r][id];
 }
-inline void bar_sync(int id, int threads) {
-  std::barrier<>* b = emu_named(id, threads);
-  emu_park(1);
-  b->arrive_and_wait();
-  emu_park(-1);
-}
-inline void bar_arrive(int id, int threads) { (void)emu_named(id, threads)->arrive(); }
+inline void bar_sync(int id, int threads) { emu_named(id, threads)->wait(emu_park_id()); }
+inline void bar_arrive(int id, int threads) { (void)emu_named(id, threads)->bar.arrive(); }
 #define WG_HOLD(x) ((void)0)
 inline void wg_fence() {}
 inline void wg_proxy_fence() {}
@@ -748,11 +835,64 @@ inline void emu_arrive_then_lag(unsigned bar) {
 #define mbar_arrive emu_arrive_then_lag
 """
 
+# The tensor copy engine's 2-D box (mbarrier.cuh's tma_load_2d, kernel 49; after MBARRIER_SHIM,
+# with the test's shared_ptr): the tensor map is an EmuMap2d of 16-bit values (base, dim0
+# innermost, dim1, the box's rows); a box of 64 values (the 128-byte swizzle's span) x rows
+# lands with the byte at shared address a stored at a ^ (((a >> 7) & 7) << 4), the 128-byte
+# swizzle as the hardware applies it, zeros outside the tensor, and completes its whole box's
+# bytes on the barrier.
+TMA_SHIM = r"""
+struct EmuMap2d { const unsigned short* base; int dim0, dim1, rows; };
+inline void tma_acquire(const void*) {}
+// The box at (c0, c1) written from shared address `dst` on into the memory `at` gives (a block's
+// shared address to a pointer); its bytes.
+template <class At> unsigned emu_tma_box(const void* map, int c0, int c1, unsigned dst, At at) {
+  const EmuMap2d& m = *static_cast<const EmuMap2d*>(map);
+  for (int r = 0; r < m.rows; ++r)
+    for (int e = 0; e < 64; ++e) {
+      const int k = c0 + e, n = c1 + r;
+      const bool in = k >= 0 && k < m.dim0 && n >= 0 && n < m.dim1;
+      const unsigned short v = in ? m.base[(size_t)n * m.dim0 + k] : 0;
+      const unsigned a = dst + 2 * (64 * r + e);
+      std::memcpy(at(a ^ (((a >> 7) & 7) << 4)), &v, 2);
+    }
+  return m.rows * 128;
+}
+inline void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
+  emu_complete_tx(EMU_BAR_KEY(bar), emu_tma_box(map, c0, c1, dst, shared_ptr));
+}
+"""
+
+# A cluster's mbarrier traffic between its blocks (cluster.cuh's mbar_arrive_remote, kernel 49's
+# tma_load_2d_multicast; after CLUSTER_SHIM, MBARRIER_SHIM and TMA_SHIM): an arrival on another
+# block's barrier lands on that block's barrier at the same shared address; a multicast box is
+# written into each block of the mask at the same shared address and completes its bytes on
+# each one's barrier there. A rank outside the cluster, or a block whose threads have all left,
+# aborts.
+CLUSTER_MBAR_SHIM = r"""
+inline void mbar_arrive_remote(unsigned bar, unsigned rank) {
+  emu_arrive(emu_bar_key_of(emu_present(rank, "an arrival on"), bar));
+}
+inline void tma_load_2d_multicast(unsigned dst, const void* map, int c0, int c1, unsigned bar,
+                                  unsigned short blocks) {
+  if (blocks == 0 || blocks >> EMU_CLUSTER) std::abort();  // no block, or one not in the cluster
+  for (unsigned r = 0; r < EMU_CLUSTER; ++r)
+    if (blocks >> r & 1) {
+      emu_present(r, "a copy into");
+      const unsigned bytes = emu_tma_box(map, c0, c1, dst,
+                                         [r](unsigned a) { return cluster_shared_ptr(r, a); });
+      emu_complete_tx(emu_bar_key_of(r, bar), bytes);
+    }
+}
+"""
+
 # One cluster's run (after CLUSTER_SHIM, MBARRIER_SHIM and WGMMA_SS_SHIM): run_cluster(threads,
 # body) runs body(rank) on every thread of each of the EMU_CLUSTER blocks at once (body sets
-# blockIdx, EMU_RANK among it, and calls the kernel), each block's barriers fresh and its memory
+# blockIdx, EMU_RANK among it, and calls the kernel), each block's barriers fresh (the
+# mbarriers of the cluster before forgotten: one used before its init aborts) and its memory
 # poisoned with NaN (0xFF) before it runs and again when its last thread leaves (a block that
-# has left has no shared memory: a read of it after shows).
+# has left has no shared memory: a read of it after shows, an arrival on it or a copy into it
+# aborts).
 CLUSTER_RUN_SHIM = r"""
 #ifndef EMU_NAMED_BARS
 #define EMU_NAMED_BARS
@@ -761,18 +901,27 @@ template <class F> void run_cluster(int threads, F body) {
   struct { int id, threads; } named[] = {{0, 0}, EMU_NAMED_BARS};
   std::vector<std::vector<unsigned char>> mem(EMU_CLUSTER);
   std::vector<std::unique_ptr<std::barrier<>>> bars;
-  std::vector<std::barrier<>*> block(EMU_CLUSTER);
+  std::vector<std::unique_ptr<EmuSync>> syncs;
+  std::vector<EmuSync*> block(EMU_CLUSTER);
   std::atomic<int> running[EMU_CLUSTER];
-  std::barrier<> cluster(EMU_CLUSTER * threads);
+  EmuSync cluster(EMU_CLUSTER * threads);
   cluster_bar = &cluster;
   block_threads = threads;
   std::fill(wgss_bar, wgss_bar + 16, nullptr);
-  for (int i = 0; i < 16; ++i) wg_issued[i] = 0, wg_parked[i] = 0, lead_reached[i] = 0;
+  for (int i = 0; i < 16; ++i) {
+    wg_issued[i] = 0, wg_parked[i] = 0;
+    lead_reached[i] = 0, lead_watched[i] = 0, lead_go[i] = false;
+  }
+  {
+    std::lock_guard<std::mutex> lk(bar_mutex);
+    emu_bars.clear();
+  }
   for (int r = 0; r < EMU_CLUSTER; ++r) {
     mem[r].assign(EMU_BLOCK_BYTES, 0xFF);  // NaN in fp16, bf16 and fp32: what nothing wrote shows
     cluster_smem[r] = mem[r].data();
-    bars.emplace_back(new std::barrier<>(threads));
-    block[r] = bars.back().get();
+    rank_parked[r] = 0, block_gone[r] = false, block_or_of[r] = 0;
+    syncs.emplace_back(new EmuSync(threads));
+    block[r] = syncs.back().get();
     for (int g = 0; g < EMU_WG_ISSUERS; ++g) {
       bars.emplace_back(new std::barrier<>(128));
       wgss_bar[EMU_WG_ISSUERS * r + g] = bars.back().get();
@@ -780,8 +929,8 @@ template <class F> void run_cluster(int threads, F body) {
     for (int id = 0; id < 16; ++id) named_bar[r][id] = nullptr, named_threads[r][id] = 0;
     for (const auto& n : named)
       if (n.threads) {
-        bars.emplace_back(new std::barrier<>(n.threads));
-        named_bar[r][n.id] = bars.back().get(), named_threads[r][n.id] = n.threads;
+        syncs.emplace_back(new EmuSync(n.threads));
+        named_bar[r][n.id] = syncs.back().get(), named_threads[r][n.id] = n.threads;
       }
     running[r] = threads;
   }
@@ -792,8 +941,12 @@ template <class F> void run_cluster(int threads, F body) {
         threadIdx.x = t;
         tl_smem = mem[r].data(), emu_smem = tl_smem + EMU_DYN;
         tl_block_bar = block[r];
+        if (r != 0) emu_follow_lead(0);  // rank 0 ahead from the start
         body(r);
-        if (--running[r] == 0) std::memset(mem[r].data(), 0xFF, EMU_BLOCK_BYTES);
+        if (--running[r] == 0) {
+          block_gone[r] = true;
+          std::memset(mem[r].data(), 0xFF, EMU_BLOCK_BYTES);
+        }
         emu_thread_leaves();  // after the poison: rank 0's last thread lets the others go on
       });
   for (auto& t : ts) t.join();

@@ -10,8 +10,11 @@ whole chunks and rings that do not fit are refused; bad parameters name the prob
 kernel source run on the CPU by an emulator (a std::thread a CUDA thread; mbarriers with their
 counts, transaction bytes and phases, so that the producer and consumer warpgroups really wait
 on each other; wgmma reading shared memory through its descriptors and the 128-byte swizzle as
-the hardware applies it) in both modes, with several slices, partial chunks and row tiles,
-launched twice with the blocks in a random order. GPU tests: every mode against the fp64
+the hardware applies it) in both modes and in clusters of two row tiles (both blocks at once,
+each with its own shared memory; x's boxes multicast into both, their bytes completing on both
+blocks' barriers; stages released on both blocks' barriers; one block's consumers lagging the
+other's as far as the kernel's waits let them), with several slices, partial chunks and row
+tiles, launched twice with the blocks in a random order. GPU tests: every mode against the fp64
 reference on fresh random shapes (B 1-64, C and M off the tile multiples), outputs poisoned, at
 the defaults and at random points of the space, each run twice (bit-identical); VGG's fc6 and
 fc7 at B = 16, 33, 64.
@@ -21,20 +24,26 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conv_cases import FC6, check_classifier_layers, check_two_runs, make_case
+from conv_cases import FC6, Case, check_classifier_layers, check_two_runs, make_case
 from cuda_emulator import (
+    ASAN_OPTIONS,
     BLOCK_SHIM,
+    CLUSTER_MBAR_SHIM,
+    CLUSTER_RUN_SHIM,
+    CLUSTER_SHIM,
     CUDA_SHIM,
     GEMV_SHIM,
     MBARRIER_SHIM,
     MMA_SHIM,
+    TMA_SHIM,
     WGMMA_SS_SHIM,
+    build_emulator,
     run_gemv_emulator,
+    static_shared_in_block,
 )
 
 from convolab.check import poison, rel_l2
@@ -195,26 +204,18 @@ def test_compiled_define_sets_cover_every_value() -> None:
 
 # ------------------------------------------------------------------------- CPU emulator
 
-# Kernel 49 on the CPU (after CUDA_SHIM, BLOCK_SHIM, MMA_SHIM, GEMV_SHIM). Shared memory is the
-# ring `gw_raw` and the kernel's static barriers (made `static`: one array for all threads); a
-# shared address is the offset from gw_raw.
-WG_SHIM = r"""
-#undef __shared__
-#define __shared__ static
-alignas(1024) unsigned char gw_raw[232448];
-inline unsigned __cvta_generic_to_shared(const void* p) {
-  return (unsigned)((const unsigned char*)p - gw_raw);
-}
-inline unsigned char* shared_ptr(unsigned a) { return gw_raw + (int)a; }
-// wgmma_core.cuh's fences (its commit and wait: WGMMA_SS_SHIM's, a wgmma runs at its wait).
-#define WG_HOLD(x) ((void)0)
-template <int R> inline void wg_hold(float (&)[R][4]) {}
-inline void wg_fence() {}
-inline void wg_proxy_fence() {}
-"""
-
-# gemv_wgmma.cuh: the 16-byte store, and the wgmma (cuda_emulator.WGMMA_SS_SHIM).
+# Kernel 49 on the CPU: cuda_emulator's CLUSTER_SHIM, each launch's clusters of GW_CLUSTER row
+# tiles (one block without GW_CLUSTER) run at once, the rank blockIdx.x % GW_CLUSTER, each block
+# with its own shared memory (the static barriers moved there by static_shared_in_block, the
+# ring's memory EMU_DYN_PAD bytes after them, so that the ring's 1 KB alignment takes some of
+# the slack), both consumer warpgroups issuing wgmmas, one trailing the other, and each rank's
+# consumers trailing the rank before's as far as the kernel's waits let them (EMU_RANKS_TRAIL:
+# a stage refilled while the other block still reads it, or a block gone while the other still
+# arrives on it, shows); x's boxes by TMA_SHIM, multicast and remote arrivals by
+# CLUSTER_MBAR_SHIM. Here: wgmma_core.cuh's hold and gemv_wgmma.cuh (the 16-byte store, the
+# wgmma: WGMMA_SS_SHIM's, run at the wait that retires it).
 GW_SHIM = r"""
+template <int R> inline void wg_hold(float (&)[R][4]) {}
 inline void gw_store16(unsigned at, unsigned a, unsigned b, unsigned c, unsigned d) {
   const unsigned v[4] = {a, b, c, d};
   std::memcpy(shared_ptr(at), v, 16);
@@ -224,30 +225,11 @@ inline void gw_mma(float (&d)[TM_NT][4], unsigned long long da, unsigned long lo
 }
 """
 
-# GW_X16's tensor copy (after MBARRIER_SHIM): the map is the operand's address, its (K, B) and
-# the box's rows; a box of 64 16-bit values x that many rows lands with the byte at address a
-# stored at a ^ (((a >> 7) & 7) << 4), the 128-byte swizzle as the hardware applies it, zeros
-# outside the tensor, and completes its whole box's bytes on the barrier.
-TMA_SHIM = r"""
-struct EmuMap2d { const unsigned short* base; int dim0, dim1, rows; };
-inline void tma_acquire(const void*) {}
-inline void tma_load_2d(unsigned dst, const void* map, int c0, int c1, unsigned bar) {
-  const EmuMap2d& m = *static_cast<const EmuMap2d*>(map);
-  for (int r = 0; r < m.rows; ++r)
-    for (int e = 0; e < 64; ++e) {
-      const int k = c0 + e, n = c1 + r;
-      const unsigned short v = k < m.dim0 && n < m.dim1 ? m.base[(size_t)n * m.dim0 + k] : 0;
-      const unsigned a = dst + 2 * (64 * r + e);
-      std::memcpy(shared_ptr(a ^ (((a >> 7) & 7) << 4)), &v, 2);
-    }
-  std::lock_guard<std::mutex> lk(bar_mutex);
-  EmuBar& b = emu_bars.at(EMU_BAR_KEY(bar));
-  b.tx -= m.rows * 128;
-  bar_settle(b);
-}
-"""
-
-WG_MAIN = r"""
+# argv as run_gemv_emulator passes it (dir, B, M, K, chunks, chunks a slice, tiles, slices,
+# launches, w bytes, seed). With GW_X16, x in the operand type (rounded to nearest even as
+# gemv_wgmma.to_operand does) behind an EmuMap2d of the kernel's box: 64 k x GW_N rows.
+WG_MAIN = ASAN_OPTIONS + r"""
+static_assert(EMU_CLUSTER == GW_CLUSTER, "a cluster is the kernel's row tiles");
 int main(int argc, char** argv) {
   const char* dir = argv[1];
   const int B = atoi(argv[2]), M = atoi(argv[3]), K = atoi(argv[4]);
@@ -257,7 +239,7 @@ int main(int argc, char** argv) {
   const size_t parked = (size_t)slices * tiles * TM_THREADS * TM_PARKED_RUN * 4;
   const GemvIo io = read_gemv_io(dir, B, M, K, tiles, slices, atol(argv[10]),
                                  slices > 1 ? parked : 0);
-#if GW_X16  // x in the operand type, rounded to nearest even as gemv_wgmma.to_operand does
+#if GW_X16
   std::vector<unsigned short> x16((size_t)B * K);
   for (size_t i = 0; i < x16.size(); ++i)
     x16[i] = TM_MODE == 0 ? __half_as_ushort(__float2half_rn(io.x[i])) : bf16_bits(io.x[i]);
@@ -267,49 +249,45 @@ int main(int argc, char** argv) {
   const float* x_arg = io.x;
 #endif
   run_launches(dir, io, tiles, slices, launches, atoi(argv[11]), [&](int bx, int by) {
-    std::memset(gw_raw, 0xFF, sizeof gw_raw);  // NaN: what no copy or store wrote shows
-    std::barrier<> group0(128), group1(128);
-    wgss_bar[0] = &group0;
-    wgss_bar[1] = &group1;
-    run_block(bx, GW_THREADS, [=] {
-      blockIdx.y = by;
+    run_cluster(GW_THREADS, [&](int r) {
+      blockIdx.x = bx + r, blockIdx.y = by;
       gemv_wgmma(x_arg, io.w, io.bias, io.y, io.partial, io.tickets, B, M, K, chunks_total,
                  slice_chunks);
     });
-  });
+  }, GW_CLUSTER);
 }
 """
 
 
-ONE_BLOCK_CLUSTER = "inline unsigned cluster_rank() { return 0; }"  # GW_CLUSTER = 1
-
-
-def emulated_source() -> str:
-    """Kernel 49 with gemv_mma.cuh inlined and wgmma_core.cuh's descriptor functions (the
-    encoding the kernel really uses); its PTX (gemv_wgmma.cuh, mbarrier.cuh, common.cuh's
-    cp.async, wgmma_core.cuh's fences) left to the shims."""
+def emulated_source(kernel: str | None = None) -> tuple[str, str]:
+    """Kernel 49 (its file, or the text `kernel`) with gemv_mma.cuh inlined and wgmma_core.cuh's
+    descriptor functions (the encoding the kernel really uses); its PTX (gemv_wgmma.cuh,
+    mbarrier.cuh, cluster.cuh, common.cuh's cp.async, wgmma_core.cuh's fences) left to the
+    shims; its dynamic shared memory the running block's `emu_smem`, its barriers moved into the
+    block's memory (`static_shared_in_block`, whose EMU_STATIC #define comes second)."""
     core = (KERNEL_DIR / "wgmma_core.cuh").read_text()
     descriptors = "".join(re.findall(
         r"__device__ __forceinline__ unsigned long long wg_desc(?:_add)?\(.*?\n}\n", core,
         re.DOTALL))
     assert descriptors.count("wg_desc") >= 2
     header = (KERNEL_DIR / "gemv_mma.cuh").read_text().replace("#pragma once", "")
-    source = (KERNEL_DIR / gemv_wgmma.KERNEL_FILE).read_text()
+    source = kernel if kernel is not None else (KERNEL_DIR / gemv_wgmma.KERNEL_FILE).read_text()
     for include, text in (('#include "gemv_mma.cuh"', header), ('#include "mbarrier.cuh"', ""),
                           ('#include "wgmma_core.cuh"', descriptors),
                           ('#include "gemv_wgmma.cuh"', GW_SHIM), ('#include "common.cuh"', ""),
-                          ('#include "cluster.cuh"', ONE_BLOCK_CLUSTER),
-                          ("#include <cuda_bf16.h>", "")):
+                          ('#include "cluster.cuh"', ""), ("#include <cuda_bf16.h>", "")):
         assert include in source or include in header, include
         source = source.replace(include, text)
-    source = source.replace("extern __shared__", "extern")
+    source, n = re.subn(r"extern __shared__ unsigned char gw_raw\[\];",
+                        "unsigned char* gw_raw = emu_smem;", source)
+    assert n == 1
     # XPASS's conversion launch is a grid-stride loop the emulator does not run (the GPU tests
     # check it bit for bit against the conversion in the ring)
     source, n = re.subn(r'extern "C" __global__ void gw_x_to_operand\(.*?\n}\n', "", source,
                         flags=re.DOTALL)
     assert n == 1
     assert "asm" not in source, "inline PTX the emulator does not know"
-    return source
+    return static_shared_in_block(source)
 
 
 EMULATED = [  # (mode, shape, params): more chunks a slice than stages, B, M and K off the tiles
@@ -320,6 +298,11 @@ EMULATED = [  # (mode, shape, params): more chunks a slice than stages, B, M and
     # x in the operand type, by the tensor copy engine
     ("fp16", ConvShape(37, 1000, 1, 1, 300, 1), {"STAGES": 3, "SPLIT": 2, "x16": 1}),
     ("bf16", ConvShape(9, 904, 1, 1, 140, 1), {"KT": 2, "STAGES": 2, "SPLIT": 3, "x16": 1}),
+    # clusters of two row tiles sharing x's boxes: 4 tiles (two clusters a slice), slices of 8
+    # and 7 chunks (an odd one: rank 0 copies one box more); 2 tiles, slices of 3, 3 and 2
+    ("fp16", ConvShape(37, 904, 1, 1, 400, 1), {"STAGES": 3, "SPLIT": 2, "x16": 1, "CLUSTER": 2}),
+    ("bf16", ConvShape(9, 904, 1, 1, 200, 1),
+     {"KT": 2, "STAGES": 2, "SPLIT": 3, "XPASS": 1, "CLUSTER": 2}),
 ]
 
 
@@ -331,32 +314,92 @@ def rounded(a: np.ndarray, mode: str) -> np.ndarray:
     return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def plan_of(mode: str, shape: ConvShape, params: dict[str, int]) -> gemv_wgmma.LaunchPlan:
+    """The emulated launch at `params` over the defaults, slices chosen as for 4 SMs."""
+    return gemv_wgmma.launch_plan(shape, mode, {**gemv_wgmma.DEFAULTS, **params}, sms=4)
+
+
+def build_kernel_emulator(plan: gemv_wgmma.LaunchPlan, tmp_path: Path, rng: np.random.Generator,
+                          kernel: str | None = None) -> Path:
+    """The emulator of kernel 49 (or of the text `kernel`) for `plan`."""
+    d = plan.defines
+    cluster = d.get("GW_CLUSTER", 1)
+    source, static = emulated_source(kernel)
+    main = (static + CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + CLUSTER_SHIM + MBARRIER_SHIM
+            + WGMMA_SS_SHIM + TMA_SHIM + CLUSTER_MBAR_SHIM + CLUSTER_RUN_SHIM
+            + '#include "kernel.inc"\n' + WG_MAIN)
+    dyn = 16 * int(rng.integers(0, 64))  # where dynamic shared memory starts: not on 1 KB
+    return build_emulator(tmp_path, main, source,
+                          [*define_flags(d), f"-DEMU_RANK=(blockIdx.x%{cluster})",
+                           f"-DEMU_CLUSTER={cluster}", "-DEMU_WG_ISSUERS=2", "-DEMU_RANKS_TRAIL",
+                           f"-DEMU_DYN_PAD={dyn}", f"-DEMU_SMEM_BYTES={plan.smem}"])
+
+
+def run_kernel_emulator(exe: Path, plan: gemv_wgmma.LaunchPlan, mode: str, shape: ConvShape,
+                        tmp_path: Path, rng: np.random.Generator) -> tuple[np.ndarray, Case]:
+    """A random case of the layer through the emulator `exe`: its output, checked by
+    run_gemv_emulator (an AssertionError if not), and the case."""
+    case = make_case(rng, shape)
+    packed = gemv_wgmma.pack_weights(case.w.reshape(shape.M, -1), mode, plan.defines)
+    got = run_gemv_emulator(exe, tmp_path, case, np.ascontiguousarray(packed),
+                            (plan.chunks, plan.slice_chunks), plan.tiles, plan.slices,
+                            int(rng.integers(2**31)), plan.parked_floats)
+    return got, case
+
+
 @pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
 @pytest.mark.parametrize("mode,shape,params", EMULATED)
 def test_kernel_emulated_on_cpu(mode: str, shape: ConvShape, params: dict[str, int],
                                 tmp_path: Path, rng: np.random.Generator) -> None:
-    params = {**gemv_wgmma.DEFAULTS, **params}
-    plan = gemv_wgmma.launch_plan(shape, mode, params, sms=4)
+    plan = plan_of(mode, shape, params)
     d = plan.defines
     assert plan.slice_chunks > d["GW_STAGES"] and plan.smem <= gemv_mma.SMEM_LIMIT
-    (tmp_path / "kernel.inc").write_text(emulated_source())
-    (tmp_path / "emu.cpp").write_text(CUDA_SHIM + BLOCK_SHIM + MMA_SHIM + GEMV_SHIM + WG_SHIM
-                                      + MBARRIER_SHIM + TMA_SHIM + WGMMA_SS_SHIM
-                                      + '#include "kernel.inc"\n' + WG_MAIN)
-    exe = tmp_path / "emu"
-    build = subprocess.run([str(GXX), "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread",
-                            "-w", *define_flags(d), "-o", str(exe), str(tmp_path / "emu.cpp")],
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr[-3000:]
-    case = make_case(rng, shape)
-    packed = np.ascontiguousarray(gemv_wgmma.pack_weights(case.w.reshape(shape.M, -1), mode, d))
-    got = run_gemv_emulator(exe, tmp_path, case, packed, (plan.chunks, plan.slice_chunks),
-                            plan.tiles, plan.slices, int(rng.integers(2**31)),
-                            plan.parked_floats)
+    assert plan.tiles % d.get("GW_CLUSTER", 1) == 0
+    assert shape.B % 8 and shape.M % gemv_wgmma.tile_rows(d) and shape.C % gemv_wgmma.K_TILE
+    exe = build_kernel_emulator(plan, tmp_path, rng)
+    got, case = run_kernel_emulator(exe, plan, mode, shape, tmp_path, rng)
     assert rel_l2(got, case.ref) <= TOLERANCE[mode], rel_l2(got, case.ref)
     # against the products of the rounded operands: only the fp32 sums' error is left
     ref = conv_reference(rounded(case.x, mode), rounded(case.w, mode), case.b)
     assert rel_l2(got, ref) <= TOLERANCE["fp32"], rel_l2(got, ref)
+
+
+# Kernel 49 broken as its clusters could be (the edit, and what the emulator must say, or None
+# for any failure): the first cluster barrier a block barrier, so a block copies into or arrives
+# on the other's barriers before they are initialised; the last one dropped, so a block leaves
+# while the other still arrives on its `empty` barriers; a stage released on the block's own
+# barrier only (twice, so the count is met), so the other block's multicast overwrites x's stage
+# while this one's wgmmas still read it.
+BROKEN = [
+    pytest.param("  cluster_sync();  // every block's barriers exist before the other copies or "
+                 "arrives on them\n", "  __syncthreads();\n", "not initialised",
+                 id="no-first-cluster-sync"),
+    pytest.param("  cluster_sync();  // no block leaves while the other may still copy into it or "
+                 "arrive on it\n", "", "which has left", id="no-last-cluster-sync"),
+    pytest.param("mbar_arrive_remote(empty_s, r);", "mbar_arrive_remote(empty_s, cluster_rank());",
+                 None, id="own-empty-only"),
+]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ is not on PATH")
+@pytest.mark.parametrize("old,new,says", BROKEN)
+def test_emulator_shows_a_broken_cluster(old: str, new: str, says: str | None, tmp_path: Path,
+                                         rng: np.random.Generator) -> None:
+    kernel = (KERNEL_DIR / gemv_wgmma.KERNEL_FILE).read_text()
+    assert kernel.count(old) == 1, old
+    mode, shape, params = EMULATED[-1]
+    plan = plan_of(mode, shape, params)
+    assert plan.defines["GW_CLUSTER"] == 2
+    exe = build_kernel_emulator(plan, tmp_path, rng, kernel.replace(old, new))
+    try:
+        got, case = run_kernel_emulator(exe, plan, mode, shape, tmp_path, rng)
+    except AssertionError as e:  # the emulator aborted, or its launches differ
+        failure = str(e)
+    else:
+        err = rel_l2(got, case.ref)
+        failure = f"rel_l2 {err}" if not err <= TOLERANCE[mode] else ""
+    assert failure, "the emulator ran the broken kernel to the right result"
+    assert says is None or says in failure, failure
 
 
 # ------------------------------------------------------------------------------- GPU
