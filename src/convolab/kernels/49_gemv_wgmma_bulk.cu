@@ -42,7 +42,7 @@
 #endif
 #if GW_TIMELINE
 // Per block (linear id, up to 4096): its SM, then %globaltimer (ns) at its start (1), when its
-// loop has retired its last wgmma (2), when it leaves (3), and in `finish` (gemv_mma.cuh
+// loop has retired its last wgmma (2), when it leaves (3), and in `finish_parked` (gemv_mma.cuh
 // TM_STAMP): its partials stored (4), fenced (5), its ticket taken (6), the sum done (7, the
 // last block of a row tile only).
 __device__ unsigned long long gw_timeline[4096][8];
@@ -193,7 +193,6 @@ extern "C" __global__ void gw_x_to_operand(const float4* __restrict__ x, uint4* 
   }
 }
 
-
 #if GW_X16
 typedef void gw_x_t;   // x's tensor map, in device memory
 #else
@@ -314,7 +313,7 @@ gemv_wgmma(const gw_x_t* __restrict__ x, const unsigned char* __restrict__ w_pac
   finish_parked(acc, bias, y, partial, tickets, B, M, (blockIdx.x * TM_WARPS + warp) * TM_MT,
                 lane);
 #if GW_TIMELINE
-  __syncthreads();  // the last block's sum is done (finish returns early elsewhere)
+  __syncthreads();  // the last block's sum is done (finish_parked returns early elsewhere)
   if (threadIdx.x == 0) GW_STAMP(3);
 #endif
 }
