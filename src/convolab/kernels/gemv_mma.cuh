@@ -300,7 +300,7 @@ __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
 }
 
 #define TM_PARKED_RUN (TM_MT * TM_NT)  // float4s a thread
-#define TM_PARK_GROUP (TM_MINB > 1 ? 1 : 2 / TM_MT)  // slices loaded at once (registers)
+#define TM_PARK_GROUP (TM_MINB > 1 || TM_MT > 1 ? 1 : 2)  // slices loaded at once (registers)
 
 // `finish` with the slices' partials parked as the threads hold them (kernel 49): a thread
 // stores its TM_MT TM_NT float4s, and in the last block of the row tile each thread reads the
