@@ -260,21 +260,24 @@ int main(int argc, char** argv) {
 
 
 def emulated_source(kernel: str | None = None) -> tuple[str, str]:
-    """Kernel 49 (its file, or the text `kernel`) with gemv_mma.cuh inlined and wgmma_core.cuh's
-    descriptor functions (the encoding the kernel really uses); its PTX (gemv_wgmma.cuh,
-    mbarrier.cuh, cluster.cuh, common.cuh's cp.async, wgmma_core.cuh's fences) left to the
-    shims; its dynamic shared memory the running block's `emu_smem`, its barriers moved into the
-    block's memory (`static_shared_in_block`, whose EMU_STATIC #define comes second)."""
+    """Kernel 49 (its file, or the text `kernel`) with gemv_mma.cuh and gemv_wgmma_x32.cuh
+    inlined and wgmma_core.cuh's descriptor functions (the encoding the kernel really uses); its
+    PTX (gemv_wgmma.cuh, mbarrier.cuh, cluster.cuh, common.cuh's cp.async, wgmma_core.cuh's
+    fences) left to the shims; its dynamic shared memory the running block's `emu_smem`, its
+    barriers moved into the block's memory (`static_shared_in_block`, whose EMU_STATIC #define
+    comes second)."""
     core = (KERNEL_DIR / "wgmma_core.cuh").read_text()
     descriptors = "".join(re.findall(
         r"__device__ __forceinline__ unsigned long long wg_desc(?:_add)?\(.*?\n}\n", core,
         re.DOTALL))
     assert descriptors.count("wg_desc") >= 2
     header = (KERNEL_DIR / "gemv_mma.cuh").read_text().replace("#pragma once", "")
+    x32 = (KERNEL_DIR / "gemv_wgmma_x32.cuh").read_text().replace("#pragma once", "")
     source = kernel if kernel is not None else (KERNEL_DIR / gemv_wgmma.KERNEL_FILE).read_text()
     for include, text in (('#include "gemv_mma.cuh"', header), ('#include "mbarrier.cuh"', ""),
                           ('#include "wgmma_core.cuh"', descriptors),
-                          ('#include "gemv_wgmma.cuh"', GW_SHIM), ('#include "common.cuh"', ""),
+                          ('#include "gemv_wgmma.cuh"', GW_SHIM),
+                          ('#include "gemv_wgmma_x32.cuh"', x32), ('#include "common.cuh"', ""),
                           ('#include "cluster.cuh"', ""), ("#include <cuda_bf16.h>", "")):
         assert include in source or include in header, include
         source = source.replace(include, text)
