@@ -54,7 +54,8 @@ __device__ __forceinline__ unsigned cluster_rank() {
 // offset as in this block). The default (CTA-scope) release: what it orders are wgmma reads of
 // a stage, already retired, before the copy engine's next writes into it, which the barrier
 // itself orders. A cluster-scope release is a fence on every arrival: kernel 49's consumers
-// took twice as long a chunk with it (docs/vgg.md, "Kernel 49 in clusters").
+// took twice as long a chunk with it (docs/vgg.md, "fc6's split-k sum, and three feeds that
+// did not help").
 __device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank) {
   unsigned remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));

@@ -308,76 +308,70 @@ __device__ __forceinline__ void finish(const float (&sums)[TM_MT][TM_NT][4],
 // all in slice order (its own from registers) and stores y with the bias as the unsplit end
 // does. In `finish` the last block re-reads the tile's partials in [column][row] order, one
 // float4 of each slice a round trip: at fc6 B = 64 that sum took ~6 us after the last loop
-// (docs/vgg.md, "Kernel 49's split-k sum").
+// (docs/vgg.md, "fc6's split-k sum, and three feeds that did not help").
 __device__ __forceinline__ void finish_parked(const float (&sums)[TM_MT][TM_NT][4],
                                               const float* __restrict__ bias,
                                               float* __restrict__ y, float* __restrict__ parked,
                                               int* __restrict__ tickets, int B, int M, int tile0,
                                               int lane) {
   const bool adds = threadIdx.x < TM_THREADS;
-  float total[TM_MT][TM_NT][4];
-  if (gridDim.y > 1) {
-    // [slice][tile][float4 (i, j)][thread]: a warp's stores and loads of one float4 are 512
-    // contiguous bytes
-    const size_t slice_stride = (size_t)gridDim.x * TM_PARKED_RUN * TM_THREADS;
-    float4* at = reinterpret_cast<float4*>(parked) +
-                 (size_t)blockIdx.x * TM_PARKED_RUN * TM_THREADS + threadIdx.x;
-    if (adds) {
-#pragma unroll
-      for (int i = 0; i < TM_MT; ++i)
-#pragma unroll
-        for (int j = 0; j < TM_NT; ++j)
-          __stcg(at + blockIdx.y * slice_stride + (i * TM_NT + j) * TM_THREADS,
-                 make_float4(sums[i][j][0], sums[i][j][1], sums[i][j][2], sums[i][j][3]));
-    }
-    TM_STAMP(4);
-    __threadfence();  // this block's partials visible before its ticket is taken
-    __syncthreads();
-    TM_STAMP(5);
-    const bool last =
-        threadIdx.x == 0 && atomicAdd(&tickets[blockIdx.x], 1) == (int)gridDim.y - 1;
-    const bool summing = __syncthreads_or(last);
-    TM_STAMP(6);
-    if (!summing || !adds) return;
-    __threadfence();
-    if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
-    clear(total);
-    for (int z = 0; z < (int)gridDim.y; z += TM_PARK_GROUP) {  // added in slice order
-      float4 v[TM_PARK_GROUP][TM_MT][TM_NT];
-#pragma unroll
-      for (int k = 0; k < TM_PARK_GROUP; ++k)
-#pragma unroll
-        for (int i = 0; i < TM_MT; ++i)
-#pragma unroll
-          for (int j = 0; j < TM_NT; ++j) {
-            const int slice = z + k;
-            v[k][i][j] = slice == (int)blockIdx.y
-                             ? make_float4(sums[i][j][0], sums[i][j][1], sums[i][j][2],
-                                           sums[i][j][3])
-                         : slice < (int)gridDim.y
-                             ? __ldcg(at + slice * slice_stride + (i * TM_NT + j) * TM_THREADS)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
-          }
-#pragma unroll
-      for (int k = 0; k < TM_PARK_GROUP; ++k)
-#pragma unroll
-        for (int i = 0; i < TM_MT; ++i)
-#pragma unroll
-          for (int j = 0; j < TM_NT; ++j)
-            if (z + k < (int)gridDim.y) {
-              total[i][j][0] += v[k][i][j].x, total[i][j][1] += v[k][i][j].y;
-              total[i][j][2] += v[k][i][j].z, total[i][j][3] += v[k][i][j].w;
-            }
-    }
-    TM_STAMP(7);
-  } else {
-    if (!adds) return;
+  if (gridDim.y == 1) {
+    if (adds) store_held(sums, bias, y, B, M, tile0, lane);
+    return;
+  }
+  // [slice][tile][float4 (i, j)][thread]: a warp's stores and loads of one float4 are 512
+  // contiguous bytes
+  const size_t slice_stride = (size_t)gridDim.x * TM_PARKED_RUN * TM_THREADS;
+  float4* at = reinterpret_cast<float4*>(parked) +
+               (size_t)blockIdx.x * TM_PARKED_RUN * TM_THREADS + threadIdx.x;
+  if (adds) {
 #pragma unroll
     for (int i = 0; i < TM_MT; ++i)
 #pragma unroll
       for (int j = 0; j < TM_NT; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) total[i][j][r] = sums[i][j][r];
+        __stcg(at + blockIdx.y * slice_stride + (i * TM_NT + j) * TM_THREADS,
+               make_float4(sums[i][j][0], sums[i][j][1], sums[i][j][2], sums[i][j][3]));
   }
+  TM_STAMP(4);
+  __threadfence();  // this block's partials visible before its ticket is taken
+  __syncthreads();
+  TM_STAMP(5);
+  const bool last =
+      threadIdx.x == 0 && atomicAdd(&tickets[blockIdx.x], 1) == (int)gridDim.y - 1;
+  const bool summing = __syncthreads_or(last);
+  TM_STAMP(6);
+  if (!summing || !adds) return;
+  __threadfence();
+  if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
+  float total[TM_MT][TM_NT][4];
+  clear(total);
+  for (int z = 0; z < (int)gridDim.y; z += TM_PARK_GROUP) {  // added in slice order
+    float4 v[TM_PARK_GROUP][TM_MT][TM_NT];
+#pragma unroll
+    for (int k = 0; k < TM_PARK_GROUP; ++k)
+#pragma unroll
+      for (int i = 0; i < TM_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < TM_NT; ++j) {
+          const int slice = z + k;
+          v[k][i][j] = slice == (int)blockIdx.y
+                           ? make_float4(sums[i][j][0], sums[i][j][1], sums[i][j][2],
+                                         sums[i][j][3])
+                       : slice < (int)gridDim.y
+                           ? __ldcg(at + slice * slice_stride + (i * TM_NT + j) * TM_THREADS)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+    for (int k = 0; k < TM_PARK_GROUP; ++k)
+#pragma unroll
+      for (int i = 0; i < TM_MT; ++i)
+#pragma unroll
+        for (int j = 0; j < TM_NT; ++j)
+          if (z + k < (int)gridDim.y) {
+            total[i][j][0] += v[k][i][j].x, total[i][j][1] += v[k][i][j].y;
+            total[i][j][2] += v[k][i][j].z, total[i][j][3] += v[k][i][j].w;
+          }
+  }
+  TM_STAMP(7);
   store_held(total, bias, y, B, M, tile0, lane);
 }
