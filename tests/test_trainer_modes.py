@@ -216,8 +216,10 @@ def test_cli_refuses_mode_and_seeds_misuse(tmp_path, argv: list[str], message: s
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_routed_reference_is_the_cpu_layers_backward(smoothing: float, rng) -> None:
-    """Fed its own float64 forward state, flattened as the device keeps it, the routed
-    backward gives the CPU layers' float64 gradients (random images: no tied windows)."""
+    """Fed its own forward state, flattened as the device keeps it, the routed backward gives
+    the CPU layers' float64 loss and gradients (random images: no tied windows). The forward
+    rounds pool1 to fp32 between the blocks, as the kernels keep it, so the two agree to
+    about fp32's rounding, not fp64's."""
     from test_gpu_trainer import _cpu_reference
 
     params = _params(rng)
@@ -229,10 +231,10 @@ def test_routed_reference_is_the_cpu_layers_backward(smoothing: float, rng) -> N
                                        f["pool2"].reshape(6, -1), f["arg1"].reshape(6, -1),
                                        f["arg2"].reshape(6, -1), smoothing)
     want_loss, want, pool1, feat = _cpu_reference(params, raw, labels, smoothing)
-    assert loss == pytest.approx(want_loss, rel=1e-8)
+    assert loss == pytest.approx(want_loss, rel=1e-6)
     assert rel_l2(f["pool1"], pool1) <= 1e-6
     for name, value in want.items():
-        assert rel_l2(grads[name], value) <= 1e-6, name  # the CPU layers round a little
+        assert rel_l2(grads[name], value) <= 1e-6, name
 
 
 @pytest.mark.parametrize("argv, message", [
