@@ -447,3 +447,34 @@ def test_an_input_is_converted_once_per_buffer() -> None:
     assert converted(a) is first and converted(b) is not first
     assert calls == [id(a), id(b)]
     assert np.array_equal(first, 2 * a)
+
+
+@pytest.mark.parametrize("batch", [2, 6])
+def test_a_contender_is_checked_at_a_batch_it_supports(monkeypatch: pytest.MonkeyPatch,
+                                                       rng: np.random.Generator,
+                                                       batch: int) -> None:
+    """A check that would run one image runs the first batch the contender supports (here
+    pairs of images), and the result is still compared against the fp64 reference."""
+    from convolab.conv_cpu import conv_reference
+
+    monkeypatch.setattr(measure, "CHECK_FLOPS_PER_RUN", 0)  # every shape checks one image
+    shape = ConvShape(B=batch, C=2, H=7, W=7, M=3, K=3, S=1)
+    checked: list[int] = []
+
+    def prepare(small: ConvShape, w: np.ndarray, b: np.ndarray) -> contenders_mod.Prepared:
+        checked.append(small.B)
+        out: dict[str, np.ndarray] = {}
+
+        def op(x: np.ndarray) -> None:
+            assert x.shape[0] % 2 == 0, "a pairing contender got an odd batch"
+            out["y"] = conv_reference(x, w, b).astype(np.float32)
+
+        return contenders_mod.Prepared(op=op, fetch=lambda: out["y"])
+
+    pairs = contenders_mod.Contender("pairs", "cpu", "fp32", 1e-5, prepare,
+                                     supports=lambda s: s.B % 2 == 0)
+    assert measure.check_batch(pairs, shape) == 2
+    assert measure.check_contender(pairs, shape, 0, rng) <= 1e-6
+    assert checked == [2]
+    anyone = contenders_mod.Contender("any", "cpu", "fp32", 1e-5, prepare)
+    assert measure.check_batch(anyone, shape) == 1

@@ -112,11 +112,17 @@ def _raw_problem(small: ConvShape, pool: int, rng: np.random.Generator,
     return raw, w, b, reference_conv_relu_pool(x, w, b, small.S, pool)
 
 
-def check_contender(c: Contender, shape: ConvShape, pool: int, rng: np.random.Generator) -> float:
-    """rel L2 error of one run on fresh inputs against the fp64 reference (output poisoned)."""
+def check_batch(c: Contender, shape: ConvShape) -> int:
+    """The batch the check runs at: CHECK_BATCH images, or 1 where one image is already big,
+    raised to the first batch the contender supports (one that pairs images needs 2)."""
     per_image = shape.with_batch(1).flops
     n = 1 if per_image * CHECK_BATCH > CHECK_FLOPS_PER_RUN else min(shape.B, CHECK_BATCH)
-    small = shape.with_batch(n)
+    return next((b for b in range(n, shape.B) if c.supports(shape.with_batch(b))), shape.B)
+
+
+def check_contender(c: Contender, shape: ConvShape, pool: int, rng: np.random.Generator) -> float:
+    """rel L2 error of one run on fresh inputs against the fp64 reference (output poisoned)."""
+    small = shape.with_batch(check_batch(c, shape))
     x, w, b, ref = (_raw_problem(small, pool, rng, c.raw_hw) if c.raw_hw
                     else _check_problem(small, pool, rng))
     prepared = c.prepare(small, _to(c.device, w), _to(c.device, b))
