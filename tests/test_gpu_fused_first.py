@@ -581,6 +581,8 @@ EMULATED_WGMMA = [  # rung 45: N = 8, 24, 32, 48; two warpgroups; bands; raw; st
     (ConvShape(1, 1, 21, 21, 11, 5), (13, 11), True, "float16", {}),
     (ConvShape(2, 1, 16, 15, 12, 5), None, False, "float16", {"warps": 8}),
 ]
+# An fp16 output's rounding (2^-11 relative) with room for the fp32 sums' order.
+FP16_OUTPUT_ROUNDING = 1e-3
 CASES = [(case, fused_first.TC_ROWPAIR) for case in EMULATED] + [
     (case, fused_first.TC_WGMMA) for case in EMULATED_WGMMA]
 
@@ -589,8 +591,11 @@ CASES = [(case, fused_first.TC_ROWPAIR) for case in EMULATED] + [
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_rowpair_kernel_emulated_on_cpu(case: int, tmp_path: Path,
                                         rng: np.random.Generator) -> None:
-    """Every output written, within the precision's tolerance of fp64 (3xfp16: within 2e-6,
-    the emulated MMA being exact), and a raw image the same bits as its resized floats."""
+    """Every output written and close to fp64, and a raw image the same bits as its resized
+    floats. 3xfp16 is fp32-exact: within 2e-6 of the fp64 reference (the emulated MMA being
+    exact). fp16 is held to the arithmetic it defines, the fp64 sum of fp16-rounded operands,
+    within the output's rounding: against the unrounded reference its error is data-dependent,
+    ~1e-2 where the ReLU leaves a few small outputs (4 channels, negative weight sums)."""
     (shape, raw_hw, split, out_dtype, params), tc = CASES[case]
     w, b = weights(rng, shape)
     if raw_hw:
@@ -601,8 +606,11 @@ def test_rowpair_kernel_emulated_on_cpu(case: int, tmp_path: Path,
     y = emulate(tmp_path, shape, raw if raw_hw else x, w, b, raw_hw, split, out_dtype, params,
                 tc)
     assert np.isfinite(y).all(), CASES[case]
-    ref = reference_conv_relu_pool(x, w, b, 1, POOL)
-    bound = 2e-6 if split and out_dtype == "float32" else TOLERANCE["fp16"]
+    if split:
+        ref = reference_conv_relu_pool(x, w, b, 1, POOL)
+    else:
+        ref = reference_conv_relu_pool(x.astype(np.float16), w.astype(np.float16), b, 1, POOL)
+    bound = 2e-6 if out_dtype == "float32" else FP16_OUTPUT_ROUNDING
     assert rel_l2(y, ref) <= bound, CASES[case]
     if raw_hw:
         y_float = emulate(tmp_path, shape, x, w, b, None, split, out_dtype, params, tc)
